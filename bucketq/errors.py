@@ -1,0 +1,94 @@
+"""Every error bucketq raises, in one tree rooted at :class:`BucketQError`.
+
+::
+
+    BucketQError
+    ├── ConfigurationError          an option or environment variable is invalid
+    ├── PayloadError                a pushed item cannot be stored
+    │   ├── PayloadNotEncodable     not BSON-encodable
+    │   └── PayloadTooLarge         can never fit in a bucket
+    ├── DecodeError                 a stored bucket cannot be decoded
+    ├── QueueClosed                 the queue was drained or closed
+    ├── QueueFull                   max_pending_bytes reached with pending_policy="raise"
+    ├── PushFailed                  a bucket insert failed after its retry budget
+    ├── LeaseLost                   another consumer owns the bucket now
+    │   └── Fenced                  an older stream consumer epoch was fenced off
+    ├── EmbeddedServerError         the embedded MongoDB-wire server did not start
+    └── TransportError              a reservoir transport failed
+        ├── TransportTimeout
+        ├── TransportUnavailable
+        └── CircuitOpen             the breaker is open; see ``retry_after``
+
+Driver errors are translated where they are caught, always with ``raise ... from``
+so the original stays attached. No class shadows a builtin.
+"""
+
+from __future__ import annotations
+
+
+class BucketQError(Exception):
+    """Root of every error bucketq raises."""
+
+
+class ConfigurationError(BucketQError, ValueError):
+    """An option or environment variable has an invalid value."""
+
+
+class PayloadError(BucketQError, ValueError):
+    """A pushed item cannot be stored; no other item is affected."""
+
+
+class PayloadNotEncodable(PayloadError):
+    """The payload or its headers cannot be encoded to BSON."""
+
+
+class PayloadTooLarge(PayloadError):
+    """The encoded item can never fit in a bucket of ``bucket_max_bytes``."""
+
+
+class DecodeError(BucketQError):
+    """A stored bucket or item cannot be decoded."""
+
+
+class QueueClosed(BucketQError):
+    """The queue was drained or closed; open a new one to go on."""
+
+
+class QueueFull(BucketQError):
+    """``max_pending_bytes`` of pushed items are waiting to be written."""
+
+
+class PushFailed(BucketQError):
+    """A bucket could not be inserted within the retry budget; its items were not stored."""
+
+
+class LeaseLost(BucketQError):
+    """The bucket's lease passed to another consumer; its items will be delivered there."""
+
+
+class Fenced(LeaseLost):
+    """A newer stream consumer opened; this one may no longer acknowledge anything."""
+
+
+class EmbeddedServerError(BucketQError):
+    """The embedded MongoDB-wire server could not be started or stopped."""
+
+
+class TransportError(BucketQError):
+    """A reservoir transport failed."""
+
+
+class TransportTimeout(TransportError):
+    """A transport operation did not finish in time."""
+
+
+class TransportUnavailable(TransportError):
+    """The transport's backing service cannot be reached."""
+
+
+class CircuitOpen(TransportError):
+    """The circuit breaker is open; try again after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

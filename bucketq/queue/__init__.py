@@ -1,0 +1,19 @@
+"""The bucket-packing queue and its per-element baseline, sync and async."""
+
+from ._async.element import AsyncElementQueue
+from ._async.queue import AsyncQueue
+from ._concurrency import AsyncReceipt, Receipt
+from ._core import Message, QueueOptions
+from ._sync.element import ElementQueue
+from ._sync.queue import Queue
+
+__all__ = [
+    "AsyncElementQueue",
+    "AsyncQueue",
+    "AsyncReceipt",
+    "ElementQueue",
+    "Message",
+    "Queue",
+    "QueueOptions",
+    "Receipt",
+]

@@ -1,0 +1,269 @@
+"""The per-element queue: one document per item, the same API as the bucket queue.
+
+It is the honest baseline every benchmark compares with (keuss ``mongo``,
+mongo-taskqueue, kombu): push is one insert, reserve one ``find_one_and_update``,
+commit one delete. Leases are not renewed: a consumer must commit or roll back
+within ``lease`` seconds or the item is delivered again with ``tries`` + 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from bson import ObjectId
+from pymongo import ReturnDocument
+
+from ...errors import QueueClosed
+from .. import _core as core
+from .._codec import CODEC_OPTIONS, encode_item
+from .._concurrency import AsyncBatch, AsyncNotifier, AsyncReceipt
+from .._db import check_async_database
+
+log = logging.getLogger("bucketq.queue")
+
+_now = time.time
+_monotonic = time.monotonic
+
+
+_STORED = AsyncBatch()
+_STORED.resolve()
+
+
+def _stored(doc_id: ObjectId) -> AsyncReceipt:
+    """A receipt for an item already stored (ids look like the bucket queue's: '<id>.0')."""
+    return AsyncReceipt(core.ElementRef(doc_id, batch=_STORED), 0)
+
+
+class AsyncElementQueue:
+    """One MongoDB document per item. ``db`` is a pymongo ``AsyncDatabase``."""
+
+    def __init__(self, db: Any, name: str, **options: Any) -> None:
+        self.options = opts = core.QueueOptions.build(**options)
+        self.name = core.check_name(name)
+        self.db = check_async_database(db)
+        self._col = db.get_collection(name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern())
+        self._dlq_col = db.get_collection(
+            opts.dead_letter_name(name), codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
+        )
+        self._wake = AsyncNotifier()
+        self._stats = core.new_stats()
+        self._paused = False
+        self._closed = False
+        self._setup_done = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.db.name}.{self.name}>"
+
+    async def _setup(self) -> None:
+        if not self._setup_done:
+            await self._col.create_index(core.CLAIM_SORT, name="mature_id")
+            self._setup_done = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueClosed(f"Queue {self.name!r} is closed; open a new one to go on.")
+
+    async def push(
+        self,
+        payload: Any,
+        *,
+        delay: float | None = None,
+        mature: Any = None,
+        headers: dict[str, Any] | None = None,
+        durable: bool = False,
+    ) -> AsyncReceipt:
+        """Insert one item; it is stored when this returns (``durable`` is implied)."""
+        self._check_open()
+        self._packer_check(encode_item(payload, headers))
+        now = _now()
+        doc = core.element_document(payload, headers, core.mature_time(now, delay, mature))
+        await self._setup()
+        await self._col.insert_one(doc)
+        self._stats["pushed"] += 1
+        self._stats["buckets_written"] += 1
+        self._wake.notify()
+        return _stored(doc["_id"])
+
+    def _packer_check(self, item: bytes) -> None:
+        if len(item) > self.options.bucket_max_bytes - core.BUCKET_OVERHEAD:
+            core.Packer(self.options, AsyncBatch).check_size(len(item))
+
+    async def push_many(
+        self,
+        payloads: Any,
+        *,
+        delay: float | None = None,
+        mature: Any = None,
+        headers: dict[str, Any] | None = None,
+        durable: bool = False,
+    ) -> list[AsyncReceipt]:
+        """Insert several items with one insert_many; one bad item stores none of them."""
+        self._check_open()
+        payloads = list(payloads)
+        for p in payloads:
+            self._packer_check(encode_item(p, headers))
+        at = core.mature_time(_now(), delay, mature)
+        docs = [core.element_document(p, headers, at) for p in payloads]
+        if docs:
+            await self._setup()
+            await self._col.insert_many(docs)
+            self._stats["pushed"] += len(docs)
+            self._stats["buckets_written"] += len(docs)
+            self._wake.notify()
+        return [_stored(d["_id"]) for d in docs]
+
+    async def flush(self) -> None:
+        """Nothing is buffered: every push is already stored."""
+
+    async def reserve(self, timeout: float | None = None) -> core.Message | None:
+        """Claim the next mature item, or None after ``timeout`` seconds."""
+        self._check_open()
+        await self._setup()
+        deadline = None if timeout is None else _monotonic() + timeout
+        attempt = 0
+        while True:
+            gen = self._wake.gen
+            if not self._paused:
+                msg = await self._claim()
+                if msg is not None:
+                    return msg
+            if self._closed:
+                return None
+            wait = min(0.01 * 2**attempt, self.options.poll_interval)
+            attempt += 1
+            if deadline is not None:
+                remaining = deadline - _monotonic()
+                if remaining <= 0:
+                    return None
+                wait = min(wait, remaining)
+            await self._wake.wait(gen, wait)
+
+    async def _claim(self) -> core.Message | None:
+        now = _now()
+        token = ObjectId()
+        flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
+        del upd["$inc"]
+        doc = await self._col.find_one_and_update(flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE)
+        if doc is None:
+            return None
+        tries = doc.get("tries", 0)
+        if doc.get("lease") is not None:  # its previous holder's lease ran out
+            tries += 1
+            self._stats["takeovers"] += 1
+            await self._col.update_one({"_id": doc["_id"], "lease.tok": token}, {"$set": {"tries": tries}})
+        self._stats["reserved"] += 1
+        msg = core.Message(core.ElementRef(doc["_id"], token), 0, doc.get("p"), doc.get("h"), tries, core.from_datetime(doc["mature"]))
+        mt = self.options.max_tries
+        if mt is not None and tries >= mt:
+            await self._dead_letter(msg, f"delivered {tries} times without a commit (max_tries={mt})")
+            return await self._claim()
+        return msg
+
+    async def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
+        """Delete the item (fenced by the claim's token)."""
+        ref = msg.bucket
+        res = await self._col.delete_one({"_id": ref.id, "lease.tok": ref.token})
+        if res.deleted_count:
+            self._stats["committed"] += 1
+            return True
+        self._stats["lease_losses"] += 1
+        return False
+
+    async def rollback(
+        self, msg: core.Message, delay: float | None = None, *, next_t: Any = None, reason: str | None = None
+    ) -> bool:
+        """Release the item, delivered again not before ``delay`` (or ``next_t``); past
+        ``max_tries`` it moves to the dead-letter collection."""
+        now = _now()
+        tries = msg.tries + 1
+        mt = self.options.max_tries
+        if mt is not None and tries >= mt:
+            msg.tries = tries
+            return await self._dead_letter(msg, reason or f"rolled back {tries} times (max_tries={mt})")
+        if next_t is not None:
+            not_before = core.mature_time(now, None, next_t)
+        else:
+            not_before = now + (core.retry_delay(tries, self.options) if delay is None else delay)
+        ref = msg.bucket
+        res = await self._col.update_one({"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before))
+        if res.matched_count:
+            self._stats["rolled_back"] += 1
+            self._wake.notify()
+            return True
+        self._stats["lease_losses"] += 1
+        return False
+
+    async def _dead_letter(self, msg: core.Message, reason: str) -> bool:
+        ref = msg.bucket
+        headers = core.dead_letter_headers(self.name, msg.headers, msg.tries, reason, _now())
+        dead = core.element_document(msg.payload, headers, _now())
+        dead["_id"] = ref.id  # the same id: a repeated move is a duplicate-key no-op
+        try:
+            await self._dlq_col.insert_one(dead)
+        except Exception as exc:  # noqa: BLE001
+            from pymongo.errors import DuplicateKeyError
+
+            if not isinstance(exc, DuplicateKeyError):
+                raise
+        res = await self._col.delete_one({"_id": ref.id, "lease.tok": ref.token})
+        self._stats["dead_lettered"] += 1
+        return bool(res.deleted_count)
+
+    async def pop(self, timeout: float | None = None) -> core.Message | None:
+        msg = await self.reserve(timeout)
+        if msg is not None:
+            await self.commit(msg)
+        return msg
+
+    async def drain(self, timeout: float | None = None) -> dict[str, int]:
+        """Nothing is buffered or read ahead: stop handing out items."""
+        self._closed = True
+        self._wake.notify()
+        return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
+
+    async def close(self) -> dict[str, int]:
+        return await self.drain()
+
+    async def __aenter__(self) -> AsyncElementQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._wake.notify()
+
+    async def size(self) -> int:
+        return await self._col.count_documents(core.ready_filter(_now()))
+
+    async def total_size(self) -> int:
+        return await self._col.count_documents({})
+
+    async def sched_size(self) -> int:
+        return await self._col.count_documents(core.sched_filter(_now()))
+
+    async def resv_size(self) -> int:
+        return await self._col.count_documents(core.leased_filter(_now()))
+
+    async def next_t(self) -> Any:
+        doc = await self._col.find_one(
+            {"$or": [{"lease": None}, {"lease.until": {"$lte": core.to_datetime(_now())}}]},
+            {"mature": 1},
+            sort=core.CLAIM_SORT,
+        )
+        return doc["mature"] if doc else None
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
+
+    async def remove(self, id: str) -> bool:
+        oid, _ = core.parse_item_id(id)
+        now = core.to_datetime(_now())
+        res = await self._col.delete_one({"_id": oid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]})
+        return bool(res.deleted_count)

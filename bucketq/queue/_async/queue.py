@@ -1,0 +1,758 @@
+"""The bucket queue's I/O shell (pymongo ``AsyncMongoClient``).
+
+The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
+Decisions live in ``_core``; this file builds, calls the driver, interprets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from bson import ObjectId
+from pymongo import ReturnDocument
+from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
+
+from ...errors import QueueClosed, QueueFull
+from .. import _core as core
+from .._codec import CODEC_OPTIONS, encode_item
+from .._concurrency import (
+    AsyncBatch,
+    AsyncLock,
+    AsyncMutex,
+    AsyncNotifier,
+    AsyncReceipt,
+    AsyncWorker,
+    async_register_exit,
+    async_sleep,
+)
+from .._db import check_async_database
+
+log = logging.getLogger("bucketq.queue")
+
+_now = time.time
+_monotonic = time.monotonic
+
+
+class AsyncQueue:
+    """A durable queue on MongoDB that packs pushed items into bucket documents.
+
+    ``db`` is a pymongo ``AsyncDatabase``; the queue uses the collection ``name``.
+    Options and their defaults are those of :class:`bucketq.queue.QueueOptions`.
+    """
+
+    def __init__(self, db: Any, name: str, **options: Any) -> None:
+        self.options = opts = core.QueueOptions.build(**options)
+        self.name = core.check_name(name)
+        self.db = check_async_database(db)
+        self._col = db.get_collection(name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern())
+        self._mutex = AsyncMutex()
+        self._flush_lock = AsyncLock()
+        self._packer = core.Packer(opts, AsyncBatch)
+        self._to_write: deque[core.OpenBucket] = deque()
+        self._unwritten: dict[ObjectId, core.OpenBucket] = {}
+        self._pending_bytes = 0
+        self._writer_wake = AsyncNotifier()
+        self._space = AsyncNotifier()
+        self._ready: deque[core.Message] = deque()
+        self._held: dict[ObjectId, core.HeldBucket] = {}
+        self._consumers = AsyncNotifier()
+        self._fetch_wake = AsyncNotifier()
+        self._flush_wake = AsyncNotifier()
+        self._waiters = 0
+        self._last_reserve = 0.0
+        self._next_local_mature: float | None = None
+        self._stats = core.new_stats()
+        self._paused = False
+        self._draining = False
+        self._closed = False
+        self._drain_report: dict[str, int] | None = None
+        self._setup_done = False
+        self._writer: AsyncWorker | None = None
+        self._fetcher: AsyncWorker | None = None
+        self._flusher: AsyncWorker | None = None
+        self._watcher: AsyncWorker | None = None
+        self._dlq: AsyncQueue | None = None
+        async_register_exit(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.db.name}.{self.name}>"
+
+    # -- setup --------------------------------------------------------------------------
+
+    async def _setup(self) -> None:
+        if self._setup_done:
+            return
+        self._setup_done = True
+        try:
+            await self._col.create_index(core.CLAIM_SORT, name="mature_id")
+        except PyMongoError as exc:
+            self._setup_done = False
+            log.warning("queue %s: creating the claim index failed (%s); will retry", self.name, exc)
+
+    def _check_open(self) -> None:
+        if self._closed or self._draining:
+            raise QueueClosed(f"Queue {self.name!r} is drained or closed; open a new Queue to go on.")
+
+    # -- push ---------------------------------------------------------------------------
+
+    async def push(
+        self,
+        payload: Any,
+        *,
+        delay: float | None = None,
+        mature: Any = None,
+        headers: dict[str, Any] | None = None,
+        durable: bool = False,
+    ) -> AsyncReceipt:
+        """Buffer one item and return its receipt at once (``durable=True``: once stored)."""
+        self._check_open()
+        item = encode_item(payload, headers)
+        now = _now()
+        at = core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
+        if self._pending_bytes + len(item) > self.options.max_pending_bytes:
+            self._packer.check_size(len(item))
+            await self._wait_for_space(len(item))
+        with self._mutex:
+            ob, index, sealed = self._packer.add(item, at, now)
+            self._pending_bytes += len(item)
+            self._stats["pushed"] += 1
+            if sealed:
+                self._to_write.extend(sealed)
+        if index == 0 or sealed:
+            self._unwritten[ob.id] = ob
+            self._wake_writer()
+        receipt = AsyncReceipt(ob, index)
+        if durable:
+            await receipt.wait()
+        return receipt
+
+    async def push_many(
+        self,
+        payloads: Any,
+        *,
+        delay: float | None = None,
+        mature: Any = None,
+        headers: dict[str, Any] | None = None,
+        durable: bool = False,
+    ) -> list[AsyncReceipt]:
+        """Push several items; all are encoded first, so one bad item stores none of them."""
+        self._check_open()
+        items = [encode_item(p, headers) for p in payloads]
+        for it in items:
+            self._packer.check_size(len(it))
+        now = _now()
+        at = core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
+        receipts = []
+        for item in items:
+            if self._pending_bytes + len(item) > self.options.max_pending_bytes:
+                await self._wait_for_space(len(item))
+            with self._mutex:
+                ob, index, sealed = self._packer.add(item, at, now)
+                self._pending_bytes += len(item)
+                self._stats["pushed"] += 1
+                if sealed:
+                    self._to_write.extend(sealed)
+            if index == 0 or sealed:
+                self._unwritten[ob.id] = ob
+                self._wake_writer()
+            receipts.append(AsyncReceipt(ob, index))
+        if durable and receipts:
+            for r in receipts:
+                await r.wait()
+        return receipts
+
+    async def _wait_for_space(self, nbytes: int) -> None:
+        if self.options.pending_policy == "raise":
+            raise QueueFull(
+                f"Queue {self.name!r} has {self._pending_bytes} bytes of pushes waiting to be written "
+                f"(max_pending_bytes={self.options.max_pending_bytes}). Retry later, call flush(), "
+                'or open the queue with pending_policy="block".'
+            )
+        while self._pending_bytes + nbytes > self.options.max_pending_bytes and self._pending_bytes > 0:
+            gen = self._space.gen
+            # Seal what is open so the writer can free space.
+            with self._mutex:
+                self._to_write.extend(self._packer.take_all())
+            self._wake_writer()
+            await self._space.wait(gen, 1.0)
+
+    def _wake_writer(self) -> None:
+        if self._writer is None:
+            self._writer = AsyncWorker(f"bucketq-writer-{self.name}", self._writer_loop)
+        self._writer_wake.notify()
+
+    async def _writer_loop(self) -> None:
+        while True:
+            gen = self._writer_wake.gen
+            with self._mutex:
+                self._to_write.extend(self._packer.take_due(_now()))
+                batch = list(self._to_write)
+                self._to_write.clear()
+                next_due = self._packer.next_due()
+            if batch:
+                await self._insert(batch)
+                continue
+            if self._closed and next_due is None:
+                return
+            await self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
+
+    async def _insert(self, buckets: list[core.OpenBucket]) -> None:
+        """Write sealed buckets (one command), retrying transient failures within the
+        retry budget; resolve their receipts either way."""
+        await self._setup()
+        docs = {ob.id: ob.document() for ob in buckets}
+        started = _monotonic()
+        attempt = 0
+        error: BaseException | None = None
+        while docs:
+            try:
+                if len(docs) == 1:
+                    await self._col.insert_one(next(iter(docs.values())))
+                else:
+                    await self._col.insert_many(list(docs.values()), ordered=False)
+                docs.clear()
+            except DuplicateKeyError:
+                docs.clear()  # an earlier attempt landed
+            except BulkWriteError as exc:
+                landed = {
+                    e["op"]["_id"] for e in exc.details.get("writeErrors", []) if e.get("code") == 11000
+                }
+                failed = {e["op"]["_id"] for e in exc.details.get("writeErrors", [])} - landed
+                docs = {k: v for k, v in docs.items() if k in failed}
+                if docs and not self._retry_wait_ok(exc, started):
+                    error = exc
+                    break
+                attempt += 1
+                await async_sleep(core.backoff(attempt, self.options.retry_base, self.options.retry_cap))
+            except PyMongoError as exc:
+                if not self._retry_wait_ok(exc, started):
+                    error = exc
+                    break
+                attempt += 1
+                self._stats["insert_retries"] += 1
+                log.warning("queue %s: bucket insert failed (%s); retry %d", self.name, exc, attempt)
+                await async_sleep(core.backoff(attempt, self.options.retry_base, self.options.retry_cap))
+        now = _now()
+        for ob in buckets:
+            failed_here = error is not None and ob.id in docs
+            self._pending_bytes -= ob.nbytes
+            self._unwritten.pop(ob.id, None)
+            if failed_here:
+                self._stats["push_failed"] += len(ob)
+                log.error("queue %s: %d items were NOT stored: %s", self.name, len(ob), error)
+                ob.batch.resolve(error)
+            else:
+                self._stats["buckets_written"] += 1
+                ob.batch.resolve()
+                if ob.mature > now and (self._next_local_mature is None or ob.mature < self._next_local_mature):
+                    self._next_local_mature = ob.mature
+            ob.items = []  # receipts keep the bucket; free its items
+        self._space.notify()
+        self._fetch_wake.notify()
+
+    def _retry_wait_ok(self, exc: BaseException, started: float) -> bool:
+        return core.is_transient(exc) and _monotonic() - started < self.options.retry_budget
+
+    async def flush(self) -> None:
+        """Write every open bucket and wait until stored; then flush consumer state."""
+        await self._flush_pushes()
+        await self._flush_state()
+
+    async def _flush_pushes(self) -> None:
+        with self._mutex:
+            self._to_write.extend(self._packer.take_all())
+            waiting = list(self._unwritten.values())
+        if waiting:
+            self._wake_writer()
+        for ob in waiting:
+            try:
+                await ob.batch.wait()
+            except Exception:  # noqa: BLE001 - the receipts carry the error
+                pass
+
+    # -- consume ------------------------------------------------------------------------
+
+    def _start_consuming(self) -> None:
+        if self._fetcher is None and not self._closed:
+            self._fetcher = AsyncWorker(f"bucketq-fetcher-{self.name}", self._fetcher_loop)
+            self._flusher = AsyncWorker(f"bucketq-flusher-{self.name}", self._flusher_loop)
+            if self.options.change_streams is not False:
+                self._watcher = AsyncWorker(f"bucketq-watcher-{self.name}", self._watcher_loop)
+
+    async def reserve(self, timeout: float | None = None) -> core.Message | None:
+        """The next item, or None when ``timeout`` seconds pass (or the queue drains)."""
+        if self._fetcher is None:
+            if self._closed:
+                raise QueueClosed(f"Queue {self.name!r} is closed.")
+            self._start_consuming()
+        deadline = None
+        while True:
+            gen = self._consumers.gen
+            with self._mutex:
+                while self._ready and not self._paused:
+                    msg = self._ready.popleft()
+                    b = msg.bucket
+                    b.queued -= 1
+                    if b.lost or b.released:
+                        continue
+                    b.handed += 1
+                    self._stats["reserved"] += 1
+                    self._last_reserve = _monotonic()
+                    if b.queued == 0:
+                        self._fetch_wake.notify()
+                    return msg
+                if self._draining or self._closed:
+                    return None
+            if timeout is not None:
+                if deadline is None:
+                    deadline = _monotonic() + timeout
+                remaining = deadline - _monotonic()
+                if remaining <= 0:
+                    return None
+            else:
+                remaining = None
+            self._waiters += 1
+            try:
+                await self._consumers.wait(gen, remaining)
+            finally:
+                self._waiters -= 1
+
+    async def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
+        """Mark the item consumed. False if this process no longer holds its bucket
+        (the lease was lost or released; the item will be delivered again)."""
+        with self._mutex:
+            ok = msg.bucket.commit(msg.index)
+            if ok:
+                self._stats["committed"] += 1
+        if ok and flush:
+            await self._flush_state()
+            if msg.bucket.lost:
+                return False
+        return ok
+
+    async def rollback(
+        self, msg: core.Message, delay: float | None = None, *, next_t: Any = None, reason: str | None = None
+    ) -> bool:
+        """Give the item back: delivered again not before ``delay`` seconds (or ``next_t``),
+        by default ``reject_delta_factor * tries + reject_delta_base``; past ``max_tries``
+        it goes to the dead-letter queue instead."""
+        now = _now()
+        tries = msg.tries + 1
+        if next_t is not None:
+            not_before = core.mature_time(now, None, next_t)
+        else:
+            not_before = now + (core.retry_delay(tries, self.options) if delay is None else delay)
+        b = msg.bucket
+        max_tries = self.options.max_tries
+        with self._mutex:
+            if max_tries is not None and tries >= max_tries and b.state[msg.index] == core.RESERVED and not b.lost:
+                b.tries[msg.index] = tries
+                b.dying.append((msg.index, reason or f"rolled back {tries} times (max_tries={max_tries})"))
+                self._stats["rolled_back"] += 1
+                self._flush_wake.notify()
+                return True
+            ok = b.rollback(msg.index, not_before, now)
+            if ok:
+                self._stats["rolled_back"] += 1
+                if b.state[msg.index] == core.READY:
+                    again = b.ready_messages(now, max_tries)
+                    b.queued += len(again)
+                    self._ready.extend(again)
+                    self._consumers.notify()
+                if b.dying:
+                    self._flush_wake.notify()
+        return ok
+
+    async def pop(self, timeout: float | None = None) -> core.Message | None:
+        """Reserve and commit in one step (at-most-once for this consumer)."""
+        msg = await self.reserve(timeout)
+        if msg is not None:
+            await self.commit(msg)
+        return msg
+
+    def _buffered_buckets(self) -> int:
+        return sum(1 for b in self._held.values() if b.queued > 0)
+
+    async def _fetcher_loop(self) -> None:
+        idle_attempt = 0
+        while not self._closed:
+            gen = self._fetch_wake.gen
+            if self._paused or self._draining:
+                await self._fetch_wake.wait(gen, None)
+                continue
+            if self._buffered_buckets() >= 1 + self.options.prefetch:
+                await self._fetch_wake.wait(gen, None)
+                continue
+            try:
+                got = await self._claim()
+            except PyMongoError as exc:
+                idle_attempt += 1
+                log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
+                await self._fetch_wake.wait(gen, core.backoff(idle_attempt, 0.1, self.options.poll_interval) + 0.05)
+                continue
+            if got:
+                idle_attempt = 0
+                continue
+            idle_attempt += 1
+            wait = min(0.05 * 2 ** min(idle_attempt, 10), self.options.poll_interval)
+            if self._next_local_mature is not None:
+                wait = min(wait, max(self._next_local_mature - _now(), 0.0) + 0.01)
+                if self._next_local_mature <= _now():
+                    self._next_local_mature = None
+            await self._fetch_wake.wait(gen, wait)
+
+    async def _claim(self) -> bool:
+        await self._setup()
+        now = _now()
+        token = ObjectId()
+        flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
+        doc = await self._col.find_one_and_update(
+            flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE
+        )
+        if doc is None:
+            return False
+        self._stats["claims"] += 1
+        b = core.HeldBucket(doc, token, _now(), self.options.lease)
+        if b.takeover:
+            self._stats["takeovers"] += 1
+        if self._draining or self._closed:
+            self._held[b.id] = b
+            await self._release([b])
+            return True
+        with self._mutex:
+            msgs = b.ready_messages(now, self.options.max_tries)
+            b.queued = len(msgs)
+            self._held[b.id] = b
+            self._ready.extend(msgs)
+        if msgs:
+            self._consumers.notify()
+        if b.dying or not msgs:
+            self._flush_wake.notify()
+        return True
+
+    async def _watcher_loop(self) -> None:
+        """Wake the fetcher on inserted or released buckets (where the server has change
+        streams); polling covers everything else."""
+        pipeline = [
+            {"$match": {"operationType": {"$in": ["insert", "update", "replace"]}}},
+            {"$project": {"operationType": 1}},
+        ]
+        while not self._closed:
+            try:
+                async with await self._col.watch(pipeline, max_await_time_ms=500) as stream:
+                    while not self._closed:
+                        change = await stream.try_next()
+                        if change is not None and self._fetcher is not None:
+                            self._fetch_wake.notify()
+            except OperationFailure as exc:
+                log.info("queue %s: no change streams on this server (%s); polling", self.name, exc)
+                return
+            except PyMongoError as exc:
+                if self._closed:
+                    return
+                log.debug("queue %s: change stream interrupted (%s); reopening", self.name, exc)
+                await async_sleep(1.0)
+
+    # -- state flush ----------------------------------------------------------------------
+
+    async def _flusher_loop(self) -> None:
+        period = self.options.state_flush_period
+        while not self._closed:
+            gen = self._flush_wake.gen
+            await self._flush_wake.wait(gen, period)
+            if self._closed:
+                return
+            try:
+                await self._flush_state()
+            except PyMongoError as exc:
+                log.warning("queue %s: state flush failed (%s); will retry", self.name, exc)
+            except Exception:  # noqa: BLE001 - never let the flusher die
+                log.exception("queue %s: state flush failed", self.name)
+
+    async def _flush_state(self, *, release_all: bool = False) -> None:
+        """Persist every changed held bucket with one fenced write each (one command),
+        renew leases, release idle buckets. Never overlaps itself."""
+        async with self._flush_lock:
+            await self._dead_letter()
+            now = _now()
+            lease = self.options.lease
+            writes: list[Any] = []
+            targets: list[tuple[core.HeldBucket, str]] = []
+            with self._mutex:
+                self._requeue_due(now)
+                for b in list(self._held.values()):
+                    if b.lost:
+                        continue
+                    self._check_stalled(b, now)
+                    release = release_all or (b.idle() and b.queued == 0 and not b.dying)
+                    if b.finished():
+                        kind = "delete"
+                    elif release:
+                        kind = "release"
+                    elif b.dirty or core.needs_renewal(b, now, lease):
+                        kind = "update"
+                    else:
+                        continue
+                    writes.append(core.state_write(b, now, lease, release=kind == "release"))
+                    targets.append((b, kind))
+                    b.dirty = False
+            if not writes:
+                return
+            try:
+                res = await self._col.bulk_write(writes, ordered=False)
+                done = res.matched_count + res.deleted_count
+            except PyMongoError:
+                with self._mutex:
+                    for b, _ in targets:
+                        b.dirty = True
+                raise
+            self._stats["state_flushes"] += 1
+            lost: set[ObjectId] = set()
+            if done < len(writes):
+                ids = [b.id for b, _ in targets]
+                now_docs = {d["_id"]: d async for d in self._col.find({"_id": {"$in": ids}}, {"lease": 1})}
+                lost = {b.id for b, kind in targets if core.lost_after_flush(kind, b.token, now_docs.get(b.id))}
+            with self._mutex:
+                for b, kind in targets:
+                    if b.id in lost:
+                        b.lost = True
+                        self._stats["lease_losses"] += 1
+                        log.warning("queue %s: lost the lease of bucket %s; dropping it", self.name, b.id)
+                        self._held.pop(b.id, None)
+                    elif kind == "delete":
+                        self._held.pop(b.id, None)
+                    elif kind == "release":
+                        b.released = True
+                        self._stats["released"] += 1
+                        self._held.pop(b.id, None)
+                    else:
+                        b.until = now + lease
+            if lost or any(kind != "update" for _, kind in targets):
+                self._fetch_wake.notify()
+
+    def _requeue_due(self, now: float) -> None:
+        """Serve again, here, rolled-back items whose not-before has passed."""
+        woke = False
+        for b in self._held.values():
+            if b.waiting and not b.lost:
+                again = b.due_waiting(now, self.options.max_tries)
+                if again:
+                    b.queued += len(again)
+                    self._ready.extend(again)
+                    woke = True
+        if woke:
+            self._consumers.notify()
+
+    def _check_stalled(self, b: core.HeldBucket, now: float) -> None:
+        """Roll back items handed out but untouched for lease + reject_timeout_grace, so a
+        stuck handler cannot pin its bucket (and renew its lease) forever."""
+        if b.dirty or b.outstanding - b.queued <= len(b.dying):
+            b.stalled_since = None
+            return
+        if b.stalled_since is None:
+            b.stalled_since = now
+            return
+        if now - b.stalled_since < self.options.lease + self.options.reject_timeout_grace:
+            return
+        b.stalled_since = None
+        queued = {m.index for m in self._ready if m.bucket is b}
+        for i in b.stalled_items():
+            if i not in queued:
+                b.rollback(i, now, now)
+                self._stats["rolled_back"] += 1
+                log.warning("queue %s: item %s was reserved and never committed; rolled back", self.name, core.item_id(b.id, i))
+        self._requeue_due(now)
+
+    async def _dead_letter(self) -> None:
+        """Move over-tried items to the dead-letter queue: insert there first (durably),
+        then mark them consumed here, so the worst case is a duplicate, never a loss."""
+        dying = [(b, i, reason) for b in list(self._held.values()) if not b.lost for i, reason in b.dying]
+        if not dying:
+            return
+        if self._dlq is None:
+            self._dlq = type(self)(
+                self.db,
+                self.options.dead_letter_name(self.name),
+                write_concern=self.options.write_concern,
+            )
+        now = _now()
+        receipts = []
+        for b, i, reason in dying:
+            it = b.items[i] if b.items is not None else {}
+            headers = core.dead_letter_headers(self.name, it.get("h"), b.tries.get(i, 0), reason, now)
+            receipts.append(await self._dlq.push(it.get("p"), headers=headers))
+        await self._dlq.flush()
+        for r in receipts:
+            await r.wait()
+        moved = {(b.id, i) for b, i, _ in dying}
+        with self._mutex:
+            for b, i, _ in dying:
+                b.dead(i)
+                self._stats["dead_lettered"] += 1
+            for b in {id(b): b for b, _, _ in dying}.values():
+                b.dying = [d for d in b.dying if (b.id, d[0]) not in moved]
+
+    # -- drain and close -------------------------------------------------------------------
+
+    async def drain(self, timeout: float | None = None) -> dict[str, int]:
+        """Write open buckets, stop claiming, serve what is in memory to reserve() callers
+        (until consumed or ``timeout``, default ``drain_timeout``), release the rest at once
+        and flush state. Returns counts. Idempotent."""
+        if self._drain_report is not None:
+            return self._drain_report
+        self._draining = True
+        self._fetch_wake.notify()
+        written_before = self._stats["buckets_written"]
+        await self._flush_pushes()
+        # Read-ahead nobody started on goes back at once.
+        with self._mutex:
+            read_ahead = [b for b in self._held.values() if b.handed == 0]
+            for b in read_ahead:
+                b.released = True
+                b.queued = 0
+            self._ready = deque(m for m in self._ready if not m.bucket.released)
+        if read_ahead:
+            await self._release(read_ahead)
+        served_before = self._stats["reserved"]
+        deadline = _monotonic() + (self.options.drain_timeout if timeout is None else timeout)
+        while _monotonic() < deadline:
+            outstanding = sum(b.outstanding - b.queued for b in self._held.values() if not b.lost)
+            if not self._ready and not outstanding:
+                break
+            recent = _monotonic() - self._last_reserve < 0.25
+            if not outstanding and not self._waiters and not recent:
+                break  # nothing here is consuming: do not sit out the deadline
+            self._consumers.notify()
+            await async_sleep(0.02)
+        with self._mutex:
+            left_in_memory = len(self._ready)
+            self._ready.clear()
+            for b in self._held.values():
+                b.queued = 0
+        released = len(self._held)
+        await self._flush_state(release_all=True)
+        self._consumers.notify()
+        self._drain_report = {
+            "buckets_written": self._stats["buckets_written"] - written_before,
+            "served": self._stats["reserved"] - served_before,
+            "released_buckets": released + len(read_ahead),
+            "released_items": left_in_memory,
+        }
+        return self._drain_report
+
+    async def _release(self, buckets: list[core.HeldBucket]) -> None:
+        async with self._flush_lock:
+            now = _now()
+            writes = [core.state_write(b, now, self.options.lease, release=True) for b in buckets]
+            await self._col.bulk_write(writes, ordered=False)
+            with self._mutex:
+                for b in buckets:
+                    b.released = True
+                    self._held.pop(b.id, None)
+                    self._stats["released"] += 1
+
+    async def close(self) -> dict[str, int]:
+        """Drain, then stop the background workers. Idempotent; the client stays open."""
+        if self._closed:
+            return self._drain_report or {}
+        report = await self.drain()
+        self._closed = True
+        for n in (self._fetch_wake, self._flush_wake, self._writer_wake, self._consumers):
+            n.notify()
+        for w in (self._writer, self._fetcher, self._flusher, self._watcher):
+            if w is not None:
+                await w.join(5.0)
+        if self._dlq is not None:
+            await self._dlq.close()
+        return report
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- control and introspection ------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop handing out items and claiming buckets until resume()."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._fetch_wake.notify()
+        self._consumers.notify()
+
+    async def _live_sum(self, flt: dict[str, Any]) -> int:
+        cursor = await self._col.aggregate(core.live_sum_pipeline(flt))
+        return core.sum_result([r async for r in cursor])
+
+    async def size(self) -> int:
+        """Items ready to be delivered now (stored, mature, not leased)."""
+        return await self._live_sum(core.ready_filter(_now()))
+
+    async def total_size(self) -> int:
+        """Every stored item not yet consumed."""
+        return await self._live_sum({})
+
+    async def sched_size(self) -> int:
+        """Stored items not yet mature."""
+        return await self._live_sum(core.sched_filter(_now()))
+
+    async def resv_size(self) -> int:
+        """Stored items in buckets leased by a consumer."""
+        return await self._live_sum(core.leased_filter(_now()))
+
+    async def next_t(self) -> Any:
+        """The mature time of the next bucket to become deliverable (None if empty)."""
+        now = _now()
+        doc = await self._col.find_one(
+            {"$or": [{"lease": None}, {"lease.until": {"$lte": core.to_datetime(now)}}]},
+            {"mature": 1},
+            sort=core.CLAIM_SORT,
+        )
+        return doc["mature"] if doc else None
+
+    def stats(self) -> dict[str, int]:
+        """Counters of this queue object since it opened, and what it holds in memory now."""
+        s = dict(self._stats)
+        s["pending_bytes"] = self._pending_bytes
+        s["open_buckets"] = len(self._packer.open)
+        s["held_buckets"] = len(self._held)
+        s["ready_in_memory"] = len(self._ready)
+        return s
+
+    async def remove(self, id: str) -> bool:
+        """Remove a stored item whose bucket no consumer holds. True if it was removed."""
+        bid, index = core.parse_item_id(id)
+        if bid in self._unwritten:
+            await self._flush_pushes()
+        for _ in range(5):
+            now = core.to_datetime(_now())
+            doc = await self._col.find_one(
+                {"_id": bid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]},
+                {"done": 1, "live": 1, "n": 1},
+            )
+            if doc is None or index >= doc["n"]:
+                return False
+            done = bytearray(doc.get("done") or bytes((doc["n"] + 7) // 8))
+            if done[index >> 3] & (1 << (index & 7)):
+                return False
+            done[index >> 3] |= 1 << (index & 7)
+            flt = {"_id": bid, "done": doc.get("done"), "live": doc["live"],
+                   "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]}  # fmt: skip
+            if doc["live"] <= 1:
+                res = await self._col.delete_one(flt)
+                if res.deleted_count:
+                    return True
+            else:
+                # Clearing an expired lease fences off its stalled holder.
+                res = await self._col.update_one(
+                    flt, {"$set": {"done": bytes(done), "lease": None}, "$inc": {"live": -1}}
+                )
+                if res.modified_count:
+                    return True
+        return False

@@ -1,0 +1,263 @@
+"""The few concurrency primitives the queue shells use, in an async and a sync flavour
+with the same names less the ``Async`` prefix, so ``scripts/unasync.py`` can turn the
+async shell into the sync one by renaming alone.
+
+Async flavour: one event loop, so memory-only critical sections need no lock
+(:class:`AsyncMutex` is a no-op); background work runs as tasks.
+Sync flavour: threads, so :class:`Mutex` is a real lock; background work runs in
+daemon threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
+
+from ..errors import PushFailed
+
+log = logging.getLogger("bucketq.queue")
+
+# -- async flavour -------------------------------------------------------------------
+
+
+class AsyncMutex:
+    """Guards memory-only sections (no await inside): nothing to do on one event loop."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+AsyncLock = asyncio.Lock
+
+
+class AsyncNotifier:
+    """Wake-ups that cannot be lost: read ``gen`` before checking the condition, then
+    ``await wait(gen, timeout)`` returns at once if a notify came in between."""
+
+    __slots__ = ("gen", "_event")
+
+    def __init__(self) -> None:
+        self.gen = 0
+        self._event: asyncio.Event | None = None
+
+    def notify(self) -> None:
+        self.gen += 1
+        ev = self._event
+        if ev is not None:
+            self._event = None
+            ev.set()
+
+    async def wait(self, gen: int, timeout: float | None) -> None:
+        if gen != self.gen or (timeout is not None and timeout <= 0):
+            return
+        ev = self._event
+        if ev is None:
+            ev = self._event = asyncio.Event()
+        try:
+            if timeout is None:
+                await ev.wait()
+            else:
+                await asyncio.wait_for(ev.wait(), timeout)
+        except TimeoutError:
+            pass
+
+
+class AsyncBatch:
+    """Completion of one bucket insert, shared by the receipts of its items."""
+
+    __slots__ = ("_event", "error", "_done")
+
+    def __init__(self) -> None:
+        self._event: asyncio.Event | None = None
+        self.error: BaseException | None = None
+        self._done = False
+
+    def resolve(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self._done = True
+        if self._event is not None:
+            self._event.set()
+
+    def done(self) -> bool:
+        return self._done
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        if not self._done:
+            if self._event is None:
+                self._event = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except TimeoutError:
+                return False
+        if self.error is not None:
+            raise PushFailed(f"The item was not stored: {self.error}") from self.error
+        return True
+
+
+class AsyncReceipt:
+    """Returned by push: ``await receipt`` (or ``await receipt.wait(timeout)``) returns
+    once the item's bucket is in MongoDB under the queue's write concern, and raises
+    :class:`~bucketq.errors.PushFailed` if it never got there."""
+
+    __slots__ = ("_bucket", "index")
+
+    def __init__(self, bucket: Any, index: int) -> None:
+        self._bucket = bucket
+        self.index = index
+
+    @property
+    def id(self) -> str:
+        return f"{self._bucket.id}.{self.index}"
+
+    def done(self) -> bool:
+        return self._bucket.batch.done()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """True once stored; False if ``timeout`` passed first."""
+        return await self._bucket.batch.wait(timeout)
+
+    def __await__(self) -> Generator[Any, None, bool]:
+        return self.wait().__await__()
+
+    def __repr__(self) -> str:
+        return f"<Receipt {self.id} {'stored' if self.done() else 'pending'}>"
+
+
+class AsyncWorker:
+    """A background task that logs (and survives) nothing: its loop handles its errors."""
+
+    def __init__(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
+        self.name = name
+        self._task = asyncio.get_running_loop().create_task(fn(), name=name)
+
+    async def join(self, timeout: float | None = None) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except TimeoutError:
+            self._task.cancel()
+        except asyncio.CancelledError:
+            pass
+
+
+async def async_sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+def async_register_exit(obj: Any) -> None:
+    """Async queues cannot be flushed from atexit: close them with ``async with``."""
+
+
+# -- sync flavour --------------------------------------------------------------------
+
+Mutex = threading.Lock
+Lock = threading.Lock
+
+
+class Notifier:
+    __slots__ = ("gen", "_cond")
+
+    def __init__(self) -> None:
+        self.gen = 0
+        self._cond = threading.Condition(threading.Lock())
+
+    def notify(self) -> None:
+        with self._cond:
+            self.gen += 1
+            self._cond.notify_all()
+
+    def wait(self, gen: int, timeout: float | None) -> None:
+        if gen != self.gen or (timeout is not None and timeout <= 0):
+            return
+        with self._cond:
+            if gen == self.gen:
+                self._cond.wait(timeout)
+
+
+class Batch:
+    __slots__ = ("_event", "error")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+
+    def resolve(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._event.wait(timeout):
+            return False
+        if self.error is not None:
+            raise PushFailed(f"The item was not stored: {self.error}") from self.error
+        return True
+
+
+class Receipt:
+    """Returned by push: ``receipt.wait(timeout)`` returns True once the item's bucket is
+    in MongoDB under the queue's write concern (False if ``timeout`` passed first), and
+    raises :class:`~bucketq.errors.PushFailed` if it never got there."""
+
+    __slots__ = ("_bucket", "index")
+
+    def __init__(self, bucket: Any, index: int) -> None:
+        self._bucket = bucket
+        self.index = index
+
+    @property
+    def id(self) -> str:
+        return f"{self._bucket.id}.{self.index}"
+
+    def done(self) -> bool:
+        return self._bucket.batch.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._bucket.batch.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<Receipt {self.id} {'stored' if self.done() else 'pending'}>"
+
+
+class Worker:
+    def __init__(self, name: str, fn: Callable[[], None]) -> None:
+        self.name = name
+        self._thread = threading.Thread(target=fn, name=name, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
+def sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+_open_queues: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register_exit(obj: Any) -> None:
+    """Flush sync queues at interpreter exit, so buffered pushes are not lost."""
+    _open_queues.add(obj)
+
+
+@atexit.register
+def _close_open_queues() -> None:
+    for q in list(_open_queues):
+        try:
+            q.close()
+        except Exception:  # noqa: BLE001 - exiting anyway; say what was lost
+            log.exception("closing queue %r at exit failed", getattr(q, "name", q))

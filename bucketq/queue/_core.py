@@ -1,0 +1,639 @@
+"""The queue's decisions, with no I/O: options, bucket packing, claimed-bucket state,
+update documents, lease and retry maths.
+
+The sync and async shells (``_sync/``, ``_async/``) build a request with these,
+make one driver call, and hand the answer back here.
+
+Times are floats (seconds since the epoch) in memory and BSON datetimes in MongoDB.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from bson import ObjectId
+from pymongo import DeleteOne, UpdateOne
+from pymongo.write_concern import WriteConcern
+
+from ..errors import ConfigurationError, PayloadTooLarge
+from ._codec import decode_items
+
+# -- options ------------------------------------------------------------------
+
+DEFAULT_BUCKET_MAX_SIZE = 1024
+DEFAULT_BUCKET_MAX_BYTES = 8 * 1024 * 1024
+#: MongoDB's document limit, less room for the bucket's own fields.
+HARD_MAX_BYTES = 16 * 1024 * 1024 - 64 * 1024
+DEFAULT_BUCKET_MAX_WAIT = 0.5
+DEFAULT_STATE_FLUSH_PERIOD = 0.5
+DEFAULT_LEASE = 30.0
+DEFAULT_REJECT_DELTA_BASE = 10.0
+DEFAULT_REJECT_DELTA_FACTOR = 10.0
+DEFAULT_REJECT_TIMEOUT_GRACE = 10.0
+DEFAULT_MATURE_GRANULARITY = 1.0
+DEFAULT_PREFETCH = 1
+DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
+DEFAULT_RETRY_BASE = 0.1
+DEFAULT_RETRY_CAP = 5.0
+DEFAULT_RETRY_BUDGET = 60.0
+DEFAULT_DRAIN_TIMEOUT = 5.0
+DLQ_SUFFIX = ".dlq"
+
+#: Bytes a bucket document needs besides its items binary (ids, counters, bitmaps).
+BUCKET_OVERHEAD = 512
+
+
+def _positive(name: str, value: float, *, zero: bool = False) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (value == 0 and not zero):
+        need = "zero or more" if zero else "greater than zero"
+        raise ConfigurationError(f"{name} must be a number {need}; got {value!r}.")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOptions:
+    """Every queue option with its default (seconds for times, bytes for sizes).
+
+    The names follow keuss where keuss has one (``lease`` is keuss's ``reserve_delay``).
+    """
+
+    bucket_max_size: int = DEFAULT_BUCKET_MAX_SIZE
+    bucket_max_bytes: int = DEFAULT_BUCKET_MAX_BYTES
+    bucket_max_wait: float = DEFAULT_BUCKET_MAX_WAIT
+    state_flush_period: float = DEFAULT_STATE_FLUSH_PERIOD
+    lease: float = DEFAULT_LEASE
+    reject_delta_base: float = DEFAULT_REJECT_DELTA_BASE
+    reject_delta_factor: float = DEFAULT_REJECT_DELTA_FACTOR
+    reject_timeout_grace: float = DEFAULT_REJECT_TIMEOUT_GRACE
+    mature_granularity: float = DEFAULT_MATURE_GRANULARITY
+    prefetch: int = DEFAULT_PREFETCH
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    max_tries: int | None = None
+    dead_letter_queue: str | None = None
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
+    pending_policy: str = "block"
+    retry_base: float = DEFAULT_RETRY_BASE
+    retry_cap: float = DEFAULT_RETRY_CAP
+    retry_budget: float = DEFAULT_RETRY_BUDGET
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    write_concern: WriteConcern | dict[str, Any] | None = None
+    change_streams: bool | None = None
+    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bucket_max_size, int) or not 1 <= self.bucket_max_size <= 65536:
+            raise ConfigurationError(
+                f"bucket_max_size must be a whole number from 1 to 65536; got {self.bucket_max_size!r}."
+            )
+        if not isinstance(self.bucket_max_bytes, int) or not 1024 <= self.bucket_max_bytes <= HARD_MAX_BYTES:
+            raise ConfigurationError(
+                f"bucket_max_bytes must be from 1024 to {HARD_MAX_BYTES} (MongoDB's 16 MiB document "
+                f"limit less room for the bucket's fields); got {self.bucket_max_bytes!r}."
+            )
+        for name in ("bucket_max_wait", "reject_delta_base", "reject_delta_factor",
+                     "reject_timeout_grace", "retry_budget", "drain_timeout"):  # fmt: skip
+            _positive(name, getattr(self, name), zero=True)
+        for name in ("state_flush_period", "lease", "mature_granularity", "poll_interval",
+                     "retry_base", "retry_cap"):  # fmt: skip
+            _positive(name, getattr(self, name))
+        if self.lease < 3 * self.state_flush_period:
+            raise ConfigurationError(
+                f"lease ({self.lease} s) must be at least 3x state_flush_period "
+                f"({self.state_flush_period} s) so leases are renewed before they run out."
+            )
+        if not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise ConfigurationError(f"prefetch must be a whole number >= 0; got {self.prefetch!r}.")
+        if self.max_tries is not None and (not isinstance(self.max_tries, int) or self.max_tries < 1):
+            raise ConfigurationError(f"max_tries must be None or a whole number >= 1; got {self.max_tries!r}.")
+        if not isinstance(self.max_pending_bytes, int) or self.max_pending_bytes < self.bucket_max_bytes:
+            raise ConfigurationError(
+                f"max_pending_bytes ({self.max_pending_bytes!r}) must be at least bucket_max_bytes "
+                f"({self.bucket_max_bytes})."
+            )
+        if self.pending_policy not in ("block", "raise"):
+            raise ConfigurationError(f'pending_policy must be "block" or "raise"; got {self.pending_policy!r}.')
+        if self.write_concern is not None and not isinstance(self.write_concern, WriteConcern | dict):
+            raise ConfigurationError("write_concern must be a pymongo WriteConcern or a dict like {'w': 'majority'}.")
+
+    @classmethod
+    def build(cls, **options: Any) -> QueueOptions:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"Unknown queue option(s): {', '.join(unknown)}. Known options: {', '.join(sorted(known))}."
+            )
+        return cls(**options)
+
+    def dead_letter_name(self, queue_name: str) -> str:
+        return self.dead_letter_queue or queue_name + DLQ_SUFFIX
+
+    def get_write_concern(self) -> WriteConcern | None:
+        wc = self.write_concern
+        return WriteConcern(**wc) if isinstance(wc, dict) else wc
+
+
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name or "$" in name or "\0" in name or name.startswith("system."):
+        raise ConfigurationError(
+            f"A queue name must be a non-empty string without '$' or NUL that does not start "
+            f"with 'system.'; got {name!r}."
+        )
+    return name
+
+
+# -- time -----------------------------------------------------------------------
+
+
+def to_datetime(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def from_datetime(d: datetime) -> float:
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=UTC)
+    return d.timestamp()
+
+
+def mature_time(now: float, delay: float | None, mature: datetime | float | None) -> float:
+    """When a pushed item may first be delivered ("not before")."""
+    if delay is not None and mature is not None:
+        raise ConfigurationError("Give either delay or mature, not both.")
+    if delay is not None:
+        if not isinstance(delay, int | float) or delay < 0:
+            raise ConfigurationError(f"delay must be seconds >= 0; got {delay!r}.")
+        return now + delay
+    if mature is not None:
+        return from_datetime(mature) if isinstance(mature, datetime) else float(mature)
+    return now
+
+
+def retry_delay(tries: int, opts: QueueOptions) -> float:
+    """The default wait before a rolled-back item is delivered again."""
+    return opts.reject_delta_factor * tries + opts.reject_delta_base
+
+
+def backoff(attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
+    return rng() * min(cap, base * (2 ** min(attempt, 32)))
+
+
+# -- item ids ---------------------------------------------------------------------
+
+
+def item_id(bucket_id: ObjectId, index: int) -> str:
+    return f"{bucket_id}.{index}"
+
+
+def parse_item_id(value: str) -> tuple[ObjectId, int]:
+    try:
+        bid, idx = value.rsplit(".", 1)
+        return ObjectId(bid), int(idx)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{value!r} is not a bucketq item id (they look like '<24 hex digits>.<index>', "
+            "as in Receipt.id and Message.id)."
+        ) from exc
+
+
+# -- push side: open buckets ----------------------------------------------------
+
+
+class OpenBucket:
+    """Items buffered for one bucket insert. ``batch`` is the shell's completion handle."""
+
+    __slots__ = ("id", "items", "nbytes", "mature", "opened", "slot", "batch")
+
+    def __init__(self, slot: int | None, opened: float, batch: Any) -> None:
+        self.id = ObjectId()
+        self.items: list[bytes] = []
+        self.nbytes = 0
+        self.mature = 0.0
+        self.opened = opened
+        self.slot = slot
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def document(self, *, seq: int | None = None) -> dict[str, Any]:
+        """The bucket document for its single insert."""
+        n = len(self.items)
+        doc: dict[str, Any] = {
+            "_id": self.id,
+            "mature": to_datetime(self.mature),
+            "n": n,
+            "live": n,
+            "items": b"".join(self.items),
+            "leases": 0,
+        }
+        if seq is not None:
+            doc["seq"] = seq
+        return doc
+
+
+class Packer:
+    """Groups pushed items into open buckets by mature slot and seals them by count,
+    bytes or age.
+
+    Items due now share one open bucket (slot ``None``); delayed items go to the bucket
+    of their slot, ``ceil(mature / granularity)``, so a bucket's mature time (the latest
+    of its items) is at most one slot past any of its items' own time.
+    """
+
+    def __init__(self, opts: QueueOptions, new_batch: Callable[[], Any]) -> None:
+        self.max_size = opts.bucket_max_size
+        self.max_item_bytes = opts.bucket_max_bytes - BUCKET_OVERHEAD
+        self.max_wait = opts.bucket_max_wait
+        self.granularity = opts.mature_granularity
+        self.new_batch = new_batch
+        self.open: dict[int | None, OpenBucket] = {}
+
+    def check_size(self, nbytes: int) -> None:
+        if nbytes > self.max_item_bytes:
+            raise PayloadTooLarge(
+                f"The item is {nbytes} bytes encoded; a bucket holds at most {self.max_item_bytes} "
+                f"bytes of items (bucket_max_bytes={self.max_item_bytes + BUCKET_OVERHEAD}). Store large "
+                "blobs elsewhere (GridFS, object storage) and push a reference, or raise bucket_max_bytes "
+                f"(up to {HARD_MAX_BYTES})."
+            )
+
+    def add(self, item: bytes, mature: float, now: float) -> tuple[OpenBucket, int, tuple[OpenBucket, ...]]:
+        """Add an encoded item; returns (its bucket, its index, the buckets this add sealed,
+        oldest first)."""
+        nbytes = len(item)
+        self.check_size(nbytes)
+        slot = None if mature <= now else -int(-mature // self.granularity)
+        sealed: tuple[OpenBucket, ...] = ()
+        ob = self.open.get(slot)
+        if ob is not None and ob.nbytes + nbytes > self.max_item_bytes:
+            sealed = (self.open.pop(slot),)
+            ob = None
+        if ob is None:
+            ob = self.open[slot] = OpenBucket(slot, now, self.new_batch())
+        index = len(ob.items)
+        ob.items.append(item)
+        ob.nbytes += nbytes
+        if mature > ob.mature:
+            ob.mature = mature
+        if index + 1 >= self.max_size:
+            del self.open[slot]
+            sealed += (ob,)
+        return ob, index, sealed
+
+    def take_due(self, now: float) -> list[OpenBucket]:
+        """Seal and return the open buckets older than ``bucket_max_wait``."""
+        due = [ob for ob in self.open.values() if now - ob.opened >= self.max_wait]
+        for ob in due:
+            del self.open[ob.slot]
+        return due
+
+    def take_all(self) -> list[OpenBucket]:
+        out = list(self.open.values())
+        self.open.clear()
+        return out
+
+    def next_due(self) -> float | None:
+        """When the oldest open bucket reaches its age limit (None if none is open)."""
+        if not self.open:
+            return None
+        return min(ob.opened for ob in self.open.values()) + self.max_wait
+
+
+# -- consume side: claims and held buckets -------------------------------------------
+
+CLAIM_SORT = [("mature", 1), ("_id", 1)]
+#: Fields a claim does not need back (the done bitmap etc. are small; keep them).
+CLAIM_PROJECTION = None
+
+
+def claim_request(now: float, token: ObjectId, owner: str, lease: float) -> tuple[dict, dict]:
+    """Filter and update of the single atomic claim of a mature, unleased bucket."""
+    dnow = to_datetime(now)
+    flt = {
+        "mature": {"$lte": dnow},
+        "$or": [{"lease": None}, {"lease.until": {"$lte": dnow}}],
+    }
+    upd = {
+        "$set": {"lease": {"tok": token, "owner": owner, "until": to_datetime(now + lease)}},
+        "$inc": {"leases": 1},
+    }
+    return flt, upd
+
+
+class Message:
+    """One delivered item. ``tries`` counts earlier deliveries that did not end in a commit."""
+
+    __slots__ = ("bucket", "index", "payload", "headers", "tries", "_mature", "reserved_at")
+
+    def __init__(self, bucket: Any, index: int, payload: Any, headers: dict | None, tries: int, mature: float) -> None:
+        self.bucket = bucket
+        self.index = index
+        self.payload = payload
+        self.headers = headers
+        self.tries = tries
+        self._mature = mature
+        self.reserved_at = 0.0
+
+    @property
+    def id(self) -> str:
+        return item_id(self.bucket.id, self.index)
+
+    @property
+    def mature(self) -> datetime:
+        return to_datetime(self._mature)
+
+    def __repr__(self) -> str:
+        return f"Message(id={self.id!r}, tries={self.tries}, payload={self.payload!r})"
+
+
+# Item states inside a held bucket.
+READY, RESERVED, DONE, WAITING = 0, 1, 2, 3
+
+
+class HeldBucket:
+    """A claimed bucket's state in this process, changed in memory and flushed fenced.
+
+    Per item: ``done`` bitmap (committed or dead-lettered), ``tries`` and ``next``
+    (not-before time after a rollback), both sparse. ``dirty`` marks a change not
+    yet flushed.
+    """
+
+    __slots__ = (
+        "id", "token", "n", "mature", "done", "live", "tries", "next", "items", "state",
+        "outstanding", "waiting", "dirty", "lost", "until", "takeover", "dying", "released",
+        "queued", "handed", "stalled_since",
+    )  # fmt: skip
+
+    def __init__(self, doc: dict[str, Any], token: ObjectId, now: float, lease: float) -> None:
+        self.id: ObjectId = doc["_id"]
+        self.token = token
+        self.n: int = doc["n"]
+        self.mature = from_datetime(doc["mature"])
+        raw_done = doc.get("done")
+        self.done = bytearray(raw_done) if raw_done else bytearray((self.n + 7) // 8)
+        self.live: int = doc.get("live", self.n)
+        self.tries: dict[int, int] = {int(k): v for k, v in (doc.get("tries") or {}).items()}
+        self.next: dict[int, float] = {int(k): from_datetime(v) for k, v in (doc.get("next") or {}).items()}
+        self.items: list[dict[str, Any]] | None = None
+        self.state: list[int] = []
+        self.outstanding = 0  # reserved, not yet committed or rolled back
+        self.waiting = 0  # rolled back with a not-before in the future
+        self.dirty = False
+        self.lost = False
+        self.released = False
+        self.until = now + lease
+        # A claim of a bucket whose lease ran out: its holder died or stalled.
+        self.takeover = doc.get("lease") is not None
+        self.dying: list[tuple[int, str]] = []  # (index, reason) to dead-letter
+        self.queued = 0  # messages waiting in this process's ready queue
+        self.handed = 0  # messages handed to reserve() callers so far
+        self.stalled_since: float | None = None
+        self._load(doc["items"], now)
+
+    def _load(self, blob: bytes, now: float) -> None:
+        self.items = decode_items(blob)
+        if len(self.items) != self.n:
+            from ..errors import DecodeError
+
+            raise DecodeError(f"Bucket {self.id} says n={self.n} but holds {len(self.items)} items.")
+        state = [READY] * self.n
+        done = self.done
+        for i in range(self.n):
+            if done[i >> 3] & (1 << (i & 7)):
+                state[i] = DONE
+            elif self.next.get(i, 0.0) > now:
+                state[i] = WAITING
+                self.waiting += 1
+            elif self.takeover:
+                # The previous holder may have delivered it: count that try.
+                self.tries[i] = self.tries.get(i, 0) + 1
+                self.dirty = True
+        self.state = state
+
+    def is_done(self, i: int) -> bool:
+        return bool(self.done[i >> 3] & (1 << (i & 7)))
+
+    def ready_messages(self, now: float, max_tries: int | None) -> list[Message]:
+        """Messages for every READY item (marks them RESERVED-to-be); over-tried items
+        are queued for the dead-letter queue instead."""
+        out = []
+        items = self.items
+        assert items is not None
+        tries = self.tries
+        mature = self.mature
+        for i, st in enumerate(self.state):
+            if st != READY:
+                continue
+            t = tries.get(i, 0)
+            if max_tries is not None and t >= max_tries:
+                self.state[i] = RESERVED
+                self.outstanding += 1
+                self.dying.append((i, f"delivered {t} times without a commit (max_tries={max_tries})"))
+                continue
+            it = items[i]
+            self.state[i] = RESERVED
+            out.append(Message(self, i, it["p"], it.get("h"), t, mature))
+        self.outstanding += len(out)
+        return out
+
+    def due_waiting(self, now: float, max_tries: int | None) -> list[Message]:
+        """Rolled-back items whose not-before has passed, as messages to serve again."""
+        if not self.waiting:
+            return []
+        for i, st in enumerate(self.state):
+            if st == WAITING and self.next.get(i, 0.0) <= now:
+                self.state[i] = READY
+                self.waiting -= 1
+        return self.ready_messages(now, max_tries)
+
+    def commit(self, i: int) -> bool:
+        if self.lost or self.released or self.state[i] != RESERVED:
+            return False
+        self.state[i] = DONE
+        self.done[i >> 3] |= 1 << (i & 7)
+        self.live -= 1
+        self.outstanding -= 1
+        self.next.pop(i, None)
+        self.dirty = True
+        return True
+
+    def rollback(self, i: int, not_before: float, now: float) -> bool:
+        if self.lost or self.released or self.state[i] != RESERVED:
+            return False
+        self.tries[i] = self.tries.get(i, 0) + 1
+        self.outstanding -= 1
+        self.dirty = True
+        if not_before > now:
+            self.state[i] = WAITING
+            self.next[i] = not_before
+            self.waiting += 1
+        else:
+            self.state[i] = READY
+            self.next.pop(i, None)
+        return True
+
+    def dead(self, i: int) -> None:
+        """The item is safely in the dead-letter queue: mark it consumed."""
+        if self.state[i] != DONE:
+            self.state[i] = DONE
+            self.done[i >> 3] |= 1 << (i & 7)
+            self.live -= 1
+            self.outstanding -= 1
+            self.next.pop(i, None)
+            self.dirty = True
+
+    def stalled_items(self) -> list[int]:
+        """Items handed out and neither committed nor rolled back (for auto-rollback)."""
+        return [i for i, st in enumerate(self.state) if st == RESERVED and not any(d == i for d, _ in self.dying)]
+
+    def finished(self) -> bool:
+        return self.live <= 0
+
+    def idle(self) -> bool:
+        """Nothing of it is being served here: only waiting (future) items are left."""
+        return self.outstanding == 0 and not any(s == READY for s in self.state)
+
+    def next_mature(self) -> float:
+        """When the rest of this bucket may be delivered again (for a release): its
+        earliest pending item; an item never rolled back is due at the bucket's mature."""
+        return min((self.next.get(i, self.mature) for i, s in enumerate(self.state) if s != DONE), default=self.mature)
+
+
+def fenced_filter(b: HeldBucket) -> dict[str, Any]:
+    return {"_id": b.id, "lease.tok": b.token}
+
+
+def state_write(b: HeldBucket, now: float, lease: float, *, release: bool = False) -> UpdateOne | DeleteOne:
+    """The one fenced write that persists a held bucket's state.
+
+    Finished buckets are deleted. Otherwise the done bitmap, live count, tries and
+    not-before times are set and the lease renewed; a release clears the lease and
+    sets the bucket's mature time to its earliest pending item.
+    """
+    if b.finished():
+        return DeleteOne(fenced_filter(b))
+    s: dict[str, Any] = {
+        "done": bytes(b.done),
+        "live": b.live,
+        "tries": {str(k): v for k, v in b.tries.items()},
+        "next": {str(k): to_datetime(v) for k, v in b.next.items() if b.state[k] != DONE},
+    }
+    if release:
+        s["lease"] = None
+        s["mature"] = to_datetime(b.next_mature())
+    else:
+        s["lease.until"] = to_datetime(now + lease)
+    return UpdateOne(fenced_filter(b), {"$set": s})
+
+
+def renew_write(b: HeldBucket, now: float, lease: float) -> UpdateOne:
+    return UpdateOne(fenced_filter(b), {"$set": {"lease.until": to_datetime(now + lease)}})
+
+
+def needs_renewal(b: HeldBucket, now: float, lease: float) -> bool:
+    """Renew once a third of the lease is used, so two renewals can fail before it runs out."""
+    return b.until - now < lease * 2 / 3
+
+
+def dead_letter_headers(queue: str, msg_headers: dict | None, tries: int, reason: str, now: float) -> dict:
+    h = dict(msg_headers or {})
+    h.update({"x-source-queue": queue, "x-dead-at": to_datetime(now), "x-tries": tries, "x-reason": reason})
+    return h
+
+
+def lost_after_flush(kind: str, token: ObjectId, doc: dict[str, Any] | None) -> bool:
+    """Whether a fenced write that did not match lost the lease, judged from the bucket
+    as it is now (``kind`` is "update", "release" or "delete")."""
+    if doc is None:
+        # Gone: our delete landed (or a new owner finished it); an update cannot vanish it.
+        return kind == "update"
+    lease = doc.get("lease")
+    if lease is None:
+        return kind != "release"
+    return lease.get("tok") != token
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth retrying with backoff: the server is away or busy, not wrong."""
+    from pymongo.errors import ConnectionFailure, OperationFailure, WTimeoutError
+
+    if isinstance(exc, ConnectionFailure | WTimeoutError):
+        return True
+    if isinstance(exc, OperationFailure):
+        return bool(
+            exc.has_error_label("RetryableWriteError")
+            or exc.has_error_label("TransientTransactionError")
+            or exc.code in (6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436)
+        )
+    return False
+
+
+# -- introspection queries ------------------------------------------------------------
+
+
+def ready_filter(now: float) -> dict[str, Any]:
+    dnow = to_datetime(now)
+    return {"mature": {"$lte": dnow}, "$or": [{"lease": None}, {"lease.until": {"$lte": dnow}}]}
+
+
+def sched_filter(now: float) -> dict[str, Any]:
+    return {"mature": {"$gt": to_datetime(now)}, "$or": [{"lease": None}, {"lease.until": {"$lte": to_datetime(now)}}]}
+
+
+def leased_filter(now: float) -> dict[str, Any]:
+    return {"lease.until": {"$gt": to_datetime(now)}}
+
+
+def live_sum_pipeline(flt: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"$match": flt}, {"$group": {"_id": None, "n": {"$sum": "$live"}}}]
+
+
+def sum_result(rows: Iterable[dict[str, Any]]) -> int:
+    for r in rows:
+        return int(r.get("n") or 0)
+    return 0
+
+
+def new_stats() -> dict[str, int]:
+    return dict.fromkeys(
+        (
+            "pushed", "buckets_written", "insert_retries", "push_failed", "reserved", "committed",
+            "rolled_back", "dead_lettered", "lease_losses", "claims", "takeovers", "state_flushes",
+            "released",
+        ),
+        0,
+    )  # fmt: skip
+
+
+# -- the per-element baseline: one document per item ---------------------------------
+
+
+class ElementRef:
+    """What a per-element message points at: its document and the claim's token."""
+
+    __slots__ = ("id", "token", "lost", "released", "batch")
+
+    def __init__(self, id: ObjectId, token: ObjectId | None = None, batch: Any = None) -> None:
+        self.id = id
+        self.token = token
+        self.lost = False
+        self.released = False
+        self.batch = batch
+
+
+def element_document(payload: Any, headers: dict | None, mature: float) -> dict[str, Any]:
+    doc: dict[str, Any] = {"_id": ObjectId(), "mature": to_datetime(mature), "p": payload, "tries": 0, "lease": None}
+    if headers:
+        doc["h"] = headers
+    return doc
+
+
+def element_rollback_update(not_before: float) -> dict[str, Any]:
+    return {"$set": {"mature": to_datetime(not_before), "lease": None}, "$inc": {"tries": 1}}

@@ -1,0 +1,103 @@
+"""Fixtures that give tests real servers.
+
+MongoDB: ``$BUCKETQ_MONGODB_URI`` if set; else a real mongod through testcontainers
+when a Docker engine answers; else the embedded SecantusDB server on a free port.
+Redis: ``$REDIS_URL``, else 127.0.0.1:6379. Locally an absent optional server
+skips with a reason; in CI (``CI=true``) it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from pymongo import AsyncMongoClient, MongoClient
+
+from bucketq.embedded import URI_ENV, EmbeddedServer
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _missing(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: required servers must be present)")
+    pytest.skip(reason)
+
+
+def _docker_mongo() -> Iterator[str] | None:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=2).ping()
+    except Exception:  # noqa: BLE001 - no engine: fall through to the embedded server
+        return None
+    from testcontainers.mongodb import MongoDbContainer  # type: ignore[import-untyped]
+
+    def gen() -> Iterator[str]:
+        with MongoDbContainer("mongo:7") as c:
+            yield c.get_connection_url()
+
+    return gen()
+
+
+@pytest.fixture(scope="session")
+def mongo_uri() -> Iterator[str]:
+    uri = os.environ.get(URI_ENV)
+    if uri:
+        yield uri
+        return
+    gen = _docker_mongo()
+    if gen is not None:
+        yield from gen
+        return
+    try:
+        server = EmbeddedServer().start()
+    except Exception as exc:  # noqa: BLE001
+        _missing(f"no MongoDB: set {URI_ENV} or install bucketq[embedded] ({exc})")
+        return
+    try:
+        yield server.uri
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def mongo_client(mongo_uri: str) -> Iterator[MongoClient]:
+    client: MongoClient = MongoClient(mongo_uri)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def db_name() -> str:
+    return f"bq_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def db(mongo_client: MongoClient, db_name: str):
+    yield mongo_client[db_name]
+    mongo_client.drop_database(db_name)
+
+
+@pytest.fixture
+async def adb(mongo_uri: str, mongo_client: MongoClient, db_name: str):
+    client: AsyncMongoClient = AsyncMongoClient(mongo_uri)
+    try:
+        yield client[db_name]
+    finally:
+        await client.close()
+        mongo_client.drop_database(db_name)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        import redis
+
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except Exception as exc:  # noqa: BLE001
+        _missing(f"no Redis at {url} ({exc}); set REDIS_URL")
+    return url
