@@ -1,0 +1,114 @@
+"""The buffer's circuit breaker, with no I/O and an injectable clock.
+
+::
+
+    CLOSED ──pending > threshold, or failures in the window > threshold──▶ OPEN
+    OPEN ──cooldown passed──▶ HALF_OPEN
+    HALF_OPEN ──a flush succeeds──▶ CLOSED
+    HALF_OPEN ──a flush fails, or pending > threshold──▶ OPEN
+
+While it is OPEN, ingests bypass the buffer and go straight to storage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+CLOSED = 0
+OPEN = 1
+HALF_OPEN = 2
+STATE_NAMES = {CLOSED: "closed", OPEN: "open", HALF_OPEN: "half-open"}
+
+Listener = Callable[[int, int, str], None]
+
+
+class CircuitBreaker:
+    """Opens on ``pending > pending_threshold`` or on more than ``failure_threshold``
+    failures within the last ``window`` seconds; half-opens ``cooldown`` seconds later.
+
+    ``clock`` returns seconds (monotonic by default). Listeners get ``(old, new, reason)``
+    on every change; their errors propagate, so keep them trivial.
+    """
+
+    def __init__(
+        self,
+        *,
+        pending_threshold: int,
+        failure_threshold: int,
+        cooldown: float,
+        window: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pending_threshold = pending_threshold
+        self.failure_threshold = failure_threshold
+        self.cooldown = cooldown
+        self.window = window
+        self.clock = clock
+        self._state = CLOSED
+        self._opened_at = 0.0
+        self._failures: deque[float] = deque()
+        self.reason = ""
+        self.listeners: list[Listener] = []
+
+    @property
+    def state(self) -> int:
+        if self._state == OPEN and self.clock() >= self._opened_at + self.cooldown:
+            self._set(HALF_OPEN, "cooldown passed")
+        return self._state
+
+    @property
+    def state_name(self) -> str:
+        return STATE_NAMES[self.state]
+
+    def allow(self) -> bool:
+        """True when ingests may use the buffer (closed or half-open)."""
+        return self.state != OPEN
+
+    def retry_after(self) -> float:
+        """Seconds until an open breaker half-opens (0 when it is not open)."""
+        if self.state != OPEN:
+            return 0.0
+        return max(0.0, self._opened_at + self.cooldown - self.clock())
+
+    def failures_in_window(self) -> int:
+        self._prune()
+        return len(self._failures)
+
+    def record_pending(self, pending: int) -> None:
+        if pending > self.pending_threshold and self.state != OPEN:
+            self._open(f"{pending} records pending (threshold {self.pending_threshold})")
+
+    def record_failure(self, count: int = 1) -> None:
+        now = self.clock()
+        self._failures.extend([now] * count)
+        self._prune()
+        state = self.state
+        if state == HALF_OPEN:
+            self._open("a flush failed while half-open")
+        elif state == CLOSED and len(self._failures) > self.failure_threshold:
+            self._open(
+                f"{len(self._failures)} flush failures in {self.window:g} s (threshold {self.failure_threshold})"
+            )
+
+    def record_success(self) -> None:
+        if self.state == HALF_OPEN:
+            self._failures.clear()
+            self._set(CLOSED, "a flush succeeded while half-open")
+
+    def _prune(self) -> None:
+        edge = self.clock() - self.window
+        while self._failures and self._failures[0] <= edge:
+            self._failures.popleft()
+
+    def _open(self, reason: str) -> None:
+        self._opened_at = self.clock()
+        self._set(OPEN, reason)
+
+    def _set(self, new: int, reason: str) -> None:
+        old, self._state = self._state, new
+        self.reason = reason
+        if old != new:
+            for fn in self.listeners:
+                fn(old, new, reason)

@@ -1,0 +1,191 @@
+"""The ``bucketq`` transport: one bucketq queue per shard, on MongoDB.
+
+``enqueue`` returns once the records are durable: it pushes them and waits for their
+bucket's insert, and every request that arrives within ``bucket_max_wait`` shares that
+one insert (group commit). A flush consumer reserves items; an ack commits them (and
+flushes the queue state, so a crash redelivers as little as possible). A requeue pushes
+the updated envelope with a delay, durably, and only then commits the old one; a
+dead-letter pushes to the DLQ queue ``<prefix>:dlq`` durably, then commits. Either way
+the worst case of a crash is a duplicate, never a loss. Buckets whose consumer died are
+claimed again when their lease runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import BucketQError, TransportError, TransportUnavailable
+from ..queue import AsyncQueue
+from ._policy import dead_entry, replayed_entry
+from ._transport import Delivery, Transport
+
+log = logging.getLogger("bucketq.reservoir.bucketq")
+
+#: Queue options of the shard queues unless given: a short group-commit window (ingest
+#: latency), fine mature slots (retry delays of 100 ms stay short), a lease of 30 s.
+DEFAULT_QUEUE_OPTIONS: dict[str, Any] = {
+    "bucket_max_wait": 0.02,
+    "mature_granularity": 0.1,
+    "poll_interval": 0.5,
+}
+
+
+class BucketqTransport(Transport):
+    """Shard queues ``<prefix>:<shard>`` and the DLQ queue ``<prefix>:dlq`` in ``db``
+    (a pymongo ``AsyncDatabase``; its client stays yours). ``queue_options`` go to every
+    :class:`~bucketq.AsyncQueue` (e.g. ``lease``: how soon a dead consumer's records
+    are delivered again)."""
+
+    name = "bucketq"
+    durable = True
+
+    def __init__(
+        self,
+        db: Any,
+        *,
+        prefix: str = "logtide:buffer",
+        queue_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.db = db
+        self.prefix = prefix
+        self.queue_options = {**DEFAULT_QUEUE_OPTIONS, **(queue_options or {})}
+        self.queues: dict[int, AsyncQueue] = {}
+        self._dlq: AsyncQueue | None = None
+
+    def queue_name(self, shard: int) -> str:
+        return f"{self.prefix}:{shard}"
+
+    @property
+    def dlq_name(self) -> str:
+        return f"{self.prefix}:dlq"
+
+    def _queue(self, shard: int) -> AsyncQueue:
+        q = self.queues.get(shard)
+        if q is None:
+            q = self.queues[shard] = AsyncQueue(
+                self.db, self.queue_name(shard), **self.queue_options
+            )
+        return q
+
+    def _dlq_queue(self) -> AsyncQueue:
+        if self._dlq is None:
+            self._dlq = AsyncQueue(self.db, self.dlq_name, **self.queue_options)
+        return self._dlq
+
+    async def start(self, shards: int) -> None:
+        for s in range(shards):
+            self._queue(s)
+
+    async def stop(self) -> None:
+        """Close every queue: open buckets are written, held items released at once."""
+        queues = list(self.queues.values()) + ([self._dlq] if self._dlq is not None else [])
+        self.queues.clear()
+        self._dlq = None
+        for q in queues:
+            try:
+                await q.close()
+            except Exception as exc:  # noqa: BLE001 - close the others; what was held comes back
+                log.warning("closing queue %s failed: %s", q.name, exc)
+
+    async def _push_durable(
+        self, q: AsyncQueue, entries: Sequence[dict[str, Any]], delay: float | None = None
+    ) -> None:
+        try:
+            await q.push_many(list(entries), delay=delay, durable=True)
+        except BucketQError as exc:
+            raise TransportUnavailable(f"Writing to queue {q.name!r} failed: {exc}") from exc
+        except Exception as exc:  # pymongo errors
+            raise TransportError(f"Writing to queue {q.name!r} failed: {exc}") from exc
+
+    async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> None:
+        if entries:
+            await self._push_durable(self._queue(shard), entries)
+
+    async def dequeue(self, shard: int, max_batch: int, max_wait: float) -> list[Delivery]:
+        q = self._queue(shard)
+        loop_time = time.monotonic
+        deadline = loop_time() + max_wait
+        out: list[Delivery] = []
+        while len(out) < max_batch:
+            msg = await q.reserve(timeout=max(0.0, deadline - loop_time()))
+            if msg is None:
+                break
+            out.append(Delivery(dict(msg.payload), msg))
+        return out
+
+    async def _commit(self, q: AsyncQueue, deliveries: Sequence[Delivery]) -> None:
+        for d in deliveries[:-1]:
+            await q.commit(d.token)
+        if deliveries:
+            await q.commit(deliveries[-1].token, flush=True)
+
+    async def ack(self, shard: int, deliveries: Sequence[Delivery]) -> None:
+        await self._commit(self._queue(shard), deliveries)
+
+    async def requeue(self, shard: int, deliveries: Sequence[Delivery], delay: float) -> None:
+        q = self._queue(shard)
+        await self._push_durable(q, [d.entry for d in deliveries], delay=max(delay, 0.0))
+        await self._commit(q, deliveries)
+
+    async def dead_letter(
+        self, shard: int, deliveries: Sequence[Delivery], reason: str | None = None
+    ) -> None:
+        dead = [
+            dead_entry(d.entry, shard, reason or d.entry.get("error") or "dead-lettered")
+            for d in deliveries
+        ]
+        await self._push_durable(self._dlq_queue(), dead)
+        await self._commit(self._queue(shard), deliveries)
+
+    async def pending(self) -> dict[int, int]:
+        return {s: await q.total_size() for s, q in list(self.queues.items())}
+
+    # -- DLQ: a separate reader queue per operation, closed (and so released) after ----------
+
+    async def _read_dlq(self, limit: int | None, handle: Any) -> int:
+        total = await self.dlq_size()
+        want = total if limit is None else min(limit, total)
+        if want <= 0:
+            return 0
+        reader = AsyncQueue(self.db, self.dlq_name, **self.queue_options)
+        n = 0
+        try:
+            while n < want:
+                msg = await reader.reserve(timeout=5.0)
+                if msg is None:
+                    break
+                await handle(reader, msg)
+                n += 1
+        finally:
+            await reader.drain(timeout=0)
+            await reader.close()
+        return n
+
+    async def dlq_inspect(self, limit: int = 100) -> list[dict[str, Any]]:
+        seen: list[dict[str, Any]] = []
+
+        async def keep(reader: AsyncQueue, msg: Any) -> None:
+            seen.append(dict(msg.payload, dlq_id=msg.id))
+
+        await self._read_dlq(limit, keep)
+        return seen
+
+    async def dlq_replay(self, limit: int | None = None) -> int:
+        async def replay(reader: AsyncQueue, msg: Any) -> None:
+            dead = dict(msg.payload)
+            await self._push_durable(self._queue(int(dead["shard"])), [replayed_entry(dead)])
+            await reader.commit(msg)
+
+        return await self._read_dlq(limit, replay)
+
+    async def dlq_purge(self) -> int:
+        async def drop(reader: AsyncQueue, msg: Any) -> None:
+            await reader.commit(msg)
+
+        return await self._read_dlq(None, drop)
+
+    async def dlq_size(self) -> int:
+        return await AsyncQueue(self.db, self.dlq_name, **self.queue_options).total_size()

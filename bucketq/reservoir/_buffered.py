@@ -1,0 +1,574 @@
+"""``BufferedReservoir``: the reservoir buffer's asyncio shell.
+
+Ingests are split by shard and handed to the transport; one flush consumer task per
+shard writes batches to the storage engine, kinds in parallel, and settles every
+record: ack when stored, requeue with a jittered backoff when its write failed, DLQ
+after ``max_retry_attempts``. Policy (breaker, backoff, shards, batches, reading a
+storage result) lives in the pure modules; this file builds, calls, interprets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import TransportError
+from ._breaker import STATE_NAMES, CircuitBreaker
+from ._config import BufferConfig
+from ._metrics import BufferMetrics
+from ._policy import (
+    KINDS,
+    STORAGE_METHOD,
+    BatchPolicy,
+    WriteOutcome,
+    exception_outcome,
+    interpret,
+    new_entry,
+    result,
+    retry_delay,
+    shard_for,
+    split,
+)
+from ._reservoir import IngestResult, Reservoir
+from ._transport import Delivery, Transport
+
+log = logging.getLogger("bucketq.reservoir")
+
+#: How often the cached pending count is checked against the transport.
+DEFAULT_STATS_INTERVAL = 5.0
+
+
+class BufferedReservoir(Reservoir):
+    """A :class:`Reservoir` that buffers ingests in ``transport`` and writes them to
+    ``reservoir`` in the background. Use ``async with`` (or ``start()``/``stop()``).
+
+    - ``ingest*`` returns once the transport accepted the records (``bucketq``: once
+      they are durable in MongoDB). Records without a ``project_id`` fail at once.
+      While the breaker is open, the transport fails, or the buffer is stopping,
+      records go straight to storage and the storage's result is returned.
+    - ``query``/``health`` pass through (``health`` adds the buffer's state).
+    - ``stats()`` is cached: it never makes a round trip.
+    - ``registry``: a ``prometheus_client.CollectorRegistry`` for the metrics (a fresh
+      one by default); ``clock``/``rng``: the breaker's clock and the backoff jitter.
+    """
+
+    def __init__(
+        self,
+        reservoir: Reservoir,
+        transport: Transport,
+        config: BufferConfig | None = None,
+        *,
+        registry: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+        stats_interval: float = DEFAULT_STATS_INTERVAL,
+    ) -> None:
+        self.storage = reservoir
+        self.transport = transport
+        self.config = cfg = config or BufferConfig(enabled=True)
+        self.shards = cfg.total_shards
+        self.batch = BatchPolicy(cfg.max_batch_size, cfg.max_batch_age_ms / 1000)
+        self.metrics = BufferMetrics(registry)
+        self.breaker = CircuitBreaker(
+            pending_threshold=cfg.pending_threshold,
+            failure_threshold=cfg.failure_threshold,
+            cooldown=cfg.cooldown_ms / 1000,
+            window=cfg.failure_window_ms / 1000,
+            clock=clock,
+        )
+        self.breaker.listeners.append(self._breaker_changed)
+        self.metrics.breaker_state.set(0)
+        self.rng = rng
+        self.stats_interval = stats_interval
+        self._pending = 0
+        self._state = "new"
+        self._consumers: dict[int, asyncio.Task[None]] = {}
+        self._refresher: asyncio.Task[None] | None = None
+        self._last_progress = time.monotonic()
+        self._counts: dict[str, int] = defaultdict(int)
+        self._stop_report: dict[str, Any] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> BufferedReservoir:
+        """Start the transport, read the pending count once, start one flush consumer per
+        shard. Idempotent."""
+        if self._state != "new":
+            return self
+        await self.transport.start(self.shards)
+        try:
+            self._pending = sum((await self.transport.pending()).values())
+        except TransportError as exc:
+            log.warning("reading the pending count failed (%s); starting from 0", exc)
+        self.metrics.pending.set(self._pending)
+        self._state = "running"
+        for s in range(self.shards):
+            self._consumers[s] = asyncio.create_task(
+                self._consume(s), name=f"bucketq-reservoir-flush-{s}"
+            )
+        self._refresher = asyncio.create_task(self._refresh_loop(), name="bucketq-reservoir-stats")
+        log.info(
+            "buffer started: transport=%s shards=%d pending=%d",
+            self.transport.name,
+            self.shards,
+            self._pending,
+        )
+        return self
+
+    async def stop(self, timeout: float | None = None) -> dict[str, Any]:
+        """Stop accepting (later ingests go straight to storage), drain for at most
+        ``timeout`` seconds (default ``GRACEFUL_SHUTDOWN_MS``), stop the transport, and
+        report: ``flushed`` (records stored while draining), ``left`` (records not yet
+        stored), ``kept`` (of those, kept by a durable transport for the next process),
+        ``lost`` (of those, held only by this process), ``timed_out``. Idempotent."""
+        if self._stop_report is not None:
+            return self._stop_report
+        if self._state == "new":
+            self._state = "stopped"
+            self._stop_report = {"flushed": 0, "left": 0, "kept": 0, "lost": 0, "timed_out": False}
+            return self._stop_report
+        self._state = "stopping"
+        budget = self.config.graceful_shutdown_ms / 1000 if timeout is None else timeout
+        started = time.monotonic()
+        stored_before = self._counts["stored"]
+        tasks = list(self._consumers.values())
+        done, not_done = await asyncio.wait(tasks, timeout=budget) if tasks else (set(), set())
+        for t in not_done:
+            t.cancel()
+        if not_done:
+            await asyncio.wait(not_done, timeout=5.0)
+        if self._refresher is not None:
+            self._refresher.cancel()
+        try:
+            left = sum((await self.transport.pending()).values())
+        except TransportError as exc:
+            log.warning("could not count what is left (%s)", exc)
+            left = self._pending
+        await self.transport.stop()
+        self._state = "stopped"
+        durable = self.transport.durable
+        report = {
+            "flushed": self._counts["stored"] - stored_before,
+            "left": left,
+            "kept": left if durable else 0,
+            "lost": 0 if durable else left,
+            "timed_out": bool(not_done),
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        if left and not durable:
+            log.error(
+                "buffer stopped with %d records not stored; the %s transport loses them",
+                left,
+                self.transport.name,
+            )
+        elif left:
+            log.warning(
+                "buffer stopped with %d records pending; the %s transport keeps them",
+                left,
+                self.transport.name,
+            )
+        else:
+            log.info("buffer stopped; everything was stored")
+        self._stop_report = report
+        return report
+
+    async def close(self) -> None:
+        """Stop the buffer, then close the storage engine."""
+        await self.stop()
+        await self.storage.close()
+
+    async def __aenter__(self) -> BufferedReservoir:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- ingest ------------------------------------------------------------------------------
+
+    async def ingest(self, logs: Sequence[dict[str, Any]]) -> IngestResult:
+        return await self._ingest("log", logs)
+
+    async def ingest_spans(self, spans: Sequence[dict[str, Any]]) -> IngestResult:
+        return await self._ingest("span", spans)
+
+    async def ingest_metrics(self, metrics: Sequence[dict[str, Any]]) -> IngestResult:
+        return await self._ingest("metric", metrics)
+
+    def shard_of(self, project_id: str) -> int:
+        return shard_for(project_id, self.config.shards, self.config.overflow_projects)
+
+    async def _ingest(self, kind: str, records: Sequence[dict[str, Any]]) -> IngestResult:
+        errors: list[dict[str, Any]] = []
+        groups: dict[int, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+        for i, rec in enumerate(records):
+            pid = rec.get("project_id") if isinstance(rec, dict) else None
+            if not isinstance(pid, str) or not pid:
+                errors.append({"index": i, "error": "project_id must be a non-empty string"})
+                continue
+            groups[self.shard_of(pid)].append((i, new_entry(kind, pid, rec)))
+        if not groups:
+            return result(0, len(errors), errors)  # type: ignore[return-value]
+        if self._state != "running":
+            why = "the buffer is not running"
+        elif not self.breaker.allow():
+            why = "the breaker is open"
+        else:
+            why = ""
+        if why:
+            out = await self._bypass(kind, groups, why)
+        else:
+            outs = await asyncio.gather(
+                *(self._enqueue(kind, s, items) for s, items in groups.items())
+            )
+            out = result()
+            for o in outs:
+                out["ingested"] += o["ingested"]
+                out["failed"] += o["failed"]
+                out["errors"].extend(o["errors"])
+            self.breaker.record_pending(self._pending)
+        out["failed"] += len(errors)
+        out["errors"] = sorted(
+            errors + out["errors"], key=lambda e: e.get("index", -1) if isinstance(e, dict) else -1
+        )
+        return out  # type: ignore[return-value]
+
+    async def _enqueue(
+        self, kind: str, shard: int, items: list[tuple[int, dict[str, Any]]]
+    ) -> dict[str, Any]:
+        entries = [e for _, e in items]
+        self._pending += len(entries)  # before the await: the consumer may settle them first
+        try:
+            outcomes = await self.transport.enqueue_many(shard, entries)
+        except TransportError as exc:
+            self._pending -= len(entries)
+            log.warning("shard %d: %s transport refused %d records (%s); writing them directly",
+                        shard, self.transport.name, len(entries), exc)  # fmt: skip
+            self.breaker.record_failure()
+            return await self._bypass(kind, {shard: items}, str(exc))
+        self.metrics.enqueued.labels(kind, str(shard)).inc(len(entries))
+        self._counts["enqueued"] += len(entries)
+        if isinstance(outcomes, list):  # passthrough: the write already happened
+            errs = [
+                {"index": i, "error": why}
+                for (i, _), why in zip(items, outcomes, strict=True)
+                if why
+            ]
+            return result(len(items) - len(errs), len(errs), errs)
+        return result(len(items))
+
+    async def _bypass(
+        self, kind: str, groups: dict[int, list[tuple[int, dict[str, Any]]]], why: str
+    ) -> dict[str, Any]:
+        """Write straight to storage; map the storage's error indices back to the call's."""
+        index = [i for items in groups.values() for i, _ in items]
+        records = [e["record"] for items in groups.values() for _, e in items]
+        for s, items in groups.items():
+            self.metrics.bypass.labels(kind, str(s)).inc(len(items))
+        self._counts["bypassed"] += len(records)
+        log.debug("bypassing the buffer for %d %s records: %s", len(records), kind, why)
+        res = await getattr(self.storage, STORAGE_METHOD[kind])(records)
+        out = result(int(res.get("ingested", 0)), int(res.get("failed", 0)))
+        for e in res.get("errors") or []:
+            if (
+                isinstance(e, dict)
+                and isinstance(e.get("index"), int)
+                and 0 <= e["index"] < len(index)
+            ):
+                e = dict(e, index=index[e["index"]])
+            out["errors"].append(e)
+        return out
+
+    # -- flush consumers ---------------------------------------------------------------------
+
+    async def _consume(self, shard: int) -> None:
+        attempt = 0
+        eager = getattr(self.transport, "eager", False)
+        while True:
+            if self._state != "running" and await self._done_draining(shard):
+                return
+            try:
+                deliveries = await self.transport.dequeue(
+                    shard, self.batch.max_size, self.batch.max_age
+                )
+                attempt = 0
+            except TransportError as exc:
+                attempt += 1
+                self.breaker.record_failure()
+                log.warning("shard %d: dequeue failed (%s); retrying", shard, exc)
+                await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
+                continue
+            except Exception:  # noqa: BLE001 - a consumer must not die
+                attempt += 1
+                log.exception("shard %d: dequeue failed", shard)
+                await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
+                continue
+            if not deliveries:
+                if self._pending <= 0 or eager:
+                    self._last_progress = time.monotonic()
+                continue
+            try:
+                await self._flush(shard, deliveries)
+            except Exception:  # noqa: BLE001 - unsettled deliveries come back; keep consuming
+                log.exception(
+                    "shard %d: flushing %d records failed; they will be delivered again",
+                    shard,
+                    len(deliveries),
+                )
+                self.breaker.record_failure()
+                await asyncio.sleep(retry_delay(1, 0.1, 5.0, self.rng))
+
+    async def _done_draining(self, shard: int) -> bool:
+        """Stopping: a durable transport keeps the rest, so finishing the batch in hand is
+        enough; an in-memory one must be emptied (retries included) before its consumer ends."""
+        if self.transport.durable:
+            return True
+        return (await self.transport.pending()).get(shard, 0) == 0
+
+    async def _flush(self, shard: int, deliveries: list[Delivery]) -> None:
+        by_kind: dict[str, list[Delivery]] = defaultdict(list)
+        for d in deliveries:
+            kind = d.entry.get("kind")
+            by_kind[kind if kind in KINDS else "log"].append(d)
+        kinds = list(by_kind)
+        outcomes = await asyncio.gather(*(self._write_kind(shard, k, by_kind[k]) for k in kinds))
+        stored: list[Delivery] = []
+        dead: list[Delivery] = []
+        retry: dict[int, list[Delivery]] = defaultdict(list)
+        failed_kinds = 0
+        for kind, (ok, failed) in zip(kinds, outcomes, strict=True):
+            stored.extend(ok)
+            if ok:
+                self.metrics.flush_success.labels(kind, str(shard)).inc(len(ok))
+            if not failed:
+                continue
+            failed_kinds += 1
+            self.metrics.flush_failure.labels(kind, str(shard)).inc(len(failed))
+            for d, reason in failed:
+                d.entry["attempts"] = int(d.entry.get("attempts") or 0) + 1
+                d.entry["error"] = reason
+                if d.entry["attempts"] >= self.config.max_retry_attempts:
+                    dead.append(d)
+                    self.metrics.dlq.labels(kind, str(shard)).inc()
+                else:
+                    retry[d.entry["attempts"]].append(d)
+        await self.transport.ack(shard, stored)
+        for attempts, group in retry.items():
+            delay = retry_delay(
+                attempts,
+                self.config.base_delay_ms / 1000,
+                self.config.max_delay_ms / 1000,
+                self.rng,
+            )
+            await self.transport.requeue(shard, group, delay)
+        if dead:
+            await self.transport.dead_letter(shard, dead)
+            for d in dead:
+                log.error("shard %d: %s record %s dead-lettered after %d attempts: %s", shard, d.entry.get("kind"),
+                          d.entry.get("id"), d.entry["attempts"], d.entry["error"])  # fmt: skip
+        self._pending = max(0, self._pending - len(stored) - len(dead))
+        self.metrics.pending.set(self._pending)
+        self._counts["stored"] += len(stored)
+        self._counts["dead_lettered"] += len(dead)
+        self._counts["retried"] += sum(len(g) for g in retry.values())
+        self._last_progress = time.monotonic()
+        if failed_kinds:
+            self.breaker.record_failure(failed_kinds)
+        else:
+            self.breaker.record_success()
+
+    async def _write(self, shard: int, kind: str, ds: list[Delivery]) -> WriteOutcome:
+        records = [d.entry["record"] for d in ds]
+        t0 = time.perf_counter()
+        try:
+            outcome = interpret(
+                len(records), await getattr(self.storage, STORAGE_METHOD[kind])(records)
+            )
+        except Exception as exc:  # noqa: BLE001 - any storage failure fails these records
+            outcome = exception_outcome(len(records), exc)
+        self.metrics.flush_duration.labels(kind, str(shard)).observe(
+            (time.perf_counter() - t0) * 1000
+        )
+        self._counts["storage_writes"] += 1
+        if not outcome.ok:
+            log.warning(
+                "shard %d: %d of %d %s records failed to store: %s",
+                shard,
+                outcome.failed,
+                outcome.n,
+                kind,
+                outcome.reason,
+            )
+        return outcome
+
+    async def _write_kind(
+        self, shard: int, kind: str, ds: list[Delivery]
+    ) -> tuple[list[Delivery], list[tuple[Delivery, str]]]:
+        return await self._isolate(shard, kind, ds, await self._write(shard, kind, ds))
+
+    async def _isolate(
+        self, shard: int, kind: str, ds: list[Delivery], outcome: WriteOutcome
+    ) -> tuple[list[Delivery], list[tuple[Delivery, str]]]:
+        """Which records of a write failed. When the storage names them, that is the
+        answer; otherwise halve and write again until the failing records stand alone,
+        so one poison record never fails (nor dead-letters) its fresh neighbours. When
+        a write and both its halves fail entirely, it is an outage: all fail, no more
+        splitting."""
+        if outcome.ok:
+            return ds, []
+        reason = outcome.reason or "storage write failed"
+        if outcome.failed_indices is not None:
+            bad = outcome.failed_indices
+            return [d for i, d in enumerate(ds) if i not in bad], [
+                (ds[i], bad[i]) for i in sorted(bad)
+            ]
+        if len(ds) == 1:
+            return [], [(ds[0], reason)]
+        left, right = split(ds)
+        lo, ro = await asyncio.gather(
+            self._write(shard, kind, left), self._write(shard, kind, right)
+        )
+        if outcome.total_failure and lo.total_failure and ro.total_failure:
+            return [], [(d, reason) for d in ds]
+        (sl, fl), (sr, fr) = await asyncio.gather(
+            self._isolate(shard, kind, left, lo), self._isolate(shard, kind, right, ro)
+        )
+        return sl + sr, fl + fr
+
+    # -- pending count, breaker, health ----------------------------------------------------
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.stats_interval)
+            try:
+                await self.refresh_pending()
+            except Exception as exc:  # noqa: BLE001 - keep the cached value
+                log.warning("refreshing the pending count failed: %s", exc)
+
+    async def refresh_pending(self) -> int:
+        """Read the pending count from the transport (round trips) into the cache."""
+        self._pending = sum((await self.transport.pending()).values())
+        self.metrics.pending.set(self._pending)
+        self.breaker.record_pending(self._pending)
+        return self._pending
+
+    def _breaker_changed(self, old: int, new: int, reason: str) -> None:
+        self.metrics.breaker_state.set(new)
+        level = logging.INFO if new != 1 else logging.WARNING
+        log.log(level, "breaker %s -> %s: %s", STATE_NAMES[old], STATE_NAMES[new], reason)
+
+    @property
+    def pending(self) -> int:
+        """Records not yet stored, as cached (no round trip)."""
+        return self._pending
+
+    def stats(self) -> dict[str, Any]:
+        """Cached counters and state; never a round trip."""
+        state = self.breaker.state
+        self.metrics.breaker_state.set(state)
+        return {
+            "state": self._state,
+            "transport": self.transport.name,
+            "shards": self.shards,
+            "pending": self._pending,
+            "breaker": STATE_NAMES[state],
+            "breaker_reason": self.breaker.reason,
+            "failures_in_window": self.breaker.failures_in_window(),
+            **dict(self._counts),
+        }
+
+    def buffer_health(self, *, stall_after: float | None = None) -> dict[str, Any]:
+        """Whether the flush consumers make progress: not if any died, or if records are
+        pending and nothing was flushed for ``stall_after`` seconds (default: ten batch
+        ages, at least 30 s)."""
+        stall_after = max(30.0, 10 * self.batch.max_age) if stall_after is None else stall_after
+        dead = (
+            [s for s, t in self._consumers.items() if t.done()] if self._state == "running" else []
+        )
+        idle = time.monotonic() - self._last_progress
+        ok = not dead and (self._pending == 0 or idle < stall_after or self._state != "running")
+        return {
+            "ok": ok,
+            "state": self._state,
+            "pending": self._pending,
+            "breaker": self.breaker.state_name,
+            "dead_consumers": dead,
+            "seconds_since_progress": round(idle, 3),
+        }
+
+    async def health(self) -> dict[str, Any]:
+        storage = await self.storage.health()
+        buf = self.buffer_health()
+        status = storage.get("status", "ok")
+        if status == "ok" and not buf["ok"]:
+            status = "degraded"
+        return {**storage, "status": status, "buffer": buf}
+
+    async def query(self, kind: str = "log", **filters: Any) -> list[dict[str, Any]]:
+        return await self.storage.query(kind, **filters)
+
+    def render_metrics(self) -> str:
+        """Prometheus text for ``/metrics`` (breaker state and pending as of now)."""
+        self.metrics.breaker_state.set(self.breaker.state)
+        self.metrics.pending.set(self._pending)
+        return self.metrics.render().decode()
+
+    # -- DLQ -----------------------------------------------------------------------------------
+
+    async def dlq_inspect(self, limit: int = 100) -> list[dict[str, Any]]:
+        return await self.transport.dlq_inspect(limit)
+
+    async def dlq_replay(self, limit: int | None = None) -> int:
+        n = await self.transport.dlq_replay(limit)
+        self._pending += n
+        return n
+
+    async def dlq_purge(self) -> int:
+        return await self.transport.dlq_purge()
+
+    async def dlq_size(self) -> int:
+        return await self.transport.dlq_size()
+
+
+def install_signal_handlers(
+    buffer: BufferedReservoir,
+    *,
+    signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+    on_stopped: Callable[[dict[str, Any]], Any] | None = None,
+) -> Callable[[], None]:
+    """On SIGTERM/SIGINT, stop ``buffer`` gracefully (once), then call
+    ``on_stopped(report)`` (e.g. to stop the server). Call from the running loop;
+    returns a function that removes the handlers."""
+    loop = asyncio.get_running_loop()
+    holder: dict[str, asyncio.Task[None]] = {}
+
+    async def shutdown(signum: int) -> None:
+        log.warning(
+            "signal %d: stopping the buffer (draining up to %d ms)",
+            signum,
+            buffer.config.graceful_shutdown_ms,
+        )
+        report = await buffer.stop()
+        log.warning("buffer stopped: %s", report)
+        if on_stopped is not None:
+            res = on_stopped(report)
+            if asyncio.iscoroutine(res):
+                await res
+
+    def handler(signum: int) -> None:
+        if "task" not in holder:
+            holder["task"] = loop.create_task(shutdown(signum))
+
+    for sig in signals:
+        loop.add_signal_handler(sig, handler, sig)
+
+    def remove() -> None:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+    return remove

@@ -1,0 +1,207 @@
+"""The buffer's configuration: one table of environment variables, read in one place.
+
+:data:`SETTINGS` is the only list of variables; :func:`from_env` reads it and
+:func:`config_table` renders it as the Markdown table in ``docs/reservoir.md`` (a test
+keeps the two equal). No I/O besides reading the environment mapping it is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import ConfigurationError
+
+log = logging.getLogger("bucketq.reservoir.config")
+
+PREFIX = "RESERVOIR_BUFFER_"
+TRANSPORTS = ("memory", "redis", "bucketq", "passthrough")
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be true or false (1/0, yes/no, on/off)")
+
+
+def _int(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(f"must be a whole number >= {minimum}") from None
+        if value < minimum:
+            raise ValueError(f"must be a whole number >= {minimum}")
+        return value
+
+    return parse
+
+
+def _choice(text: str) -> str:
+    value = text.strip().lower()
+    if value not in TRANSPORTS:
+        raise ValueError(f"must be one of {', '.join(TRANSPORTS)}")
+    return value
+
+
+def _text(text: str) -> str:
+    return text.strip()
+
+
+def _prefix(text: str) -> str:
+    value = text.strip()
+    if not value or "$" in value or " " in value:
+        raise ValueError("must be a non-empty name without spaces or '$'")
+    return value
+
+
+def _projects(text: str) -> frozenset[str]:
+    return frozenset(p.strip() for p in text.split(",") if p.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One environment variable: its name, the :class:`BufferConfig` field it sets, its
+    default as written in the environment, what it does, and whether it is one of the
+    seed's (LogTide's) variables or a bucketq addition."""
+
+    env: str
+    field: str
+    default: str
+    help: str
+    parse: Callable[[str], Any]
+    seed: bool = True
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(PREFIX + "ENABLED", "enabled", "false", "Put the buffer between the ingest API and storage.", _bool),
+    Setting(PREFIX + "TRANSPORT", "transport", "memory",
+            "`memory`, `redis`, `bucketq` or `passthrough` (see Transports).", _choice),
+    Setting(PREFIX + "SHARDS", "shards", "8",
+            "Shards, each with one flush consumer: `mmh3(project_id) % SHARDS`.", _int(1)),
+    Setting(PREFIX + "MAX_BATCH_SIZE", "max_batch_size", "500", "A flush batch is written at this many records...", _int(1)),
+    Setting(PREFIX + "MAX_BATCH_AGE_MS", "max_batch_age_ms", "1000", "...or this long after it started collecting.", _int(1)),
+    Setting(PREFIX + "GRACEFUL_SHUTDOWN_MS", "graceful_shutdown_ms", "10000",
+            "`stop()` drains for at most this long, then reports what is left.", _int(0)),
+    Setting(PREFIX + "PENDING_THRESHOLD", "pending_threshold", "10000",
+            "The breaker opens when more records than this are pending.", _int(1)),
+    Setting(PREFIX + "FAILURE_THRESHOLD", "failure_threshold", "20",
+            "The breaker opens when more flush failures than this fall in the failure window.", _int(1)),
+    Setting(PREFIX + "COOLDOWN_MS", "cooldown_ms", "30000",
+            "An open breaker half-opens after this long; one successful flush closes it.", _int(0)),
+    Setting(PREFIX + "MAX_RETRY_ATTEMPTS", "max_retry_attempts", "3",
+            "Failed storage writes per record before it goes to the DLQ.", _int(1)),
+    Setting(PREFIX + "BASE_DELAY_MS", "base_delay_ms", "100",
+            "First retry delay; doubles per attempt, with jitter.", _int(1)),
+    Setting(PREFIX + "STREAM_PREFIX", "stream_prefix", "logtide:buffer",
+            "Name prefix of the Redis keys / bucketq queues (`<prefix>:<shard>`, `<prefix>:dlq`).", _prefix),
+    Setting("REDIS_URL", "redis_url", "",
+            "Redis for the `redis` transport; when missing, the buffer falls back to `memory` with a warning.", _text),
+    Setting(PREFIX + "MAX_DELAY_MS", "max_delay_ms", "30000", "Cap of the retry delay.", _int(1), seed=False),
+    Setting(PREFIX + "FAILURE_WINDOW_MS", "failure_window_ms", "60000",
+            "The rolling window in which flush failures are counted.", _int(1), seed=False),
+    Setting(PREFIX + "OVERFLOW_PROJECTS", "overflow_projects", "",
+            "Comma-separated hot project ids pinned to an extra overflow shard (number `SHARDS`).",
+            _projects, seed=False),
+    Setting(PREFIX + "CLAIM_IDLE_MS", "claim_idle_ms", "60000",
+            "`redis`: a delivery unacknowledged this long (its consumer died) is claimed by another.",
+            _int(1), seed=False),
+    Setting(PREFIX + "MEMORY_CAPACITY", "memory_capacity", "100000",
+            "`memory`: records it holds at most; past it, ingests write to storage directly.", _int(1), seed=False),
+    Setting("BUCKETQ_MONGODB_URI", "mongodb_uri", "",
+            "MongoDB for the `bucketq` transport (database from the URI, else `bucketq`).", _text, seed=False),
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class BufferConfig:
+    """The buffer's settings (times in milliseconds, as in the environment).
+
+    Build it with :func:`from_env`, or directly with keywords for tests and embedding.
+    """
+
+    enabled: bool = False
+    transport: str = "memory"
+    shards: int = 8
+    max_batch_size: int = 500
+    max_batch_age_ms: int = 1000
+    graceful_shutdown_ms: int = 10000
+    pending_threshold: int = 10000
+    failure_threshold: int = 20
+    cooldown_ms: int = 30000
+    max_retry_attempts: int = 3
+    base_delay_ms: int = 100
+    stream_prefix: str = "logtide:buffer"
+    redis_url: str = ""
+    max_delay_ms: int = 30000
+    failure_window_ms: int = 60000
+    overflow_projects: frozenset[str] = field(default_factory=frozenset)
+    claim_idle_ms: int = 60000
+    memory_capacity: int = 100000
+    mongodb_uri: str = ""
+
+    def __post_init__(self) -> None:
+        # Keyword construction gets the same checks as the environment.
+        for s in SETTINGS:
+            value = getattr(self, s.field)
+            if s.field == "overflow_projects":
+                if isinstance(value, str):
+                    object.__setattr__(self, s.field, _projects(value))
+                elif not isinstance(value, frozenset):
+                    object.__setattr__(self, s.field, frozenset(value))
+                continue
+            try:
+                s.parse(str(value).lower() if isinstance(value, bool) else str(value))
+            except ValueError as exc:
+                raise ConfigurationError(f"{s.field} ({s.env}) {exc}; got {value!r}.") from None
+
+    @property
+    def total_shards(self) -> int:
+        """Shards including the overflow shard (if any project is pinned)."""
+        return self.shards + (1 if self.overflow_projects else 0)
+
+    def with_(self, **changes: Any) -> BufferConfig:
+        return replace(self, **changes)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> BufferConfig:
+    """Read the configuration from ``environ`` (default ``os.environ``).
+
+    An invalid value raises :class:`~bucketq.errors.ConfigurationError` naming the
+    variable. ``TRANSPORT=redis`` without ``REDIS_URL`` falls back to ``memory`` with a
+    warning, as in the seed.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        raw = env.get(s.env)
+        text = s.default if raw is None else raw
+        try:
+            values[s.field] = s.parse(text)
+        except ValueError as exc:
+            raise ConfigurationError(f"{s.env} {exc}; got {raw!r}. Fix or unset it.") from None
+    if values["transport"] == "redis" and not values["redis_url"]:
+        log.warning(
+            "%sTRANSPORT=redis but REDIS_URL is not set; using the memory transport", PREFIX
+        )
+        values["transport"] = "memory"
+    return BufferConfig(**values)
+
+
+def config_table() -> str:
+    """The configuration as a Markdown table (the one in ``docs/reservoir.md``)."""
+    lines = [
+        "| Variable | Default | Meaning |",
+        "|---|---|---|",
+    ]
+    for s in SETTINGS:
+        default = f"`{s.default}`" if s.default else "(unset)"
+        note = "" if s.seed else " *(bucketq addition)*"
+        lines.append(f"| `{s.env}` | {default} | {s.help}{note} |")
+    return "\n".join(lines) + "\n"

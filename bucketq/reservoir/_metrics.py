@@ -1,0 +1,81 @@
+"""Prometheus metrics of the buffer, with the seed's names, in their own registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._deps import require
+
+NAMES = {
+    "enqueued": "reservoir_buffer_enqueued_total",
+    "bypass": "reservoir_buffer_bypass_total",
+    "flush_success": "reservoir_buffer_flush_success_total",
+    "flush_failure": "reservoir_buffer_flush_failure_total",
+    "flush_duration": "reservoir_buffer_flush_duration_ms",
+    "dlq": "reservoir_buffer_dlq_total",
+    "breaker_state": "reservoir_buffer_breaker_state",
+    "pending": "reservoir_buffer_pending",
+}
+#: Flush durations in milliseconds.
+DURATION_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+
+
+class BufferMetrics:
+    """The buffer's collectors in ``registry`` (a fresh ``CollectorRegistry`` unless one
+    is given, so several buffers, or tests, never collide).
+
+    Counters count records, labelled by ``kind`` (log, span, metric) and ``shard``;
+    ``flush_duration_ms`` observes each storage write; ``breaker_state`` is 0 closed,
+    1 open, 2 half-open; ``pending`` is the cached pending count.
+    """
+
+    def __init__(self, registry: Any = None) -> None:
+        prom = require("prometheus_client")
+        self.registry = prom.CollectorRegistry(auto_describe=True) if registry is None else registry
+        labels = ("kind", "shard")
+        # prometheus_client appends "_total" to counter names itself.
+        c = prom.Counter
+        self.enqueued = c(
+            NAMES["enqueued"][:-6],
+            "Records accepted into the buffer.",
+            labels,
+            registry=self.registry,
+        )
+        self.bypass = c(NAMES["bypass"][:-6], "Records written straight to storage (breaker open or transport down).",
+                        labels, registry=self.registry)  # fmt: skip
+        self.flush_success = c(
+            NAMES["flush_success"][:-6], "Records a flush stored.", labels, registry=self.registry
+        )
+        self.flush_failure = c(NAMES["flush_failure"][:-6], "Records a flush failed to store (retried or dead-lettered).",
+                               labels, registry=self.registry)  # fmt: skip
+        self.dlq = c(
+            NAMES["dlq"][:-6],
+            "Records moved to the dead-letter queue.",
+            labels,
+            registry=self.registry,
+        )
+        self.flush_duration = prom.Histogram(NAMES["flush_duration"], "Duration of one storage write in milliseconds.",
+                                             labels, buckets=DURATION_BUCKETS, registry=self.registry)  # fmt: skip
+        self.breaker_state = prom.Gauge(NAMES["breaker_state"], "Circuit breaker: 0 closed, 1 open, 2 half-open.",
+                                        registry=self.registry)  # fmt: skip
+        self.pending = prom.Gauge(
+            NAMES["pending"], "Records pending in the buffer (cached).", registry=self.registry
+        )
+        self._prom = prom
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format (the body of ``/metrics``)."""
+        return self._prom.generate_latest(self.registry)
+
+    @property
+    def content_type(self) -> str:
+        return str(self._prom.CONTENT_TYPE_LATEST)
+
+
+def render_metrics(registry: Any) -> str:
+    """Prometheus text of ``registry`` (a ``BufferMetrics``, a ``BufferedReservoir`` or a
+    ``CollectorRegistry``), for a ``/metrics`` endpoint."""
+    prom = require("prometheus_client")
+    target = getattr(registry, "metrics", registry)
+    target = getattr(target, "registry", target)
+    return prom.generate_latest(target).decode()

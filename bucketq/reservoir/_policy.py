@@ -1,0 +1,186 @@
+"""The buffer's small decisions, with no I/O: shards, retry delays, batching, outcomes.
+
+Nothing here imports redis, pymongo or asyncio; ``mmh3`` is imported when a shard is
+first computed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._deps import require
+
+#: The record kinds the buffer carries, with the storage method each one goes to.
+KINDS = ("log", "span", "metric")
+STORAGE_METHOD = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_metrics"}
+
+_mmh3_hash: Callable[..., int] | None = None
+
+
+def shard_count(shards: int, overflow_projects: Iterable[str] = ()) -> int:
+    """How many shards (and flush consumers) there are: ``shards``, plus one overflow
+    shard when hot projects are pinned."""
+    return shards + (1 if tuple(overflow_projects) else 0)
+
+
+def shard_for(
+    project_id: str, shards: int, overflow_projects: frozenset[str] | set[str] = frozenset()
+) -> int:
+    """``mmh3.hash(project_id.encode(), 0, signed=False) % shards``; a pinned hot project
+    goes to the overflow shard, numbered ``shards``."""
+    global _mmh3_hash
+    if project_id in overflow_projects:
+        return shards
+    if _mmh3_hash is None:
+        _mmh3_hash = require("mmh3").hash
+    return _mmh3_hash(project_id.encode(), 0, signed=False) % shards
+
+
+def retry_delay(
+    attempts: int, base: float, cap: float, rng: Callable[[], float] = random.random
+) -> float:
+    """Seconds to wait before delivering a record again after its ``attempts``-th failure:
+    exponential from ``base``, capped at ``cap``, with "equal jitter" (half fixed, half
+    random) so retries spread out but never come back at once."""
+    ceiling = min(cap, base * (2 ** min(max(attempts - 1, 0), 32)))
+    return ceiling / 2 + rng() * ceiling / 2
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """A flush batch is complete at ``max_size`` records or ``max_age`` seconds after
+    the consumer started collecting it, whichever comes first."""
+
+    max_size: int
+    max_age: float
+
+    def full(self, count: int) -> bool:
+        return count >= self.max_size
+
+    def remaining(self, started: float, now: float) -> float:
+        """Seconds left to collect the batch begun at ``started`` (0 when it is due)."""
+        return max(0.0, started + self.max_age - now)
+
+    def due(self, count: int, started: float, now: float) -> bool:
+        return self.full(count) or self.remaining(started, now) <= 0
+
+
+def new_entry(
+    kind: str, project_id: str, record: Mapping[str, Any], *, now: float | None = None
+) -> dict[str, Any]:
+    """The envelope the transports carry for one record."""
+    return {
+        "id": uuid.uuid4().hex,
+        "kind": kind,
+        "project_id": project_id,
+        "record": dict(record),
+        "attempts": 0,
+        "error": None,
+        "enqueued_at": time.time() if now is None else now,
+    }
+
+
+def dead_entry(
+    entry: Mapping[str, Any], shard: int, reason: str, now: float | None = None
+) -> dict[str, Any]:
+    """The DLQ form of an envelope: the envelope plus where and why it died."""
+    out = dict(entry)
+    out["shard"] = shard
+    out["reason"] = reason
+    out["dead_at"] = time.time() if now is None else now
+    return out
+
+
+def replayed_entry(dead: Mapping[str, Any]) -> dict[str, Any]:
+    """A dead-lettered envelope made fresh for another round of attempts."""
+    out = {k: v for k, v in dead.items() if k not in ("shard", "reason", "dead_at")}
+    out["attempts"] = 0
+    out["error"] = None
+    return out
+
+
+def result(ingested: int = 0, failed: int = 0, errors: list[Any] | None = None) -> dict[str, Any]:
+    """An ingest result: ``{"ingested", "failed", "errors"}``."""
+    return {"ingested": ingested, "failed": failed, "errors": list(errors or [])}
+
+
+def merge_results(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    out = result()
+    for r in results:
+        out["ingested"] += int(r.get("ingested", 0))
+        out["failed"] += int(r.get("failed", 0))
+        out["errors"].extend(r.get("errors") or [])
+    return out
+
+
+@dataclass(slots=True)
+class WriteOutcome:
+    """How one storage write of ``n`` records went.
+
+    ``failed_indices`` is set when the storage said which records failed (errors carrying
+    an ``index``); otherwise only the count is known. ``exception`` is set when the write
+    raised, which fails every record.
+    """
+
+    n: int
+    failed: int
+    reason: str | None
+    failed_indices: dict[int, str] | None = None
+    exception: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0
+
+    @property
+    def total_failure(self) -> bool:
+        return self.failed >= self.n
+
+
+def interpret(n: int, res: Any) -> WriteOutcome:
+    """Read a storage result. A result with ``failed > 0`` IS a failure for those
+    records; one that is not a mapping, or says nothing, counts every record failed."""
+    if not isinstance(res, Mapping) or "failed" not in res and "ingested" not in res:
+        return WriteOutcome(n, n, f"storage returned {res!r}, not an ingest result")
+    failed = int(res.get("failed") or 0)
+    ingested = int(res.get("ingested") or 0)
+    if failed == 0 and ingested < n:
+        failed = n - ingested  # records unaccounted for are not stored
+    errors = list(res.get("errors") or [])
+    reason = _first_reason(errors) or (
+        f"storage reported {failed} of {n} records failed" if failed else None
+    )
+    indices: dict[int, str] | None = None
+    keyed = [e for e in errors if isinstance(e, Mapping) and isinstance(e.get("index"), int)]
+    if failed and keyed and len({e["index"] for e in keyed}) == failed:
+        indices = {
+            int(e["index"]): str(e.get("error") or e.get("message") or reason) for e in keyed
+        }
+        if any(not 0 <= i < n for i in indices):
+            indices = None
+    return WriteOutcome(n, min(failed, n), reason, indices)
+
+
+def _first_reason(errors: list[Any]) -> str | None:
+    for e in errors:
+        if isinstance(e, Mapping):
+            text = e.get("error") or e.get("message")
+            if text:
+                return str(text)
+        elif e:
+            return str(e)
+    return None
+
+
+def exception_outcome(n: int, exc: BaseException) -> WriteOutcome:
+    return WriteOutcome(n, n, f"{type(exc).__name__}: {exc}", None, exception=True)
+
+
+def split(items: list[Any]) -> tuple[list[Any], list[Any]]:
+    mid = len(items) // 2
+    return items[:mid], items[mid:]
