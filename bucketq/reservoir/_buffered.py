@@ -290,7 +290,7 @@ class BufferedReservoir(Reservoir):
         attempt = 0
         eager = getattr(self.transport, "eager", False)
         while True:
-            if self._state != "running" and await self._done_draining(shard):
+            if self._state != "running" and await self._done_draining(shard, None):
                 return
             try:
                 deliveries = await self.transport.dequeue(
@@ -311,6 +311,8 @@ class BufferedReservoir(Reservoir):
             if not deliveries:
                 if self._pending <= 0 or eager:
                     self._last_progress = time.monotonic()
+                if self._state != "running" and await self._done_draining(shard, deliveries):
+                    return
                 continue
             try:
                 await self._flush(shard, deliveries)
@@ -323,11 +325,13 @@ class BufferedReservoir(Reservoir):
                 self.breaker.record_failure()
                 await asyncio.sleep(retry_delay(1, 0.1, 5.0, self.rng))
 
-    async def _done_draining(self, shard: int) -> bool:
-        """Stopping: a durable transport keeps the rest, so finishing the batch in hand is
-        enough; an in-memory one must be emptied (retries included) before its consumer ends."""
+    async def _done_draining(self, shard: int, last: list[Delivery] | None) -> bool:
+        """Stopping: an in-memory transport must be emptied (retries included) before its
+        consumer ends; a durable one keeps the rest, so its consumer ends as soon as a
+        dequeue comes back empty (``last == []``): nothing more is ready for it, and what
+        waits for a retry delay or is held by another process stays for later."""
         if self.transport.durable:
-            return True
+            return last is not None and not last
         return (await self.transport.pending()).get(shard, 0) == 0
 
     async def _flush(self, shard: int, deliveries: list[Delivery]) -> None:
@@ -409,16 +413,23 @@ class BufferedReservoir(Reservoir):
     async def _write_kind(
         self, shard: int, kind: str, ds: list[Delivery]
     ) -> tuple[list[Delivery], list[tuple[Delivery, str]]]:
-        return await self._isolate(shard, kind, ds, await self._write(shard, kind, ds))
+        # Records that failed before are suspects: find exactly which fail, however many
+        # writes it takes; a first failure of fresh records may stop early at an outage.
+        thorough = self.config.max_retry_attempts <= 1 or any(
+            int(d.entry.get("attempts") or 0) for d in ds
+        )
+        return await self._isolate(shard, kind, ds, await self._write(shard, kind, ds), thorough)
 
     async def _isolate(
-        self, shard: int, kind: str, ds: list[Delivery], outcome: WriteOutcome
+        self, shard: int, kind: str, ds: list[Delivery], outcome: WriteOutcome, thorough: bool
     ) -> tuple[list[Delivery], list[tuple[Delivery, str]]]:
         """Which records of a write failed. When the storage names them, that is the
-        answer; otherwise halve and write again until the failing records stand alone,
-        so one poison record never fails (nor dead-letters) its fresh neighbours. When
-        a write and both its halves fail entirely, it is an outage: all fail, no more
-        splitting."""
+        answer; otherwise halve and write again until the failing records stand alone
+        (the halves of a level run concurrently: about log2(n) rounds), so a poison
+        record never fails, nor dead-letters, its neighbours. Not ``thorough`` (every
+        record is on its first attempt): when a write and both its halves fail entirely,
+        it looks like an outage and all fail without more writes; they come back as
+        suspects and are isolated then, before any of them can reach the DLQ."""
         if outcome.ok:
             return ds, []
         reason = outcome.reason or "storage write failed"
@@ -433,10 +444,11 @@ class BufferedReservoir(Reservoir):
         lo, ro = await asyncio.gather(
             self._write(shard, kind, left), self._write(shard, kind, right)
         )
-        if outcome.total_failure and lo.total_failure and ro.total_failure:
+        if not thorough and outcome.total_failure and lo.total_failure and ro.total_failure:
             return [], [(d, reason) for d in ds]
         (sl, fl), (sr, fr) = await asyncio.gather(
-            self._isolate(shard, kind, left, lo), self._isolate(shard, kind, right, ro)
+            self._isolate(shard, kind, left, lo, thorough),
+            self._isolate(shard, kind, right, ro, thorough),
         )
         return sl + sr, fl + fr
 

@@ -1,0 +1,96 @@
+"""A child ingest process for the restart and signal tests (run as a script).
+
+``python child.py <transport> <prefix> <mongo_uri> <db> <redis_url> <mode>``
+
+It ingests batches of 10 logs (``message = rec-<seq>``) into a BufferedReservoir over
+a MongoDB storage engine whose writes are slowed down, and prints ``ACK <seq>`` once
+the ingest holding ``seq`` returned. ``mode=kill``: runs until killed. ``mode=sigterm``:
+installs the signal handlers, prints ``READY``, and on SIGTERM prints ``STOPPED <json>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pymongo import AsyncMongoClient  # noqa: E402
+
+from bucketq.reservoir import (  # noqa: E402
+    BufferConfig,
+    BufferedReservoir,
+    MongoReservoir,
+    install_signal_handlers,
+)
+
+QUICK_QUEUE = {"lease": 2.0, "state_flush_period": 0.2, "poll_interval": 0.2}
+
+
+class SlowMongo(MongoReservoir):
+    """Storage writes take a while, so a kill lands with records in flight."""
+
+    async def ingest(self, logs):
+        await asyncio.sleep(0.025)
+        res = await super().ingest(logs)
+        await asyncio.sleep(0.025)  # stored, not yet acked: a kill here makes duplicates
+        return res
+
+
+def make_transport(name: str, prefix: str, db, redis_url: str):
+    if name == "redis":
+        from bucketq.reservoir import RedisTransport
+
+        return RedisTransport(url=redis_url, prefix=prefix, claim_idle=1.0)
+    from bucketq.reservoir import BucketqTransport
+
+    return BucketqTransport(db, prefix=prefix, queue_options=QUICK_QUEUE)
+
+
+CONFIG = BufferConfig(enabled=True, shards=2, max_batch_size=50, max_batch_age_ms=100, base_delay_ms=20,
+                      graceful_shutdown_ms=20_000)  # fmt: skip
+
+
+async def main(
+    transport: str, prefix: str, uri: str, dbname: str, redis_url: str, mode: str
+) -> None:
+    client: AsyncMongoClient = AsyncMongoClient(uri)
+    db = client[dbname]
+    buf = BufferedReservoir(SlowMongo(db), make_transport(transport, prefix, db, redis_url), CONFIG)
+    await buf.start()
+    stopped = asyncio.Event()
+    if mode == "sigterm":
+
+        def done(report):
+            print("STOPPED " + json.dumps(report), flush=True)
+            stopped.set()
+
+        install_signal_handlers(buf, on_stopped=done)
+    seq = 0
+    while not stopped.is_set():
+        batch = [
+            {
+                "project_id": f"p{(seq + i) % 7}",
+                "service": "svc",
+                "level": "info",
+                "message": f"rec-{seq + i}",
+            }
+            for i in range(10)
+        ]
+        res = await buf.ingest(batch)
+        if buf.stats()["state"] != "running":
+            break  # stopping: that batch went straight to storage; stop counting
+        assert res["ingested"] == 10, res
+        seq += 10
+        print(f"ACK {seq - 1}", flush=True)
+        if mode == "sigterm" and seq == 200:
+            print("READY", flush=True)
+        await asyncio.sleep(0.005)
+    await stopped.wait()
+    await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:7]))

@@ -1,0 +1,68 @@
+"""Small helpers shared by the reservoir tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bucketq.reservoir import BufferConfig
+
+#: A buffer tuned for tests: few shards, small and young batches, short retry delays,
+#: a breaker that stays out of the way unless a test wants it.
+FAST = BufferConfig(
+    enabled=True,
+    shards=2,
+    max_batch_size=50,
+    max_batch_age_ms=100,
+    base_delay_ms=20,
+    max_delay_ms=200,
+    max_retry_attempts=3,
+    pending_threshold=1_000_000,
+    failure_threshold=1_000_000,
+    graceful_shutdown_ms=10_000,
+)
+
+
+def logs(
+    n: int, project: str = "proj", start: int = 0, poison: set[int] | None = None
+) -> list[dict[str, Any]]:
+    poison = poison or set()
+    return [
+        {
+            "project_id": f"{project}{i % 5}",
+            "service": "api",
+            "level": "info",
+            "message": f"poison-{i}" if i in poison else f"rec-{i}",
+            "metadata": {"seq": i},
+        }
+        for i in range(start, start + n)
+    ]
+
+
+async def eventually(
+    check: Callable[[], Any | Awaitable[Any]], timeout: float = 30.0, what: str = ""
+) -> Any:
+    """Poll ``check`` until it returns something truthy (progress of real background
+    work, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        await asyncio.sleep(0.02)
+
+
+async def settled(buf: Any, timeout: float = 45.0) -> None:
+    """Wait until the transport holds nothing for the buffer (every record stored or
+    dead-lettered)."""
+
+    async def empty() -> bool:
+        return sum((await buf.transport.pending()).values()) == 0
+
+    await eventually(empty, timeout, "the buffer to settle")
