@@ -1,0 +1,63 @@
+"""stop(): drains, reports what is left and where; wrap_reservoir is off by default."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bucketq.reservoir import BufferConfig, BufferedReservoir, MemoryTransport, wrap_reservoir
+
+from .conftest import FakeStorage
+from .helpers import FAST, logs
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class SlowStorage(FakeStorage):
+    async def ingest(self, logs):
+        await asyncio.sleep(0.05)
+        return self._write("log", logs)
+
+
+async def test_memory_stop_drains_everything_including_retries(backends):
+    storage = SlowStorage(poison=lambda r: r["message"] == "rec-3", mode="indexed")
+    buf = BufferedReservoir(storage, backends.transport("memory"), FAST)
+    await buf.start()
+    for i in range(0, 300, 30):
+        await buf.ingest(logs(30, start=i))
+    report = await buf.stop()
+    print(f"\n[stop/memory] {report}")
+    assert report["left"] == 0 and report["lost"] == 0 and not report["timed_out"]
+    assert len(set(storage.messages())) == 299 and await buf.dlq_size() == 1
+    res = await buf.ingest(logs(2, start=1000))  # after stop: straight to storage
+    assert res["ingested"] == 2 and "rec-1000" in storage.messages()
+
+
+async def test_memory_stop_at_the_deadline_reports_what_is_lost(backends):
+    storage = FakeStorage()
+    storage.down = True
+    cfg = FAST.with_(max_retry_attempts=100, base_delay_ms=200, max_delay_ms=1000)
+    buf = BufferedReservoir(storage, backends.transport("memory"), cfg)
+    await buf.start()
+    await buf.ingest(logs(20))
+    report = await buf.stop(timeout=0.5)
+    print(f"\n[stop/memory, storage down] {report}")
+    assert (
+        report["timed_out"]
+        and report["left"] == 20
+        and report["lost"] == 20
+        and report["kept"] == 0
+    )
+
+
+async def test_wrap_reservoir_is_off_by_default_and_health_reports_the_buffer():
+    storage = FakeStorage()
+    assert wrap_reservoir(storage, BufferConfig()) is storage
+    buf = wrap_reservoir(storage, BufferConfig(enabled=True, shards=2))
+    assert isinstance(buf, BufferedReservoir) and isinstance(buf.transport, MemoryTransport)
+    async with buf:
+        await buf.ingest(logs(3))
+        h = await buf.health()
+        assert h["status"] == "ok" and h["buffer"]["state"] == "running" and h["buffer"]["ok"]
+        assert buf.stats()["pending"] >= 0
