@@ -174,8 +174,14 @@ class MongoReservoir(Reservoir):
         since: Any = None,
         until: Any = None,
         limit: int = 100,
+        **unknown: Any,
     ) -> list[dict[str, Any]]:
         """Newest first, at most ``limit`` records, filtered by the given fields."""
+        if unknown:
+            raise ConfigurationError(
+                f"Unknown query filter(s): {', '.join(sorted(unknown))}. Use project_id, service, level, "
+                "trace_id, since, until, limit."
+            )
         col = {"log": self.logs, "span": self.spans, "metric": self.metrics}.get(kind)
         if col is None:
             raise ConfigurationError(f"kind must be 'log', 'span' or 'metric'; got {kind!r}.")

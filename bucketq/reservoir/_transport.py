@@ -68,7 +68,8 @@ class Transport:
     async def enqueue(self, shard: int, entry: dict[str, Any]) -> None:
         await self.enqueue_many(shard, [entry])
 
-    async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> None:
+    async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> Any:
+        """Returns None; ``passthrough`` returns, per entry, None (stored) or why it was not."""
         raise NotImplementedError
 
     async def dequeue(self, shard: int, max_batch: int, max_wait: float) -> list[Delivery]:
