@@ -1,0 +1,75 @@
+"""The ``bucketq`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from .embedded import URI_ENV
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .benchmark import CONTENDERS, run
+
+    n = args.n or (100_000 if args.quick else 1_000_000)
+    element_n = args.element_n or (500 if args.quick else 5_000)
+    names = args.contender or list(CONTENDERS)
+    unknown = [c for c in names if c not in CONTENDERS]
+    if unknown:
+        print(f"unknown contender(s): {unknown}; choose from {list(CONTENDERS)}", file=sys.stderr)
+        return 2
+    run(args.mongodb_uri, n=n, element_n=element_n, contenders=names, json_path=args.json)
+    return 0
+
+
+def _server(args: argparse.Namespace) -> int:
+    from .embedded import EmbeddedServer
+
+    server = EmbeddedServer(args.data, port=args.port, standalone=args.standalone).start()
+    print(server.uri, flush=True)
+    print(f"embedded server pid {server.pid}, data in {server.storage_path}; Ctrl-C stops it", file=sys.stderr)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        if not server.running():
+            print("the embedded server exited", file=sys.stderr)
+            return 1
+    server.stop(keep_data=args.data is not None)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bucketq", description="A durable bucket-packing queue on MongoDB.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("bench", help="benchmark bucketq against the per-element queue on one server")
+    b.add_argument("--quick", action="store_true", help="100,000 items (500 per-element): a minute or two")
+    b.add_argument("--n", type=int, help="items per bucketq contender")
+    b.add_argument("--element-n", type=int, help="items per per-element contender (they are slow)")
+    b.add_argument("--contender", action="append", help="run only this contender (repeatable)")
+    b.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    b.add_argument("--mongodb-uri", help=f"use this MongoDB (default: ${URI_ENV}, else the embedded server)")
+    b.set_defaults(func=_bench)
+
+    s = sub.add_parser("server", help="run the embedded MongoDB-wire server in the foreground, print its URI")
+    s.add_argument("--port", type=int, default=27017)
+    s.add_argument("--data", help="data directory (default: a temporary one, removed on exit)")
+    s.add_argument("--standalone", action="store_true", help="faster writes, no change streams")
+    s.set_defaults(func=_server)
+
+    from .reservoir.cli import add_dlq_parser
+
+    add_dlq_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Behaviour only the bucket queue has: packing, byte limits, leases, read-ahead, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import bson
+
+from bucketq import Queue
+from bucketq.queue._codec import decode_items
+
+from .conftest import resolve
+
+WORKERS = str(Path(__file__).resolve().parent.parent / "workers.py")
+
+
+async def test_buckets_pack_by_count(bucket_flavour):
+    q = bucket_flavour.open(bucket_max_size=10, bucket_max_wait=30)
+    for i in range(25):
+        await resolve(q.push(i))
+    col = bucket_flavour.sync_db[q.name]
+    await asyncio.sleep(0.3)
+    assert col.count_documents({}) == 2  # two full buckets written, 5 items still open
+    await resolve(q.flush())
+    assert sorted(d["n"] for d in col.find({}, {"n": 1})) == [5, 10, 10]
+
+
+async def test_buckets_respect_max_bytes(bucket_flavour):
+    """1,024 items of 20 KB: every one stored, no bucket over bucket_max_bytes."""
+    limit = 1024 * 1024
+    q = bucket_flavour.open(bucket_max_bytes=limit, bucket_max_wait=30)
+    for i in range(1024):
+        await resolve(q.push({"i": i, "blob": "x" * 20_000}))
+    await resolve(q.flush())
+    col = bucket_flavour.sync_db[q.name]
+    seen = []
+    for raw in col.find_raw_batches({}):
+        for doc in bson.decode_all(raw):
+            assert len(bson.encode(doc)) <= limit
+            seen += [it["p"]["i"] for it in decode_items(doc["items"])]
+    assert sorted(seen) == list(range(1024))
+
+
+async def test_bucket_mature_is_latest_of_its_slot(bucket_flavour):
+    q = bucket_flavour.open(mature_granularity=1.0, bucket_max_wait=30)
+    t0 = time.time()
+    for d in (5.1, 5.3, 5.9):
+        await resolve(q.push(d, delay=d))
+    await resolve(q.flush())
+    docs = list(bucket_flavour.sync_db[q.name].find())
+    # Same slot when the delays fall in one granularity step; never earlier than any item.
+    for doc in docs:
+        assert doc["mature"].timestamp() >= t0 + max(
+            it["p"] for it in decode_items(doc["items"])
+        ) - 0.01
+
+
+async def test_read_ahead_and_rest_released_by_drain(bucket_flavour):
+    a = bucket_flavour.open(bucket_max_size=5, prefetch=1, lease=30)
+    for i in range(10):
+        await resolve(a.push({"i": i}))
+    await resolve(a.flush())
+    first = await resolve(a.reserve(timeout=2))
+    await resolve(a.commit(first))
+    await asyncio.sleep(0.3)  # the prefetcher claims the second bucket
+    assert a.stats()["held_buckets"] == 2
+    t0 = time.time()
+    report = await resolve(a.drain(timeout=0))
+    assert report["released_buckets"] == 2
+    b = bucket_flavour.open(lease=30)
+    got = []
+    while len(got) < 9:
+        m = await resolve(b.reserve(timeout=3))
+        assert m is not None, f"only {len(got)} items came back"
+        got.append((m.payload["i"], m.tries))
+        await resolve(b.commit(m))
+    # All released at once (not after the 30 s lease), with no extra try counted.
+    assert time.time() - t0 < 10
+    assert sorted(got) == [(i, 0) for i in range(1, 10)]
+
+
+async def test_drain_serves_in_memory_items_to_consumers_first(bucket_flavour):
+    if not bucket_flavour.is_async:
+        return await _drain_serves_sync(bucket_flavour)
+    q = bucket_flavour.open(bucket_max_size=100, lease=30)
+    for i in range(20):
+        await q.push({"i": i})
+    await q.flush()
+    m = await q.reserve(timeout=2)
+    served = [m.payload["i"]]
+    await q.commit(m)
+
+    async def consumer():
+        while True:
+            m = await q.reserve(timeout=1)
+            if m is None:
+                return
+            served.append(m.payload["i"])
+            await q.commit(m)
+            await asyncio.sleep(0.01)
+
+    task = asyncio.ensure_future(consumer())
+    report = await q.drain(timeout=10)
+    await task
+    assert sorted(served) == list(range(20))
+    assert report["served"] >= 1 and report["released_items"] == 0
+    assert await q.total_size() == 0
+
+
+async def _drain_serves_sync(f):
+    import threading
+
+    q = f.open(bucket_max_size=100, lease=30)
+    for i in range(20):
+        q.push({"i": i})
+    q.flush()
+    m = q.reserve(timeout=2)
+    served = [m.payload["i"]]
+    q.commit(m)
+
+    def consumer():
+        while (m := q.reserve(timeout=1)) is not None:
+            served.append(m.payload["i"])
+            q.commit(m)
+            time.sleep(0.01)
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    report = q.drain(timeout=10)
+    t.join()
+    assert sorted(served) == list(range(20))
+    assert report["served"] >= 1 and report["released_items"] == 0
+    assert q.total_size() == 0
+
+
+async def test_lease_is_renewed_while_held(bucket_flavour):
+    a = bucket_flavour.open(lease=1.0, state_flush_period=0.1)
+    b = bucket_flavour.open(lease=1.0, state_flush_period=0.1)
+    for i in range(3):
+        await resolve(a.push(i))
+    await resolve(a.flush())
+    held = await resolve(a.reserve(timeout=2))
+    # Three lease periods pass; a keeps renewing, so b never gets the bucket.
+    assert await resolve(b.reserve(timeout=3)) is None
+    await resolve(a.commit(held))
+    assert a.stats()["lease_losses"] == 0
+
+
+def _run(*args, **kw):
+    return subprocess.Popen([sys.executable, WORKERS, *args], stdout=subprocess.PIPE, text=True, **kw)
+
+
+def test_killed_consumer_items_come_back_with_a_try_counted(db, mongo_uri, tmp_path):
+    q = Queue(db, "q", bucket_max_size=10, bucket_max_wait=0.05)
+    for i in range(10):
+        q.push({"i": i})
+    q.flush()
+    out = tmp_path / "held.txt"
+    opts = json.dumps({"lease": 2.0, "state_flush_period": 0.1, "prefetch": 0})
+    p = _run("hold", mongo_uri, db.name, "q", str(out), "--commit", "4", "--flush-commits", "--options", opts)
+    assert p.stdout.readline().strip() == "READY"
+    p.kill()  # SIGKILL: no drain, no flush, the lease stays
+    p.wait()
+    committed = {int(line.split("\t")[0]) for line in out.read_text().splitlines()}
+    assert committed == {0, 1, 2, 3}
+    c = Queue(db, "q", lease=2.0, state_flush_period=0.1, poll_interval=0.2)
+    got = []
+    t0 = time.time()
+    while (m := c.reserve(timeout=6)) is not None:
+        got.append((m.payload["i"], m.tries))
+        c.commit(m)
+        if len(got) == 6:
+            break
+    c.close()
+    assert sorted(i for i, _ in got) == [4, 5, 6, 7, 8, 9]  # flushed commits never come back
+    assert all(t == 1 for _, t in got)
+    assert time.time() - t0 < 8
+
+
+def test_four_consumer_processes_deliver_every_item_once(db, mongo_uri, tmp_path):
+    n = 20_000
+    q = Queue(db, "q")
+    for i in range(n):
+        q.push({"i": i})
+    q.close()
+    out = tmp_path / "consumed.txt"
+    procs = [_run("consume", mongo_uri, db.name, "q", str(out), "--idle", "4") for _ in range(4)]
+    for p in procs:
+        assert p.wait(timeout=240) == 0
+    counts = Counter(int(line.split("\t")[0]) for line in out.read_text().splitlines())
+    assert len(counts) == n, f"{n - len(counts)} items never delivered"
+    dups = {k: v for k, v in counts.items() if v > 1}
+    assert not dups, f"{len(dups)} items delivered more than once"
+    assert db["q"].count_documents({}) == 0

@@ -1,0 +1,130 @@
+"""Property tests of the pure core: packing, held-bucket state, update documents, lease maths."""
+
+from __future__ import annotations
+
+from bson import ObjectId
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pymongo import DeleteOne, UpdateOne
+
+from bucketq.queue import _core as core
+from bucketq.queue._codec import encode_item
+
+NOW = 1_700_000_000.0
+
+items = st.lists(
+    st.tuples(st.integers(min_value=0, max_value=3000), st.sampled_from([None, 0.0, 0.3, 1.7, 2.2, 9.9])),
+    max_size=300,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(items, st.integers(min_value=1, max_value=40), st.sampled_from([2048, 4096, 16384]))
+def test_packer_never_loses_or_overfills(specs, max_size, max_bytes):
+    opts = core.QueueOptions(bucket_max_size=max_size, bucket_max_bytes=max_bytes, max_pending_bytes=1 << 26)
+    packer = core.Packer(opts, object)
+    sealed: list[core.OpenBucket] = []
+    placed = []
+    for n, (size, delay) in enumerate(specs):
+        blob = encode_item({"n": n, "pad": "x" * size})
+        mature = NOW + (delay or 0.0)
+        if len(blob) > max_bytes - core.BUCKET_OVERHEAD:
+            continue
+        ob, index, out = packer.add(blob, mature, NOW)
+        sealed.extend(out)
+        placed.append((n, mature, ob, index))
+    buckets = sealed + packer.take_all()
+    # Every item is in exactly one bucket, at the index it was given.
+    assert sum(len(b) for b in buckets) == len(placed)
+    for n, mature, ob, index in placed:
+        assert ob.items[index] == encode_item({"n": n, "pad": "x" * specs[n][0]})
+        # Never delivered early; at most one slot late.
+        assert ob.mature >= mature
+        if mature > NOW:
+            assert ob.mature - mature < opts.mature_granularity
+    for b in buckets:
+        assert 1 <= len(b) <= max_size
+        assert b.nbytes <= max_bytes - core.BUCKET_OVERHEAD
+        assert len(b.document()["items"]) == b.nbytes
+
+
+def _held(n: int) -> core.HeldBucket:
+    blob = b"".join(encode_item(i) for i in range(n))
+    doc = {"_id": ObjectId(), "n": n, "live": n, "mature": core.to_datetime(NOW), "items": blob}
+    return core.HeldBucket(doc, ObjectId(), NOW, 30.0)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["commit", "rollback", "rollback_later"]), st.integers(0, 63)), max_size=200)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(min_value=1, max_value=64), ops)
+def test_held_bucket_state_stays_consistent(n, script):
+    b = _held(n)
+    msgs = {m.index: m for m in b.ready_messages(NOW, None)}
+    committed: set[int] = set()
+    for op, i in script:
+        i %= n
+        if op == "commit":
+            ok = b.commit(i)
+            assert ok == (i in msgs and i not in committed)
+            if ok:
+                committed.add(i)
+                msgs.pop(i)
+        else:
+            later = op == "rollback_later"
+            ok = b.rollback(i, NOW + (5 if later else 0), NOW)
+            if ok:
+                msgs.pop(i)
+                if not later:
+                    for m in b.ready_messages(NOW, None):
+                        msgs[m.index] = m
+    assert b.live == n - len(committed)
+    assert all(b.is_done(i) == (i in committed) for i in range(n))
+    w = core.state_write(b, NOW, 30.0)
+    if len(committed) == n:
+        assert isinstance(w, DeleteOne)
+    else:
+        assert isinstance(w, UpdateOne)
+        s = w._doc["$set"]
+        assert s["live"] == n - len(committed)
+        assert bytes(s["done"]) == bytes(b.done)
+        assert w._filter == {"_id": b.id, "lease.tok": b.token}  # every state write is fenced
+    if b.idle() and not b.finished():
+        rel = core.state_write(b, NOW, 30.0, release=True)._doc["$set"]
+        assert rel["lease"] is None
+        assert rel["mature"].timestamp() == NOW + 5  # the earliest pending item decides
+
+
+@given(st.integers(0, 60), st.floats(0.01, 2), st.floats(0.1, 60))
+def test_backoff_is_bounded(attempt, base, cap):
+    for r in (0.0, 0.5, 0.999):
+        d = core.backoff(attempt, base, cap, rng=lambda r=r: r)
+        assert 0 <= d <= min(cap, base * 2 ** min(attempt, 32))
+
+
+@given(st.floats(0.3, 600), st.floats(0, 600))
+def test_renewal_happens_before_the_lease_runs_out(lease, elapsed):
+    b = _held(1)
+    b.until = NOW + lease
+    due = core.needs_renewal(b, NOW + elapsed, lease)
+    assert due == (elapsed > lease / 3)
+
+
+def test_takeover_counts_a_try_for_every_pending_item():
+    b = _held(4)
+    doc = {
+        "_id": b.id, "n": 4, "live": 3, "mature": core.to_datetime(NOW),
+        "items": b"".join(encode_item(i) for i in range(4)),
+        "done": bytes([0b0001]), "tries": {"2": 1},
+        "lease": {"tok": ObjectId(), "until": core.to_datetime(NOW - 1)},
+    }  # fmt: skip
+    t = core.HeldBucket(doc, ObjectId(), NOW, 30.0)
+    msgs = t.ready_messages(NOW, None)
+    assert [(m.index, m.tries) for m in msgs] == [(1, 1), (2, 2), (3, 1)]
+    assert t.dirty
+
+
+def test_item_ids_round_trip():
+    oid = ObjectId()
+    assert core.parse_item_id(core.item_id(oid, 17)) == (oid, 17)
