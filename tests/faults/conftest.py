@@ -1,0 +1,70 @@
+"""Helpers for the fault suite: worker processes and what a queue holds in MongoDB."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import bson
+import pytest
+
+from bucketq.embedded import EmbeddedServer
+from bucketq.queue._codec import decode_items
+
+WORKERS = str(Path(__file__).resolve().parent / "workers.py")
+#: Short periods so every scenario but the soak runs in seconds.
+FAST = {"lease": 2.0, "state_flush_period": 0.1, "poll_interval": 0.2, "bucket_max_wait": 0.05}
+
+
+def run_worker(mode: str, uri: str, db: str, queue: str, out: Path, *args: str, options: dict | None = None,
+               stdin: bool = False) -> subprocess.Popen[str]:  # fmt: skip
+    return subprocess.Popen(
+        [
+            sys.executable,
+            WORKERS,
+            mode,
+            uri,
+            db,
+            queue,
+            str(out),
+            "--options",
+            json.dumps(options or FAST),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def read_lines(path: Path) -> list[list[str]]:
+    if not path.exists():
+        return []
+    return [line.split("\t") for line in path.read_text().splitlines() if line]
+
+
+def stored_items(col: Any) -> Counter[int]:
+    """Payload ids of every not-yet-consumed item stored in a queue collection."""
+    seen: Counter[int] = Counter()
+    for raw in col.find_raw_batches({}):
+        for doc in bson.decode_all(raw):
+            done = doc.get("done") or b""
+            for k, it in enumerate(decode_items(doc["items"])):
+                if k >> 3 < len(done) and done[k >> 3] & (1 << (k & 7)):
+                    continue
+                seen[it["p"]["i"]] += 1
+    return seen
+
+
+@pytest.fixture
+def local_server(tmp_path):
+    """A server of this test's own, so it can be stopped and restarted."""
+    server = EmbeddedServer(tmp_path / "data").start()
+    try:
+        yield server
+    finally:
+        server.stop()
