@@ -150,8 +150,6 @@ def drain(q, a, out) -> None:
     report["drain_seconds"] = time.monotonic() - t0
     print(json.dumps(report), flush=True)
     q.close()
-    client = q.db.client
-    client.close()
 
 
 if __name__ == "__main__":

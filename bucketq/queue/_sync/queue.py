@@ -293,10 +293,19 @@ class Queue:
         deadline = None
         while True:
             gen = self._consumers.gen
+            expired = False
             with self._mutex:
+                now = _now()
                 while self._ready and not self._paused:
-                    msg = self._ready.popleft()
+                    msg = self._ready[0]
                     b = msg.bucket
+                    if not (b.lost or b.released) and b.until <= now:
+                        # Our lease may have run out (this process was frozen or cut off
+                        # from the server): hand out nothing of the bucket until the
+                        # flusher has renewed the lease or found it lost.
+                        expired = True
+                        break
+                    self._ready.popleft()
                     b.queued -= 1
                     if b.lost or b.released:
                         continue
@@ -316,6 +325,10 @@ class Queue:
                     return None
             else:
                 remaining = None
+            if expired:
+                self._flush_wake.notify()
+                period = self.options.state_flush_period
+                remaining = period if remaining is None else min(remaining, period)
             self._waiters += 1
             try:
                 self._consumers.wait(gen, remaining)
