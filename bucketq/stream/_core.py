@@ -1,0 +1,372 @@
+"""Ordered stream mode's decisions, with no I/O: options, documents, the in-order scan,
+hole and stage timeouts, and the acknowledgement rules.
+
+Layout (one collection per stream plus a metadata collection ``<name>.meta``)::
+
+    <name>        {_id: seq, n, items: <binary>, w: <writer id>, at}   a written bucket
+                  {_id: seq, hole: true, at}                         a closed hole (tombstone)
+                  {_id: seq, ..., stg: {j, t}}                       a staged bucket (Spark writes),
+                                                                     invisible until published
+    <name>.meta   {_id: "stream", next, epoch, acked}
+
+``next`` is the last sequence number handed out (the counter), ``acked`` the last one
+acknowledged, ``epoch`` the current consumer's fencing token. A bucket's ``_id`` is its
+sequence number, so the unique ``_id`` index is what makes a tombstone and a late real
+bucket exclusive: whichever lands first wins, and the loser knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from bson import ObjectId
+from pymongo.write_concern import WriteConcern
+
+from ..errors import BucketQError, ConfigurationError
+from ..queue._codec import decode_items
+from ..queue._core import (
+    DEFAULT_BUCKET_MAX_BYTES,
+    DEFAULT_BUCKET_MAX_SIZE,
+    DEFAULT_BUCKET_MAX_WAIT,
+    DEFAULT_MAX_PENDING_BYTES,
+    DEFAULT_RETRY_BASE,
+    DEFAULT_RETRY_BUDGET,
+    DEFAULT_RETRY_CAP,
+    QueueOptions,
+    from_datetime,
+    to_datetime,
+)
+
+__all__ = [
+    "AckOutOfOrder",
+    "DEFAULT_HOLE_GRACE",
+    "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_READ_AHEAD",
+    "DEFAULT_STAGE_TIMEOUT",
+    "DEFAULT_TOMBSTONE_TTL",
+    "META_ID",
+    "StreamBatch",
+    "StreamOptions",
+]
+
+#: How long a consumer waits on a sequence number that was handed out but whose bucket
+#: is not there, before it closes the hole with a tombstone (seconds).
+DEFAULT_HOLE_GRACE = 10.0
+#: How long a staged (not yet published) bucket may block the stream before it is closed
+#: like a hole. Spark publishes staged buckets when its job commits; this is the bound
+#: for a driver that died in between.
+DEFAULT_STAGE_TIMEOUT = 600.0
+#: How long tombstones are kept after they are acknowledged, so a producer retrying an
+#: insert for a closed number still collides with them and takes a new number.
+DEFAULT_TOMBSTONE_TTL = 600.0
+DEFAULT_POLL_INTERVAL = 1.0
+#: Buckets fetched per read by a consumer.
+DEFAULT_READ_AHEAD = 8
+
+META_ID = "stream"
+META_SUFFIX = ".meta"
+#: A staged bucket's ``mature`` in a bucket queue: never claimable until published.
+STAGED_MATURE = datetime(3000, 1, 1, tzinfo=UTC)
+
+
+class AckOutOfOrder(BucketQError, ValueError):
+    """An ack named a sequence number that is not the next one delivered and unacked."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """Every stream option with its default (seconds for times, bytes for sizes)."""
+
+    bucket_max_size: int = DEFAULT_BUCKET_MAX_SIZE
+    bucket_max_bytes: int = DEFAULT_BUCKET_MAX_BYTES
+    bucket_max_wait: float = DEFAULT_BUCKET_MAX_WAIT
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
+    retry_base: float = DEFAULT_RETRY_BASE
+    retry_cap: float = DEFAULT_RETRY_CAP
+    retry_budget: float = DEFAULT_RETRY_BUDGET
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    hole_grace: float = DEFAULT_HOLE_GRACE
+    stage_timeout: float = DEFAULT_STAGE_TIMEOUT
+    tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL
+    read_ahead: int = DEFAULT_READ_AHEAD
+    write_concern: WriteConcern | dict[str, Any] | None = None
+    packer: QueueOptions = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The queue's own checks cover the packing options (and word the errors).
+        packer = QueueOptions(
+            bucket_max_size=self.bucket_max_size,
+            bucket_max_bytes=self.bucket_max_bytes,
+            bucket_max_wait=self.bucket_max_wait,
+            max_pending_bytes=self.max_pending_bytes,
+            retry_base=self.retry_base,
+            retry_cap=self.retry_cap,
+            retry_budget=self.retry_budget,
+            write_concern=self.write_concern,
+        )
+        object.__setattr__(self, "packer", packer)
+        for name in ("poll_interval", "hole_grace", "stage_timeout", "tombstone_ttl"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or isinstance(v, bool) or v <= 0:
+                raise ConfigurationError(f"{name} must be a number greater than zero; got {v!r}.")
+        if self.tombstone_ttl < self.retry_budget:
+            raise ConfigurationError(
+                f"tombstone_ttl ({self.tombstone_ttl} s) must be at least retry_budget "
+                f"({self.retry_budget} s), so a producer still retrying an insert meets the tombstone."
+            )
+        if not isinstance(self.read_ahead, int) or self.read_ahead < 1:
+            raise ConfigurationError(
+                f"read_ahead must be a whole number >= 1; got {self.read_ahead!r}."
+            )
+
+    @classmethod
+    def build(cls, **options: Any) -> StreamOptions:
+        known = {f.name for f in fields(cls) if f.init}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"Unknown stream option(s): {', '.join(unknown)}. Known options: {', '.join(sorted(known))}."
+            )
+        return cls(**options)
+
+    def get_write_concern(self) -> WriteConcern | None:
+        return self.packer.get_write_concern()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBatch:
+    """One bucket of a stream: ``seq, items = batch`` unpacks like a tuple.
+
+    ``items`` are the payloads in push order, ``headers`` their headers (None where an
+    item had none), ``written`` when the bucket was stored.
+    """
+
+    seq: int
+    items: list[Any]
+    headers: list[dict[str, Any] | None]
+    written: datetime | None = None
+
+    def __iter__(self):
+        return iter((self.seq, self.items))
+
+    def __len__(self) -> int:
+        return 2
+
+
+# -- documents -----------------------------------------------------------------------
+
+
+def meta_name(name: str) -> str:
+    return name + META_SUFFIX
+
+
+def meta_filter() -> dict[str, Any]:
+    return {"_id": META_ID}
+
+
+def meta_init() -> dict[str, Any]:
+    return {"$setOnInsert": {"next": 0, "epoch": 0, "acked": 0}}
+
+
+def allocate_update(k: int) -> dict[str, Any]:
+    """Take ``k`` consecutive sequence numbers (the counter document exists)."""
+    return {"$inc": {"next": k}}
+
+
+def allocated(meta: dict[str, Any], k: int) -> range:
+    """The numbers an :func:`allocate_update` returning ``meta`` (after the update) took."""
+    last = int(meta["next"])
+    return range(last - k + 1, last + 1)
+
+
+def open_update() -> dict[str, Any]:
+    """Bump the epoch: every older consumer is fenced from this write on."""
+    return {"$inc": {"epoch": 1}}
+
+
+def ack_filter(epoch: int) -> dict[str, Any]:
+    return {"_id": META_ID, "epoch": epoch}
+
+
+def ack_update(seq: int) -> dict[str, Any]:
+    return {"$max": {"acked": seq}}
+
+
+def delete_acked_filter(seq: int, now: float, ttl: float) -> dict[str, Any]:
+    """Acknowledged buckets; tombstones only once they are older than ``ttl``."""
+    return {
+        "_id": {"$lte": seq},
+        "$or": [{"hole": {"$exists": False}}, {"at": {"$lt": to_datetime(now - ttl)}}],
+    }
+
+
+def bucket_document(
+    seq: int, items: list[bytes], writer: ObjectId, now: float, stage: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "_id": seq,
+        "n": len(items),
+        "items": b"".join(items),
+        "w": writer,
+        "at": to_datetime(now),
+    }
+    if stage is not None:
+        doc["stg"] = stage
+    return doc
+
+
+def tombstone(seq: int, now: float) -> dict[str, Any]:
+    return {"_id": seq, "hole": True, "at": to_datetime(now)}
+
+
+def close_staged(
+    seq: int, stage: dict[str, Any], now: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Turn a staged bucket that timed out into a tombstone (only if still staged as seen)."""
+    return (
+        {"_id": seq, "stg": stage},
+        {
+            "$set": {"hole": True, "at": to_datetime(now)},
+            "$unset": {"stg": "", "items": "", "n": "", "w": ""},
+        },
+    )
+
+
+def fenced_message(name: str, epoch: int, current: int | None) -> str:
+    return (
+        f"This consumer of stream {name!r} (epoch {epoch}) was fenced: a newer consumer "
+        f"opened (epoch {current}). It may no longer read or acknowledge; stop it, and let the "
+        "newer consumer go on."
+    )
+
+
+def is_tombstone(doc: dict[str, Any]) -> bool:
+    return bool(doc.get("hole"))
+
+
+def is_staged(doc: dict[str, Any]) -> bool:
+    return "stg" in doc
+
+
+def to_batch(doc: dict[str, Any]) -> StreamBatch:
+    items = decode_items(doc["items"])
+    at = doc.get("at")
+    return StreamBatch(
+        int(doc["_id"]), [it["p"] for it in items], [it.get("h") for it in items], at
+    )
+
+
+# -- the in-order scan -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Scan:
+    """What a read of ``_id > cursor`` (sorted) means for an in-order reader.
+
+    ``ready`` are the documents that follow the cursor without a gap (buckets and
+    tombstones); ``blocked`` is the next number when the run stopped before the end of
+    what was read or of what was handed out: ``("missing", seq, None)`` for a hole,
+    ``("staged", seq, doc)`` for a staged bucket.
+    """
+
+    ready: list[dict[str, Any]]
+    blocked: tuple[str, int, dict[str, Any] | None] | None
+
+
+def scan(cursor: int, docs: list[dict[str, Any]], allocated_through: int) -> Scan:
+    ready: list[dict[str, Any]] = []
+    expect = cursor + 1
+    for d in docs:
+        seq = d["_id"]
+        if not isinstance(seq, int):
+            continue
+        if seq < expect:
+            continue
+        if seq > expect:
+            return Scan(ready, ("missing", expect, None))
+        if is_staged(d):
+            return Scan(ready, ("staged", expect, d))
+        ready.append(d)
+        expect += 1
+    if expect <= allocated_through:
+        return Scan(ready, ("missing", expect, None))
+    return Scan(ready, None)
+
+
+class HoleClock:
+    """When a blocked number has waited long enough to be closed.
+
+    Time is this reader's own monotonic clock from the first time it saw the number
+    blocked, so no clocks need to agree: a hole is closed at least ``grace`` after it
+    was handed out, and a staged bucket at least ``stage_timeout`` after it was seen.
+    """
+
+    def __init__(self, grace: float, stage_timeout: float) -> None:
+        self.grace = grace
+        self.stage_timeout = stage_timeout
+        self.seen: dict[tuple[str, int], float] = {}
+
+    def due_in(self, kind: str, seq: int, now: float) -> float:
+        """Seconds until the blocked number may be closed (<= 0: close it now)."""
+        first = self.seen.setdefault((kind, seq), now)
+        limit = self.grace if kind == "missing" else self.stage_timeout
+        return first + limit - now
+
+    def passed(self, cursor: int) -> None:
+        for key in [k for k in self.seen if k[1] <= cursor]:
+            del self.seen[key]
+
+
+def ack_target(delivered: list[int], acked: int, seq: int, *, through: bool) -> int:
+    """Check an ack against the delivered, unacknowledged numbers (oldest first) and
+    return how many of them it acknowledges."""
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise AckOutOfOrder(f"Acknowledge a sequence number (an int); got {seq!r}.")
+    if seq <= acked:
+        return 0
+    if not delivered:
+        raise AckOutOfOrder(
+            f"Nothing is delivered and unacknowledged, so seq {seq} cannot be acknowledged "
+            f"(acknowledged through {acked}). Call next_batch() first."
+        )
+    if not through:
+        if seq != delivered[0]:
+            raise AckOutOfOrder(
+                f"ack({seq}) is out of order: the next unacknowledged seq is {delivered[0]}. "
+                "Acknowledge in order, or use ack_through(seq) to acknowledge several."
+            )
+        return 1
+    if seq not in delivered:
+        raise AckOutOfOrder(
+            f"ack_through({seq}) names a seq that was not delivered; delivered and unacknowledged: "
+            f"{delivered[0]}..{delivered[-1]}."
+        )
+    return delivered.index(seq) + 1
+
+
+def check_resume(name: str, after: int | None, meta: dict[str, Any]) -> int:
+    """Where a consumer starts: after ``after`` if given, else after the last ack."""
+    acked = int(meta.get("acked", 0))
+    if after is None:
+        return acked
+    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+        raise ConfigurationError(f"after must be a sequence number >= 0; got {after!r}.")
+    if after < acked:
+        raise ConfigurationError(
+            f"Cannot resume stream {name!r} after seq {after}: it is acknowledged through {acked} and "
+            "those buckets are deleted. Resume after a seq >= the last acknowledged one (a sink that "
+            "stores its seq atomically with its data never falls behind the acknowledgements)."
+        )
+    if after > int(meta.get("next", 0)):
+        raise ConfigurationError(
+            f"Cannot resume stream {name!r} after seq {after}: only {meta.get('next', 0)} were ever "
+            "handed out. Is this the right stream?"
+        )
+    return after
+
+
+def age(doc: dict[str, Any], now: float) -> float:
+    at = doc.get("at")
+    return now - from_datetime(at) if at is not None else 0.0

@@ -1,0 +1,485 @@
+# GENERATED from bucketq/stream/_async/stream.py by scripts/unasync.py. Do not edit;
+# edit the async file and run `python scripts/unasync.py`.
+"""Ordered stream mode's I/O shell (pymongo ``MongoClient``).
+
+The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
+Decisions live in ``bucketq.stream._core``; this file builds, calls the driver, interprets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
+
+from ...errors import Fenced, QueueClosed, QueueFull
+from ...queue import _core as qcore
+from ...queue._codec import CODEC_OPTIONS, encode_item
+from ...queue._concurrency import (
+    Batch,
+    Mutex,
+    Notifier,
+    Receipt,
+    Worker,
+    register_exit,
+    sleep,
+)
+from ...queue._db import check_database
+from .. import _core as core
+
+log = logging.getLogger("bucketq.stream")
+
+_now = time.time
+_monotonic = time.monotonic
+
+
+class StreamQueue:
+    """A queue in ordered stream mode: every bucket gets the next gapless sequence number.
+
+    Producers ``push`` as on a bucket queue (items are packed into buckets by count,
+    bytes and age; a receipt resolves once the bucket is stored). One consumer at a time
+    reads the buckets in order: :meth:`consumer` opens it and fences every older one.
+    Options and defaults are those of :class:`bucketq.stream.StreamOptions`.
+    """
+
+    def __init__(self, db: Any, name: str, **options: Any) -> None:
+        self.options = opts = core.StreamOptions.build(**options)
+        self.name = qcore.check_name(name)
+        self.db = check_database(db)
+        wc = opts.get_write_concern()
+        self._col = db.get_collection(name, codec_options=CODEC_OPTIONS, write_concern=wc)
+        self._meta = db.get_collection(
+            core.meta_name(name), codec_options=CODEC_OPTIONS, write_concern=wc
+        )
+        self._mutex = Mutex()
+        self._packer = qcore.Packer(opts.packer, Batch)
+        self._to_write: deque[qcore.OpenBucket] = deque()
+        self._unwritten: dict[Any, qcore.OpenBucket] = {}
+        self._pending_bytes = 0
+        self._writer_wake = Notifier()
+        self._space = Notifier()
+        self._writer: Worker | None = None
+        self._closed = False
+        self._stats = dict.fromkeys(
+            ("pushed", "buckets_written", "insert_retries", "push_failed", "renumbered"), 0
+        )
+        register_exit(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.db.name}.{self.name}>"
+
+    # -- push -----------------------------------------------------------------------------
+
+    def push(
+        self, payload: Any, *, headers: dict[str, Any] | None = None, durable: bool = False
+    ) -> Receipt:
+        """Buffer one item and return its receipt at once (``durable=True``: once stored)."""
+        return (self.push_many([payload], headers=headers, durable=durable))[0]
+
+    def push_many(
+        self, payloads: Any, *, headers: dict[str, Any] | None = None, durable: bool = False
+    ) -> list[Receipt]:
+        """Push several items in order; all are encoded first, so one bad item stores none."""
+        if self._closed:
+            raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
+        items = [encode_item(p, headers) for p in payloads]
+        for it in items:
+            self._packer.check_size(len(it))
+        receipts = []
+        for item in items:
+            if self._pending_bytes + len(item) > self.options.max_pending_bytes:
+                self._wait_for_space(len(item))
+            now = _now()
+            with self._mutex:
+                ob, index, sealed = self._packer.add(item, now, now)
+                self._pending_bytes += len(item)
+                self._stats["pushed"] += 1
+                if sealed:
+                    self._to_write.extend(sealed)
+            if index == 0 or sealed:
+                self._unwritten[ob.id] = ob
+                self._wake_writer()
+            receipts.append(Receipt(ob, index))
+        if durable:
+            for r in receipts:
+                r.wait()
+        return receipts
+
+    def _wait_for_space(self, nbytes: int) -> None:
+        if (
+            self.options.packer.pending_policy == "raise"
+        ):  # pragma: no cover - block is the only policy
+            raise QueueFull(f"Stream {self.name!r} has too many pushes waiting to be written.")
+        while (
+            self._pending_bytes + nbytes > self.options.max_pending_bytes
+            and self._pending_bytes > 0
+        ):
+            gen = self._space.gen
+            with self._mutex:
+                self._to_write.extend(self._packer.take_all())
+            self._wake_writer()
+            self._space.wait(gen, 1.0)
+
+    def _wake_writer(self) -> None:
+        if self._writer is None:
+            self._writer = Worker(f"bucketq-stream-writer-{self.name}", self._writer_loop)
+        self._writer_wake.notify()
+
+    def _writer_loop(self) -> None:
+        while True:
+            gen = self._writer_wake.gen
+            with self._mutex:
+                self._to_write.extend(self._packer.take_due(_now()))
+                batch = list(self._to_write)
+                self._to_write.clear()
+                next_due = self._packer.next_due()
+            if batch:
+                try:
+                    self._insert(batch)
+                except Exception as exc:  # noqa: BLE001 - never leave receipts hanging
+                    log.exception("stream %s: writing %d buckets failed", self.name, len(batch))
+                    self._fail(batch, exc)
+                continue
+            if self._closed and next_due is None:
+                return
+            self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
+
+    def _allocate(self, k: int) -> range:
+        for _ in range(5):
+            meta = self._meta.find_one_and_update(
+                core.meta_filter(),
+                core.allocate_update(k),
+                return_document=ReturnDocument.AFTER,
+            )
+            if meta is not None:
+                return core.allocated(meta, k)
+            # No upsert here: the embedded server answers None to one of two racing
+            # upserts yet applies both, which would lose numbers. Create, then take.
+            self._ensure_meta()
+        raise OperationFailure(f"Could not take sequence numbers for stream {self.name!r}.")
+
+    def _ensure_meta(self) -> None:
+        try:
+            self._meta.update_one(core.meta_filter(), core.meta_init(), upsert=True)
+        except DuplicateKeyError:
+            pass
+
+    def _insert(self, buckets: list[qcore.OpenBucket]) -> None:
+        """Number sealed buckets in seal order and write them; a number whose hole was
+        closed meanwhile (a tombstone owns it) is given up and the bucket renumbered."""
+        started = _monotonic()
+        attempt = 0
+        error: BaseException | None = None
+        seqs: dict[Any, int] = {}
+        todo = list(buckets)
+        while todo:
+            try:
+                need = [ob for ob in todo if ob.id not in seqs]
+                if need:
+                    for ob, seq in zip(need, self._allocate(len(need)), strict=True):
+                        seqs[ob.id] = seq
+                now = _now()
+                docs = [core.bucket_document(seqs[ob.id], ob.items, ob.id, now) for ob in todo]
+                if len(docs) == 1:
+                    self._col.insert_one(docs[0])
+                else:
+                    self._col.insert_many(docs, ordered=False)
+                todo = []
+            except (DuplicateKeyError, BulkWriteError) as exc:
+                if isinstance(exc, BulkWriteError):
+                    errs = exc.details.get("writeErrors", [])
+                    dups = [e["op"]["_id"] for e in errs if e.get("code") == 11000]
+                    failed = {e["op"]["_id"] for e in errs if e.get("code") != 11000}
+                else:  # insert_one: the single bucket
+                    dups, failed = [seqs[todo[0].id]], set()
+                by_seq = {seqs[ob.id]: ob for ob in todo}
+                lost = self._not_ours(dups, by_seq)
+                for seq in lost:
+                    del seqs[by_seq[seq].id]
+                    self._stats["renumbered"] += 1
+                    log.warning("stream %s: seq %d was closed as a hole before its bucket landed; renumbering",
+                                self.name, seq)  # fmt: skip
+                todo = [by_seq[s] for s in sorted(failed | set(lost))]
+                if failed and not self._retry_ok(exc, started):
+                    error = exc
+                    break
+                if failed:
+                    attempt += 1
+                    sleep(
+                        qcore.backoff(attempt, self.options.retry_base, self.options.retry_cap)
+                    )
+            except PyMongoError as exc:
+                if not self._retry_ok(exc, started):
+                    error = exc
+                    break
+                attempt += 1
+                self._stats["insert_retries"] += 1
+                log.warning(
+                    "stream %s: bucket insert failed (%s); retry %d", self.name, exc, attempt
+                )
+                sleep(
+                    qcore.backoff(attempt, self.options.retry_base, self.options.retry_cap)
+                )
+        failed_ids = {ob.id for ob in todo} if error is not None else set()
+        for ob in buckets:
+            self._pending_bytes -= ob.nbytes
+            self._unwritten.pop(ob.id, None)
+            if ob.id in failed_ids:
+                self._stats["push_failed"] += len(ob)
+                log.error("stream %s: %d items were NOT stored: %s", self.name, len(ob), error)
+                ob.batch.resolve(error)
+            else:
+                self._stats["buckets_written"] += 1
+                ob.batch.resolve()
+            ob.items = []
+        self._space.notify()
+
+    def _not_ours(self, dups: list[int], by_seq: dict[int, qcore.OpenBucket]) -> list[int]:
+        """Of the numbers an insert found taken, those taken by someone else (a tombstone)."""
+        if not dups:
+            return []
+        owners = {
+            d["_id"]: d.get("w") for d in self._col.find({"_id": {"$in": dups}}, {"w": 1})
+        }
+        # A number whose document is gone was ours and is consumed already (tombstones
+        # outlive any producer's retry budget: tombstone_ttl >= retry_budget).
+        return [s for s in dups if s in owners and owners[s] != by_seq[s].id]
+
+    def _fail(self, buckets: list[qcore.OpenBucket], exc: BaseException) -> None:
+        for ob in buckets:
+            if not ob.batch.done():
+                self._pending_bytes -= ob.nbytes
+                self._unwritten.pop(ob.id, None)
+                self._stats["push_failed"] += len(ob)
+                ob.batch.resolve(exc)
+        self._space.notify()
+
+    def _retry_ok(self, exc: BaseException, started: float) -> bool:
+        return qcore.is_transient(exc) and _monotonic() - started < self.options.retry_budget
+
+    def flush(self) -> None:
+        """Write every open bucket and wait until stored."""
+        with self._mutex:
+            self._to_write.extend(self._packer.take_all())
+            waiting = list(self._unwritten.values())
+        if waiting:
+            self._wake_writer()
+        for ob in waiting:
+            try:
+                ob.batch.wait()
+            except Exception:  # noqa: BLE001 - the receipts carry the error
+                pass
+
+    # -- consume ----------------------------------------------------------------------------
+
+    def consumer(self, *, after: int | None = None) -> StreamConsumer:
+        """Open the stream's one consumer, fencing every older one.
+
+        It starts after the last acknowledged seq, or after ``after`` (a seq a sink stored
+        atomically with its data): buckets up to ``after`` are acknowledged at once.
+        """
+        meta = self._open_epoch()
+        start = core.check_resume(self.name, after, meta)
+        c = StreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start)
+        if start > c.acked:
+            c._write_ack(start)
+        return c
+
+    def _open_epoch(self) -> dict[str, Any]:
+        for _ in range(5):
+            meta = self._meta.find_one_and_update(
+                core.meta_filter(), core.open_update(), return_document=ReturnDocument.AFTER
+            )
+            if meta is not None:
+                return meta
+            self._ensure_meta()
+        raise OperationFailure(f"Could not open a consumer epoch for stream {self.name!r}.")
+
+    def position(self) -> dict[str, int]:
+        """``{"next", "acked", "epoch"}``: last seq handed out, last acknowledged, consumer epoch."""
+        meta = self._meta.find_one(core.meta_filter()) or {}
+        return {k: int(meta.get(k, 0)) for k in ("next", "acked", "epoch")}
+
+    def size(self) -> int:
+        """Buckets handed out and not yet acknowledged (holes included): one read."""
+        p = self.position()
+        return p["next"] - p["acked"]
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
+
+    def close(self) -> None:
+        """Write what is buffered, stop the writer. Idempotent; the client stays open."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self._writer_wake.notify()
+        if self._writer is not None:
+            self._writer.join(5.0)
+
+    def drain(self) -> None:
+        self.close()
+
+    def __enter__(self) -> StreamQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamConsumer:
+    """The one reader of a stream. :meth:`next_batch` returns buckets in seq order,
+    :meth:`ack` / :meth:`ack_through` acknowledge them (and delete them) in order.
+    Every call fails with :class:`~bucketq.errors.Fenced` once a newer consumer opened."""
+
+    def __init__(self, stream: StreamQueue, epoch: int, acked: int, start: int) -> None:
+        self.stream = stream
+        self.epoch = epoch
+        self.acked = acked
+        self.cursor = start  # last seq read (delivered or skipped)
+        self._buffer: deque[core.StreamBatch] = deque()
+        self._delivered: list[int] = []
+        self._clock = core.HoleClock(stream.options.hole_grace, stream.options.stage_timeout)
+        self._closed = False
+        self.holes_closed = 0
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.stream.name} epoch={self.epoch} acked={self.acked}>"
+
+    @property
+    def delivered(self) -> list[int]:
+        """Sequence numbers delivered and not yet acknowledged, oldest first."""
+        return list(self._delivered)
+
+    def next_batch(self, timeout: float | None = None) -> core.StreamBatch | None:
+        """The next bucket as ``StreamBatch(seq, items)``, or None when ``timeout`` seconds
+        pass first. Waits at most ``hole_grace`` on a hole, then closes it."""
+        if self._closed:
+            raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+        deadline = None if timeout is None else _monotonic() + timeout
+        idle = 0
+        fresh = False  # whether the epoch was just checked by a read
+        while True:
+            if self._buffer:
+                if not fresh:
+                    self._check_epoch()  # every delivery is fenced, read-ahead too
+                b = self._buffer.popleft()
+                self._delivered.append(b.seq)
+                return b
+            wait = self._fill()
+            fresh = True
+            if self._buffer:
+                continue
+            if wait <= 0:
+                idle = 0
+                continue
+            idle += 1
+            nap = min(wait, 0.02 * 2 ** min(idle, 10), self.stream.options.poll_interval)
+            if deadline is not None:
+                remaining = deadline - _monotonic()
+                if remaining <= 0:
+                    return None
+                nap = min(nap, remaining)
+            sleep(nap)
+
+    def _check_epoch(self) -> dict[str, Any]:
+        meta = self.stream._meta.find_one(core.meta_filter())
+        if meta is None or int(meta.get("epoch", -1)) != self.epoch:
+            raise Fenced(
+                core.fenced_message(self.stream.name, self.epoch, meta and meta.get("epoch"))
+            )
+        return meta
+
+    def _fill(self) -> float:
+        """One fenced read; returns how long to wait before the next (0: go on at once)."""
+        opts = self.stream.options
+        meta = self._check_epoch()
+        cur = (
+            self.stream._col.find({"_id": {"$gt": self.cursor}})
+            .sort("_id", 1)
+            .limit(opts.read_ahead)
+        )
+        docs = cur.to_list()
+        res = core.scan(self.cursor, docs, int(meta.get("next", 0)))
+        for d in res.ready:
+            self.cursor = d["_id"]
+            if not core.is_tombstone(d):
+                self._buffer.append(core.to_batch(d))
+        self._clock.passed(self.cursor)
+        if res.ready or res.blocked is None:
+            return 0.0 if res.ready else opts.poll_interval
+        kind, seq, doc = res.blocked
+        due = self._clock.due_in(kind, seq, _monotonic())
+        if due > 0:
+            return due
+        self._close_hole(kind, seq, doc)
+        return 0.0
+
+    def _close_hole(self, kind: str, seq: int, doc: dict[str, Any] | None) -> None:
+        now = _now()
+        if kind == "missing":
+            try:
+                self.stream._col.insert_one(core.tombstone(seq, now))
+            except DuplicateKeyError:
+                return  # the bucket arrived after all: read it next
+        else:
+            assert doc is not None
+            flt, upd = core.close_staged(seq, doc["stg"], now)
+            res = self.stream._col.update_one(flt, upd)
+            if not res.matched_count:
+                return  # published (or closed) meanwhile
+        self.holes_closed += 1
+        log.warning("stream %s: closed %s seq %d after its grace period", self.stream.name,
+                    "hole" if kind == "missing" else "stale staged bucket", seq)  # fmt: skip
+
+    def ack(self, seq: int) -> None:
+        """Acknowledge the next unacknowledged bucket; it is deleted."""
+        n = core.ack_target(self._delivered, self.acked, seq, through=False)
+        if n:
+            self._write_ack(seq)
+            del self._delivered[:n]
+
+    def ack_through(self, seq: int) -> None:
+        """Acknowledge every delivered bucket up to and including ``seq``."""
+        n = core.ack_target(self._delivered, self.acked, seq, through=True)
+        if n:
+            self._write_ack(seq)
+            del self._delivered[:n]
+
+    def _write_ack(self, seq: int) -> None:
+        if self._closed:
+            raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+        res = self.stream._meta.update_one(core.ack_filter(self.epoch), core.ack_update(seq))
+        if not res.matched_count:
+            meta = self.stream._meta.find_one(core.meta_filter())
+            raise Fenced(
+                core.fenced_message(self.stream.name, self.epoch, meta and meta.get("epoch"))
+            )
+        self.acked = max(self.acked, seq)
+        if self.cursor < seq:
+            self.cursor = seq
+        try:
+            self.stream._col.delete_many(
+                core.delete_acked_filter(seq, _now(), self.stream.options.tombstone_ttl)
+            )
+        except PyMongoError as exc:  # acked is what counts; the next ack deletes them
+            log.warning(
+                "stream %s: deleting acknowledged buckets failed (%s)", self.stream.name, exc
+            )
+
+    def close(self) -> None:
+        """Forget what was delivered and not acknowledged (the next consumer reads it again)."""
+        self._closed = True
+        self._buffer.clear()
+        self._delivered.clear()
+
+    def __enter__(self) -> StreamConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
