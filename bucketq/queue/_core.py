@@ -417,6 +417,19 @@ class HeldBucket:
                 self.dirty = True
         self.state = state
 
+    def reclaim(self, doc: dict[str, Any], token: ObjectId, now: float, lease: float) -> bool:
+        """This process claimed a bucket it still holds: its lease ran out unrenewed (the
+        server was away, or the process stalled). If nobody claimed the bucket in between
+        (``doc``, the bucket as it was before the claim, still carries our token), the
+        state held here is a superset of the stored one: keep it under the new token and
+        return True. Otherwise what is held here is stale: return False."""
+        if self.lost or self.released or (doc.get("lease") or {}).get("tok") != self.token:
+            return False
+        self.token = token
+        self.until = now + lease
+        self.dirty = True
+        return True
+
     def is_done(self, i: int) -> bool:
         return bool(self.done[i >> 3] & (1 << (i & 7)))
 
@@ -606,7 +619,7 @@ def new_stats() -> dict[str, int]:
         (
             "pushed", "buckets_written", "insert_retries", "push_failed", "reserved", "committed",
             "rolled_back", "dead_lettered", "lease_losses", "claims", "takeovers", "state_flushes",
-            "released",
+            "released", "reclaims",
         ),
         0,
     )  # fmt: skip

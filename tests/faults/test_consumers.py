@@ -20,7 +20,7 @@ def _fill(db, n, size, **kw):
     q.close()
 
 
-def test_zombie_consumer_is_fenced(db, mongo_uri, tmp_path):
+def test_zombie_consumer_is_fenced(db, mongo_uri, tmp_path, request):
     """Scenario 4: frozen past its lease while B claims the bucket, then resumed: none
     of its writes lands on B's lease, it counts a lease loss, it serves nothing again."""
     _fill(db, 10, 10)
@@ -33,6 +33,7 @@ def test_zombie_consumer_is_fenced(db, mongo_uri, tmp_path):
     try:
         time.sleep(2.5)  # past the 1.5 s lease
         b = Queue(db, "q", **{**FAST, "lease": 20.0})
+        request.addfinalizer(b.close)
         got = []
         while len(got) < 8 and (m := b.reserve(timeout=5)) is not None:
             got.append(m)

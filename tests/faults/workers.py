@@ -4,8 +4,9 @@ Every mode opens ``Queue(MongoClient(URI)[DB], QUEUE, **json.loads(--options))``
 appends lines to OUTFILE (line-buffered, so what was written survives a SIGKILL).
 
     push     push --count items {"i": start..}; after each --batch, wait for the receipts
-             and append the ids whose receipts resolved ("i" per line).
+             and append the ids whose receipts resolved ("i" per line). Prints stats().
     consume  reserve+commit until idle for --idle s; append "i<TAB>tries" per commit.
+             Prints stats() as JSON at the end.
     hold     reserve --reserve items, commit --commit of them (--flush-commits: fenced
              flush each), sleep --gap s, commit --late more without a flush, print READY
              and sleep until killed. Appends "i<TAB>tries<TAB>early|late" per commit.
@@ -80,6 +81,7 @@ def push(q, a, out) -> None:
         if a.pause:
             time.sleep(a.pause)
     q.close()
+    print(json.dumps(q.stats()), flush=True)
 
 
 def consume(q, a, out) -> None:
@@ -87,6 +89,7 @@ def consume(q, a, out) -> None:
         q.commit(m, flush=a.flush_commits)
         out.write(f"{m.payload['i']}\t{m.tries}\n")
     q.close()
+    print(json.dumps(q.stats()), flush=True)
 
 
 def _reserve_and_commit(q, a, out, *, flush: bool) -> list:

@@ -299,7 +299,7 @@ class Queue:
                 while self._ready and not self._paused:
                     msg = self._ready[0]
                     b = msg.bucket
-                    if not (b.lost or b.released) and b.until <= now:
+                    if b.until <= now and self._held.get(b.id) is b:
                         # Our lease may have run out (this process was frozen or cut off
                         # from the server): hand out nothing of the bucket until the
                         # flusher has renewed the lease or found it lost.
@@ -307,7 +307,7 @@ class Queue:
                         break
                     self._ready.popleft()
                     b.queued -= 1
-                    if b.lost or b.released:
+                    if b.lost or b.released or self._held.get(b.id) is not b:
                         continue
                     b.handed += 1
                     self._stats["reserved"] += 1
@@ -430,6 +430,8 @@ class Queue:
         if doc is None:
             return False
         self._stats["claims"] += 1
+        if doc["_id"] in self._held and self._reclaim(doc, token):
+            return True
         b = core.HeldBucket(doc, token, _now(), self.options.lease)
         if b.takeover:
             self._stats["takeovers"] += 1
@@ -447,6 +449,27 @@ class Queue:
         if b.dying or not msgs:
             self._flush_wake.notify()
         return True
+
+    def _reclaim(self, doc: dict[str, Any], token: ObjectId) -> bool:
+        """We claimed a bucket we still hold. Keep our state under the new lease if nobody
+        held it in between; else drop what we hold as lost (the caller holds it anew).
+        Waits for a flush in flight, so no write with the old token is outstanding."""
+        with self._flush_lock:
+            with self._mutex:
+                old = self._held.get(doc["_id"])
+                if old is None:
+                    return False
+                if old.reclaim(doc, token, _now(), self.options.lease):
+                    self._stats["reclaims"] += 1
+                    log.info("queue %s: renewed the lapsed lease of bucket %s", self.name, old.id)
+                    self._consumers.notify()
+                    return True
+                if not old.lost:
+                    old.lost = True
+                    self._stats["lease_losses"] += 1
+                    log.warning("queue %s: lost the lease of bucket %s; dropping it", self.name, old.id)
+                self._held.pop(old.id, None)
+                return False
 
     def _watcher_loop(self) -> None:
         """Wake the fetcher on inserted or released buckets (where the server has change
