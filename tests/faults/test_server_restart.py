@@ -26,7 +26,9 @@ JOURNALED = {"w": 1, "j": True}
 
 @pytest.mark.parametrize("hard", [False, True], ids=["sigterm", "sigkill"])
 def test_producer_and_consumer_survive_a_server_restart(local_server, tmp_path, hard):
-    uri = local_server.uri
+    # Fail fast while the server is away, so bucketq's own retries (not the driver's
+    # 30 s server selection) carry the workers through the outage.
+    uri = local_server.uri + "&serverSelectionTimeoutMS=500"
     acked_f, consumed_f = tmp_path / "acked.txt", tmp_path / "consumed.txt"
     opts = {**FAST, "bucket_max_size": 50, "write_concern": JOURNALED}
     prod = run_worker("push", uri, "bq", "q", acked_f, "--count", str(N), "--batch", "50", "--pause", "0.05",
@@ -64,6 +66,9 @@ def test_producer_and_consumer_survive_a_server_restart(local_server, tmp_path, 
           f"producer insert_retries={pstats['insert_retries']} push_failed={pstats['push_failed']}; consumer "
           f"claims={cstats['claims']} takeovers={cstats['takeovers']} reclaims={cstats['reclaims']} lease_losses={cstats['lease_losses']}")  # fmt: skip
     assert len(acked) == N and pstats["push_failed"] == 0
+    assert pstats["insert_retries"] > 0, (
+        "the producer never met the outage: the test proves nothing"
+    )
     assert not lost, f"{len(lost)} acknowledged items were lost"
     assert not left, "the run did not complete: items were left in the queue"
     assert set(consumed) <= set(range(N))
