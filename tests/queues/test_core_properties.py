@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bson import ObjectId
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pymongo import DeleteOne, UpdateOne
 
@@ -105,6 +105,7 @@ def test_backoff_is_bounded(attempt, base, cap):
 
 @given(st.floats(0.3, 600), st.floats(0, 600))
 def test_renewal_happens_before_the_lease_runs_out(lease, elapsed):
+    assume(abs(elapsed - lease / 3) > 1e-6)  # exactly on the boundary, float rounding decides
     b = _held(1)
     b.until = NOW + lease
     due = core.needs_renewal(b, NOW + elapsed, lease)
