@@ -1,0 +1,43 @@
+"""The PySpark data source ``bucketq`` (needs ``pip install 'bucketq[spark]'``).
+
+::
+
+    from bucketq.spark import register
+    register(spark)  # once per SparkSession
+    df = spark.read.format("bucketq").option("uri", uri).option("queue", "events").load()
+
+See docs/spark.md for the options, the streaming read and the exactly-once writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["BucketQDataSource", "register"]
+
+
+def _need_pyspark() -> None:
+    try:
+        import pyspark.sql.datasource  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "The bucketq Spark data source needs pyspark >= 4.0 and pyarrow: "
+            "pip install 'bucketq[spark]'."
+        ) from exc
+
+
+def register(spark: Any) -> None:
+    """Register the ``bucketq`` data source with a SparkSession."""
+    _need_pyspark()
+    from .source import BucketQDataSource
+
+    spark.dataSource.register(BucketQDataSource)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BucketQDataSource":
+        _need_pyspark()
+        from .source import BucketQDataSource
+
+        return BucketQDataSource
+    raise AttributeError(f"module 'bucketq.spark' has no attribute {name!r}")

@@ -1,0 +1,236 @@
+"""The bucketq Spark data source on local[2] against a real server: batch read, a
+streaming query SIGKILLed and restarted from its checkpoint (exactly-once), batch and
+streaming writes with a failing task and a replayed micro-batch (no duplicates)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bucketq.queue import Queue
+from bucketq.queue._codec import decode_items
+from bucketq.spark import _ops as ops
+from bucketq.spark.source import BucketQDataSource
+from bucketq.stream import StreamQueue
+
+pytestmark = pytest.mark.spark
+
+WORKER = str(Path(__file__).with_name("spark_worker.py"))
+
+
+def reader(spark, uri, db_name, queue, **extra):
+    r = (
+        spark.read.format("bucketq")
+        .option("uri", uri)
+        .option("database", db_name)
+        .option("queue", queue)
+    )
+    for k, v in extra.items():
+        r = r.option(k, str(v))
+    return r.load()
+
+
+def stream_items(db, name):
+    """Every item of a stream collection, decoded, from the buckets that are not holes."""
+    out = []
+    for d in db[name].find({"hole": {"$exists": False}}).sort("_id", 1):
+        out.extend(it["p"] for it in decode_items(d["items"]))
+    return out
+
+
+def test_batch_read_of_a_stream_equals_what_was_pushed(spark, db, mongo_uri, db_name):
+    q = StreamQueue(db, "events", bucket_max_size=40, bucket_max_wait=0.05)
+    pushed = [{"i": i, "tag": f"t{i % 7}"} for i in range(400)]
+    q.push_many(pushed[:399])
+    q.push(pushed[399], headers={"trace": "abc"}, durable=True)
+    df = reader(spark, mongo_uri, db_name, "events", numPartitions=3)
+    assert df.rdd.getNumPartitions() == 3
+    rows = df.collect()
+    assert sorted((r.seq, r["index"]) for r in rows) == [
+        (s, i) for s in range(1, 11) for i in range(40)
+    ]
+    assert Counter(r.payload for r in rows) == Counter(
+        json.dumps(p, separators=(",", ":")) for p in pushed
+    )
+    last = max(rows, key=lambda r: (r.seq, r["index"]))
+    assert json.loads(last.headers) == {"trace": "abc"} and last.tries == 0
+
+
+def test_batch_read_of_a_bucket_queue_shows_its_live_items(spark, db, mongo_uri, db_name):
+    q = Queue(db, "jobs", bucket_max_size=50, bucket_max_wait=0.05)
+    q.push_many([f"job-{i}" for i in range(200)])
+    q.flush()
+    taken = [q.pop(timeout=5) for _ in range(30)]
+    q.flush()
+    df = reader(spark, mongo_uri, db_name, "jobs", payloadFormat="binary")
+    rows = df.collect()
+    q.close()
+    gone = {m.payload for m in taken}
+    assert len(gone) == 30
+    assert Counter(json.loads(r.payload) for r in rows) == Counter(
+        f"job-{i}" for i in range(200) if f"job-{i}" not in gone
+    )
+    assert all(r.seq is None and len(r.bucket) == 24 for r in rows)
+
+
+def fail_once(marker: str):
+    """A UDF passing ids through; the first attempt of partition 1 dies 40,000 rows in
+    (and leaves ``marker`` behind to show it did)."""
+
+    def f(i):
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx.partitionId() == 1 and ctx.attemptNumber() == 0 and i >= 90_000:
+            open(marker, "w").close()
+            raise RuntimeError("injected task failure (first attempt)")
+        return i
+
+    return f
+
+
+@pytest.mark.parametrize("mode", ["stream", "queue"])
+def test_batch_write_of_100k_rows_lands_exactly_100k_items_despite_a_failed_task(
+    spark, db, mongo_uri, db_name, mode, tmp_path
+):
+    from pyspark import cloudpickle
+    from pyspark.sql import functions as F
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
+    df = spark.range(0, 100_000, numPartitions=2).select(
+        F.udf(fail_once(str(tmp_path / "failed")), "long")("id").alias("id")
+    )
+    (
+        df.selectExpr("id", "concat('row-', id) AS name")
+        .write.format("bucketq")
+        .option("uri", mongo_uri)
+        .option("database", db_name)
+        .option("queue", "out")
+        .option("mode", mode)
+        .mode("append")
+        .save()
+    )
+    assert (tmp_path / "failed").exists(), "the first attempt of a task failed and was retried"
+    assert db.out.count_documents({"stg": {"$exists": True}}) == 0, "no staged bucket is left"
+    if mode == "stream":
+        holes = db.out.count_documents({"hole": True})
+        print(f"failed attempt staged {holes} buckets, closed as holes")
+        assert holes >= 8, "the failed attempt's buckets were closed as holes"
+        seqs = [d["_id"] for d in db.out.find({}, {"_id": 1}).sort("_id", 1)]
+        assert seqs == list(range(1, len(seqs) + 1))
+        items = stream_items(db, "out")
+        # and a consumer reads them all, in order, without waiting on a hole
+        c = StreamQueue(db, "out").consumer()
+        read = 0
+        while (b := c.next_batch(timeout=0.5)) is not None:
+            read += len(b.items)
+        assert read == 100_000
+    else:
+        items = [it["p"] for d in db.out.find() for it in decode_items(d["items"])]
+    assert len(items) == 100_000
+    assert sorted(it["id"] for it in items) == list(range(100_000))
+    assert items[5] == {"id": items[5]["id"], "name": f"row-{items[5]['id']}"}
+
+
+def _committed_batches(checkpoint: Path) -> int:
+    d = checkpoint / "commits"
+    return len([p for p in d.iterdir() if p.name.isdigit()]) if d.exists() else 0
+
+
+def _run_killed(mode, uri, db_name, queue, out, checkpoint, min_batches):
+    log = checkpoint.with_suffix(".log")
+    checkpoint.mkdir(parents=True)
+    p = subprocess.Popen(
+        [sys.executable, WORKER, mode, uri, db_name, queue, str(out), str(checkpoint)],
+        stdout=subprocess.PIPE,
+        stderr=open(log, "w"),  # noqa: SIM115 - the child owns it
+        text=True,
+        start_new_session=True,  # its JVM too: SIGKILL the whole group
+    )
+    try:
+        assert p.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 120
+        while _committed_batches(checkpoint) < min_batches and time.monotonic() < deadline:
+            assert p.poll() is None, "the streaming query died: " + log.read_text()[-3000:]
+            time.sleep(0.1)
+        assert _committed_batches(checkpoint) >= min_batches, "the query made no progress"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    return _committed_batches(checkpoint)
+
+
+def test_streaming_query_killed_and_restarted_from_its_checkpoint_is_exactly_once(
+    spark, db, mongo_uri, db_name, tmp_path
+):
+    sys.path.insert(0, str(Path(WORKER).parent))
+    from spark_worker import start
+
+    q = StreamQueue(db, "logs", bucket_max_size=50, bucket_max_wait=0.05)
+    pushed = [{"n": i, "msg": "x" * (i % 13)} for i in range(3000)]
+    q.push_many(pushed[:2000], durable=True)  # 40 buckets; 200 rows per trigger
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    done_before = _run_killed("parquet", mongo_uri, db_name, "logs", out, ckpt, 3)
+    q.push_many(pushed[2000:], durable=True)  # more arrive while it is down
+    assert spark.read.parquet(str(out)).count() < 3000
+    query = start(spark, "parquet", mongo_uri, db_name, "logs", str(out), str(ckpt))
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    rows = spark.read.parquet(str(out)).collect()
+    assert Counter(json.loads(r.payload)["n"] for r in rows) == Counter(range(3000)), (
+        "each item exactly once"
+    )
+    assert len({(r.seq, r["index"]) for r in rows}) == 3000
+    assert done_before >= 3
+    # the acknowledged buckets are gone; only the last batch awaits its commit
+    assert q.position()["acked"] >= 40
+
+
+def test_streaming_write_killed_and_restarted_neither_loses_nor_duplicates(
+    spark, db, mongo_uri, db_name, tmp_path
+):
+    sys.path.insert(0, str(Path(WORKER).parent))
+    from spark_worker import start
+
+    q = StreamQueue(db, "src", bucket_max_size=50, bucket_max_wait=0.05)
+    q.push_many([{"k": i} for i in range(2000)], durable=True)
+    ckpt = tmp_path / "ckpt"
+    _run_killed("copy", mongo_uri, db_name, "src", "dst", ckpt, 3)
+    query = start(spark, "copy", mongo_uri, db_name, "src", "dst", str(ckpt))
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert db.dst.count_documents({"stg": {"$exists": True}}) == 0
+    assert Counter(p["k"] for p in stream_items(db, "dst")) == Counter(range(2000))
+
+
+def test_a_replayed_micro_batch_is_published_once(db, mongo_uri, db_name):
+    """Spark replays a micro-batch whose commit it did not record: same batchId, new tasks."""
+    from pyspark.sql import Row
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = StructType([StructField("payload", StringType())])
+    src = BucketQDataSource(
+        {"uri": mongo_uri, "database": db_name, "queue": "dst", "mode": "stream"}
+    )
+    rows = [Row(payload=json.dumps({"v": i})) for i in range(30)]
+    first = src.streamWriter(schema, False)
+    first.commit([first.write(iter(rows))], 7)
+    replay = src.streamWriter(schema, False)  # the restarted query's writer
+    replay.commit([replay.write(iter(rows))], 7)
+    nxt = replay.write(iter([Row(payload='"next"')]))
+    replay.commit([nxt], 8)
+    assert [p for p in stream_items(db, "dst")] == [{"v": i} for i in range(30)] + ["next"]
+    assert db.dst.count_documents({"stg": {"$exists": True}}) == 0
+    assert db["dst.meta"].find_one({"_id": ops.WRITER_PREFIX + "default"})["batch"] == 8
