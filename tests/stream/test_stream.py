@@ -214,6 +214,7 @@ def test_exactly_once_into_a_sink_that_stores_the_seq_while_consumers_are_killed
     finally:
         p.kill()
         p.wait()
+    print(f"sink size (of {buckets} buckets) at each SIGKILL: {progress}")
     assert sum(1 for x in progress if 0 < x < buckets) >= 3, f"kills were not mid-run: {progress}"
     seqs = sorted(d["_id"] for d in db.sink.find({}, {"_id": 1}))
     assert seqs == list(range(1, buckets + 1))
