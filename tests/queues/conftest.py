@@ -47,23 +47,23 @@ class Flavour:
             await resolve(q.close())
 
 
-@pytest.fixture(params=["bucket-sync", "bucket-async", "element-sync", "element-async"])
-async def flavour(request, db, mongo_uri):
+async def _flavour(kind, db, mongo_uri):
     client = AsyncMongoClient(mongo_uri)
-    f = Flavour(request.param, db, client[db.name])
+    f = Flavour(kind, db, client[db.name])
     try:
         yield f
     finally:
         await f.close_all()
         await client.close()
+
+
+@pytest.fixture(params=["bucket-sync", "bucket-async", "element-sync", "element-async"])
+async def flavour(request, db, mongo_uri):
+    async for f in _flavour(request.param, db, mongo_uri):
+        yield f
 
 
 @pytest.fixture(params=["bucket-sync", "bucket-async"])
 async def bucket_flavour(request, db, mongo_uri):
-    client = AsyncMongoClient(mongo_uri)
-    f = Flavour(request.param, db, client[db.name])
-    try:
+    async for f in _flavour(request.param, db, mongo_uri):
         yield f
-    finally:
-        await f.close_all()
-        await client.close()
