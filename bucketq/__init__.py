@@ -1,6 +1,7 @@
 """bucketq: a durable queue on MongoDB that packs many items into one bucket document."""
 
 from .errors import (
+    AckOutOfOrder,
     BucketQError,
     ConfigurationError,
     DecodeError,
@@ -23,13 +24,24 @@ from .queue import (
     QueueOptions,
     Receipt,
 )
+from .stream import (
+    AsyncStreamConsumer,
+    AsyncStreamQueue,
+    StreamBatch,
+    StreamConsumer,
+    StreamOptions,
+    StreamQueue,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AckOutOfOrder",
     "AsyncElementQueue",
     "AsyncQueue",
     "AsyncReceipt",
+    "AsyncStreamConsumer",
+    "AsyncStreamQueue",
     "BucketQError",
     "ConfigurationError",
     "DecodeError",
@@ -46,5 +58,9 @@ __all__ = [
     "QueueFull",
     "QueueOptions",
     "Receipt",
+    "StreamBatch",
+    "StreamConsumer",
+    "StreamOptions",
+    "StreamQueue",
     "__version__",
 ]

@@ -61,8 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_server)
 
     from .reservoir.cli import add_dlq_parser
+    from .spark.pipeline import DESCRIPTION, add_arguments, run_from_args
 
     add_dlq_parser(sub)
+    pl = sub.add_parser(
+        "pipeline",
+        help="stream log records from a stream-mode queue into Parquet with Spark (needs bucketq[spark])",
+        description=DESCRIPTION,
+    )
+    add_arguments(pl).set_defaults(func=run_from_args)
     return p
 
 

@@ -13,6 +13,7 @@
     ├── PushFailed                  a bucket insert failed after its retry budget
     ├── LeaseLost                   another consumer owns the bucket now
     │   └── Fenced                  an older stream consumer epoch was fenced off
+    ├── AckOutOfOrder               a stream ack is not the next delivered seq
     ├── EmbeddedServerError         the embedded MongoDB-wire server did not start
     └── TransportError              a reservoir transport failed
         ├── TransportTimeout
@@ -68,6 +69,10 @@ class LeaseLost(BucketQError):
 
 class Fenced(LeaseLost):
     """A newer stream consumer opened; this one may no longer acknowledge anything."""
+
+
+class AckOutOfOrder(BucketQError, ValueError):
+    """A stream ack named a sequence number that is not the next one delivered and unacked."""
 
 
 class EmbeddedServerError(BucketQError):

@@ -157,8 +157,11 @@ def run(args: argparse.Namespace, uri: str) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bucketq pipeline", description=__doc__.split("\n\n")[0])
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The pipeline's options, on ``p`` (``bucketq pipeline`` and ``python -m`` share them)."""
     p.add_argument(
         "--uri",
         "--mongodb-uri",
@@ -184,10 +187,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..embedded import mongodb
+def parser() -> argparse.ArgumentParser:
+    return add_arguments(argparse.ArgumentParser(prog="bucketq pipeline", description=DESCRIPTION))
 
-    args = parser().parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    return run_from_args(parser().parse_args(argv))
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    from ..embedded import mongodb
+    from . import _need_pyspark
+
+    _need_pyspark()  # a clear "pip install 'bucketq[spark]'" before any server starts
     with mongodb(args.uri) as uri:
         if not args.uri and not args.generate:
             print("no --uri given: using a fresh embedded server; add --generate N to have data")

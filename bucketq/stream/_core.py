@@ -24,7 +24,7 @@ from typing import Any
 from bson import ObjectId
 from pymongo.write_concern import WriteConcern
 
-from ..errors import BucketQError, ConfigurationError
+from ..errors import AckOutOfOrder, ConfigurationError
 from ..queue._codec import decode_items
 from ..queue._core import (
     DEFAULT_BUCKET_MAX_BYTES,
@@ -69,10 +69,6 @@ META_ID = "stream"
 META_SUFFIX = ".meta"
 #: A staged bucket's ``mature`` in a bucket queue: never claimable until published.
 STAGED_MATURE = datetime(3000, 1, 1, tzinfo=UTC)
-
-
-class AckOutOfOrder(BucketQError, ValueError):
-    """An ack named a sequence number that is not the next one delivered and unacked."""
 
 
 @dataclass(frozen=True, slots=True)

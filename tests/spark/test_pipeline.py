@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bucketq import cli
 from bucketq.spark import pipeline
 
 pytestmark = pytest.mark.spark
@@ -27,7 +28,7 @@ def test_pipeline_streams_logs_into_partitioned_parquet_with_counts(
         "0 seconds",
     ]
     try:
-        assert pipeline.main(argv) == 0
+        assert cli.main(["pipeline", *argv]) == 0  # `bucketq pipeline ...`
         logs = spark.read.parquet(str(out / "logs"))
         assert logs.count() == 3000
         assert {p.name for p in (out / "logs").iterdir() if p.name.startswith("project=")} == {
@@ -48,7 +49,7 @@ def test_pipeline_streams_logs_into_partitioned_parquet_with_counts(
             .count()
         )
         assert {(r.minute, r.service, r.level): r["count"] for r in recount.collect()} == expected
-        # run again with nothing new: exactly-once, nothing added
+        # run again (as `python -m bucketq.spark.pipeline`) with nothing new: nothing added
         assert pipeline.main(argv[:4] + argv[6:]) == 0
         assert spark.read.parquet(str(out / "logs")).count() == 3000
     finally:
