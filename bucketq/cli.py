@@ -11,17 +11,33 @@ from .embedded import URI_ENV
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .benchmark import CONTENDERS, run
+    from .benchmark import CONTENDERS, DEFAULT_PLOTS_DIR, run
 
-    n = args.n or (100_000 if args.quick else 1_000_000)
-    element_n = args.element_n or (500 if args.quick else 5_000)
     names = args.contender or list(CONTENDERS)
     unknown = [c for c in names if c not in CONTENDERS]
     if unknown:
         print(f"unknown contender(s): {unknown}; choose from {list(CONTENDERS)}", file=sys.stderr)
         return 2
-    run(args.mongodb_uri, n=n, element_n=element_n, contenders=names, json_path=args.json)
+    try:
+        run(
+            args.mongodb_uri,
+            quick=args.quick,
+            n=args.n,
+            sizes=args.sizes,
+            procs=args.procs,
+            element_n=args.element_n,
+            contenders=names,
+            json_path=args.json,
+            plots_dir=None if args.no_plots else (args.plots or DEFAULT_PLOTS_DIR),
+        )
+    except RuntimeError as exc:
+        print(f"bucketq bench: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
 
 
 def _server(args: argparse.Namespace) -> int:
@@ -45,12 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bucketq", description="A durable bucket-packing queue on MongoDB.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    b = sub.add_parser("bench", help="benchmark bucketq against the per-element queue on one server")
-    b.add_argument("--quick", action="store_true", help="100,000 items (500 per-element): a minute or two")
-    b.add_argument("--n", type=int, help="items per bucketq contender")
-    b.add_argument("--element-n", type=int, help="items per per-element contender (they are slow)")
+    b = sub.add_parser(
+        "bench",
+        help="benchmark bucketq against one-document-per-item queues on one server",
+    )
+    b.add_argument(
+        "--quick",
+        action="store_true",
+        help="100,000 items (per-element 500) plus a small scaling slice: under two minutes",
+    )
+    b.add_argument("--n", type=int, help="one N for bucketq (instead of the preset's sizes)")
+    b.add_argument("--sizes", type=_int_list, help="Ns for bucketq, e.g. 10000,100000,1000000")
+    b.add_argument("--procs", type=_int_list, help="producer and consumer processes, e.g. 1,2,4")
+    b.add_argument("--element-n", type=int, help="largest N for per-element contenders (slow)")
     b.add_argument("--contender", action="append", help="run only this contender (repeatable)")
-    b.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    b.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
+    b.add_argument("--plots", metavar="DIR", help="PNG plots go here (default: bench-results/)")
+    b.add_argument("--no-plots", action="store_true", help="write no plots")
     b.add_argument("--mongodb-uri", help=f"use this MongoDB (default: ${URI_ENV}, else the embedded server)")
     b.set_defaults(func=_bench)
 

@@ -1,0 +1,243 @@
+"""The queues under test, each behind the same five verbs so one loop drives them all.
+
+bucketq's ``Queue`` / ``AsyncQueue``, its per-element baseline ``ElementQueue`` /
+``AsyncElementQueue``, and the Python peers that store one document per message:
+mongo-taskqueue (``mongotq.TaskQueue``) and kombu's MongoDB transport (a
+``SimpleQueue`` on ``kombu.Connection(..., transport="mongodb")``). The peers come
+from PyPI (the ``bench`` extra) and are imported only in the process that drives them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+#: The collection (bucketq, mongo-taskqueue) or kombu queue every contender uses.
+QUEUE_NAME = "bench"
+
+
+class Handle:
+    """One worker's open queue. The contract every contender keeps:
+
+    - ``push(payload)`` stores or buffers one item;
+    - ``flush()`` returns once every item this handle pushed is stored under the
+      write concern, and every commit it made is written (a no-op where ``push`` and
+      ``commit`` are already acknowledged writes);
+    - ``reserve(timeout)`` returns a message with a ``.payload`` (the pushed dict) or
+      ``None`` when nothing came within ``timeout`` seconds;
+    - ``commit(msg)`` marks the message done;
+    - ``close()`` releases everything (outside the measured time).
+
+    The async flavour has the same names as coroutines (``close`` too).
+    """
+
+    push: Any
+    flush: Any
+    reserve: Any
+    commit: Any
+    close: Any
+
+
+class Contender:
+    """A queue under test: its display name, what it is, and how a worker opens it.
+
+    ``open(uri, db_name)`` runs in the worker process before the clocks start and
+    returns a :class:`Handle` (for ``is_async``: ``open_async`` returns one). ``prepare``
+    runs once in the parent before the workers start, for what must not race.
+    """
+
+    name: str = ""
+    per_element: bool = False
+    is_async: bool = False
+    #: PyPI distributions whose versions the report states.
+    distributions: tuple[str, ...] = ()
+    #: A sentence the report prints about how this contender was driven.
+    note: str = ""
+
+    def prepare(self, uri: str, db_name: str) -> None:
+        pass
+
+    def open(self, uri: str, db_name: str) -> Handle:
+        raise NotImplementedError
+
+    async def open_async(self, uri: str, db_name: str) -> Handle:
+        raise NotImplementedError
+
+
+# -- bucketq --------------------------------------------------------------------------------
+
+
+class _BucketqHandle(Handle):
+    def __init__(self, queue: Any, client: Any) -> None:
+        self.queue, self.client = queue, client
+        self.push, self.flush, self.reserve, self.commit = (
+            queue.push,
+            queue.flush,
+            queue.reserve,
+            queue.commit,
+        )
+
+    def close(self) -> None:
+        self.queue.close()
+        self.client.close()
+
+
+class _AsyncBucketqHandle(_BucketqHandle):
+    async def close(self) -> None:  # type: ignore[override]
+        await self.queue.close()
+        await self.client.close()
+
+
+class BucketqContender(Contender):
+    def __init__(self, name: str, cls_name: str, *, per_element: bool, is_async: bool) -> None:
+        self.name, self.cls_name, self.per_element, self.is_async = (
+            name,
+            cls_name,
+            per_element,
+            is_async,
+        )
+        self.distributions = ("bucketq", "pymongo")
+
+    def _cls(self) -> Any:
+        from .. import queue
+
+        return getattr(queue, self.cls_name)
+
+    def open(self, uri: str, db_name: str) -> Handle:
+        from pymongo import MongoClient
+
+        client: MongoClient = MongoClient(uri)
+        client.admin.command("ping")  # connect before the clock starts
+        return _BucketqHandle(self._cls()(client[db_name], QUEUE_NAME), client)
+
+    async def open_async(self, uri: str, db_name: str) -> Handle:
+        from pymongo import AsyncMongoClient
+
+        client: AsyncMongoClient = AsyncMongoClient(uri)
+        await client.admin.command("ping")
+        return _AsyncBucketqHandle(self._cls()(client[db_name], QUEUE_NAME), client)
+
+
+# -- mongo-taskqueue ------------------------------------------------------------------------
+
+
+class _TaskQueueHandle(Handle):
+    POLL = 0.02  # TaskQueue.next() does not wait: poll like a worker loop would
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+        self.push = queue.append  # one insert_one, acknowledged
+        self.commit = queue.on_success  # one update_one: status "successful" (the document stays)
+
+    def flush(self) -> None:
+        """append() and on_success() are acknowledged writes: nothing is buffered."""
+
+    def reserve(self, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            task = self.queue.next()  # one findAndModify
+            if task is not None or time.monotonic() >= deadline:
+                return task
+            time.sleep(self.POLL)
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+class TaskQueueContender(Contender):
+    name = "mongo-taskqueue TaskQueue"
+    per_element = True
+    distributions = ("mongo-taskqueue",)
+    note = (
+        "mongo-taskqueue: append() per item, next() + on_success() to consume; completed tasks "
+        "stay in the collection with status 'successful' (its design), so its claims never get cheaper."
+    )
+
+    def _queue(self, uri: str, db_name: str) -> Any:
+        from mongotq import get_task_queue
+
+        return get_task_queue(database_name=db_name, collection_name=QUEUE_NAME, host=uri, ttl=-1)
+
+    def prepare(self, uri: str, db_name: str) -> None:
+        self._queue(uri, db_name).close()  # creates the collection and indexes once, not racing
+
+    def open(self, uri: str, db_name: str) -> Handle:
+        q = self._queue(uri, db_name)
+        q.database.command("ping")
+        return _TaskQueueHandle(q)
+
+
+# -- kombu ----------------------------------------------------------------------------------
+
+
+def with_database(uri: str, db_name: str) -> str:
+    """The URI with its database path set to ``db_name`` (kombu takes the database from it)."""
+    parts = urlsplit(uri)
+    return urlunsplit(parts._replace(path="/" + db_name))
+
+
+class _KombuHandle(Handle):
+    def __init__(self, conn: Any, queue: Any) -> None:
+        self.conn, self.queue = conn, queue
+        self.push = queue.put  # routing lookup (find) + one insert_one, acknowledged
+        self._empty = queue.Empty
+
+    def flush(self) -> None:
+        """put() returns after an acknowledged insert; ack() writes nothing (get deleted it)."""
+
+    def reserve(self, timeout: float) -> Any:
+        try:
+            return self.queue.get(timeout=timeout)  # one findAndModify (find_one_and_delete)
+        except self._empty:
+            return None
+
+    @staticmethod
+    def commit(msg: Any) -> None:
+        msg.ack()
+
+    def close(self) -> None:
+        self.queue.close()
+        self.conn.release()
+
+
+class KombuContender(Contender):
+    name = "kombu MongoDB transport"
+    per_element = True
+    distributions = ("kombu",)
+    note = (
+        "kombu: SimpleQueue on the mongodb transport; put() looks up the exchange's routes (find) "
+        "then inserts; get() deletes the message as it delivers it (find_one_and_delete), "
+        "so ack() writes nothing and a consumer that dies holding a message loses it."
+    )
+
+    def _open(self, uri: str, db_name: str) -> tuple[Any, Any]:
+        from kombu import Connection
+
+        conn = Connection(with_database(uri, db_name), transport="mongodb")
+        return conn, conn.SimpleQueue(QUEUE_NAME)
+
+    def prepare(self, uri: str, db_name: str) -> None:
+        conn, q = self._open(uri, db_name)  # creates collections and indexes once, not racing
+        q.close()
+        conn.release()
+
+    def open(self, uri: str, db_name: str) -> Handle:
+        return _KombuHandle(*self._open(uri, db_name))
+
+
+CONTENDERS: dict[str, Contender] = {
+    c.name: c
+    for c in (
+        BucketqContender("bucketq Queue", "Queue", per_element=False, is_async=False),
+        BucketqContender("bucketq AsyncQueue", "AsyncQueue", per_element=False, is_async=True),
+        BucketqContender(
+            "per-element ElementQueue", "ElementQueue", per_element=True, is_async=False
+        ),
+        BucketqContender(
+            "per-element AsyncElementQueue", "AsyncElementQueue", per_element=True, is_async=True
+        ),
+        TaskQueueContender(),
+        KombuContender(),
+    )
+}

@@ -1,0 +1,213 @@
+"""What a run says: the JSON document with every figure and the environment, the notes
+that go with the figures, and the rich tables printed at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._contenders import CONTENDERS
+from ._stats import (
+    FLAT_WITHIN,
+    MAIN_COMMANDS,
+    RunResult,
+    fastest_per_element,
+    main_columns,
+    ratio,
+    ratios_vs_per_element,
+    scaling,
+)
+from ._workload import payload
+
+SCHEMA = "bucketq-bench/2"
+
+
+def notes(results: Sequence[RunResult], env: dict[str, Any]) -> list[str]:
+    """The sentences a reader needs to read the figures right."""
+    out: list[str] = []
+    bucketq_n = sorted({r.n for r in results if not r.per_element})
+    element_n = sorted({r.n for r in results if r.per_element})
+    if bucketq_n and element_n and max(element_n) < max(bucketq_n):
+        out.append(
+            f"Per-element contenders ran at N = {_ns(element_n)} while bucketq ran at N = {_ns(bucketq_n)}: "
+            "one claim per item is too slow on this server to run them at bucketq's N, so they are capped"
+            + (
+                f" (at {max(bucketq_n):,} items they would take hours)"
+                if max(bucketq_n) >= 1_000_000
+                else ""
+            )
+            + ". Rates are items/s and costs are per item, so the ratios still compare like with like."
+        )
+    if env["server"]["embedded"]:
+        out.append(
+            "Server: the embedded SecantusDB server, where every operation costs 10-100x what it costs on "
+            "mongod, so only ratios measured in this one run carry over. Its findAndModify scans the "
+            "collection (~0.5 s of server CPU per claim at 7,600 documents) where a real mongod uses its "
+            "index, so wall-clock items/s falls as the collection grows (bigger N); the cost per item "
+            "(client CPU µs, commands per 1,000 items) is what stays flat."
+        )
+    out.append(
+        "Client CPU = process CPU time (all threads) of every producer and consumer process of the "
+        "contender, divided by N; payloads are made before the clock starts. The floor is bson.encode + "
+        "bson.decode of each payload once, measured in a fresh process (best of 3)."
+    )
+    out.append(
+        "Commands / 1k items count every command the contender's processes sent during the measured "
+        "phases (pymongo command monitoring, registered in each process) except connection handshakes "
+        "and one-time setup (create, createIndexes, listCollections); the JSON has all of them by name."
+    )
+    out.append(
+        "Push ends when every item is stored under the write concern; consume ends when N items are "
+        "committed (a counter shared by the consumer processes) and each consumer has flushed its "
+        "state; close() is not timed (its seconds are in the JSON as close_s)."
+    )
+    names = {r.contender for r in results}
+    out.extend(CONTENDERS[n].note for n in CONTENDERS if n in names and CONTENDERS[n].note)
+    if names & {"mongo-taskqueue TaskQueue", "kombu MongoDB transport"}:
+        out.append(
+            "The peers run sync only: mongo-taskqueue's AsyncTaskQueue needs Motor (past end of life, not "
+            "installed) and kombu has no asyncio API."
+        )
+    return out
+
+
+def _ns(ns: Sequence[int]) -> str:
+    return ", ".join(f"{n:,}" for n in ns)
+
+
+def _fmt_num(x: float) -> str:
+    """Two decimals below 10, one below 100, none above: small counts stay visible."""
+    return f"{x:,.2f}" if x < 10 else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
+
+
+def document(
+    results: Sequence[RunResult],
+    floor_us: float,
+    env: dict[str, Any],
+    settings: dict[str, Any],
+    wall_s: float,
+    plots: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Every figure and the environment, as written by ``--json``."""
+    runs = []
+    for r in results:
+        d = r.as_dict(floor_us)
+        d["end_to_end_vs_per_element"] = ratios_vs_per_element(r, results)
+        best = fastest_per_element(results, r.procs)
+        d["end_to_end_vs_fastest_per_element"] = ratio(r.e2e_rate, best.e2e_rate) if best else None
+        runs.append(d)
+    p = payload(0)
+    import json
+
+    import bson
+
+    return {
+        "schema": SCHEMA,
+        "wall_s": wall_s,
+        "settings": settings,
+        "environment": env,
+        "payload": {
+            "example": p,
+            "bytes_json": len(json.dumps(p)),
+            "bytes_bson": len(bson.encode(p)),
+        },
+        "floor_us_per_item": floor_us,
+        "runs": runs,
+        "scaling": scaling([r for r in results]),
+        "flat_within": FLAT_WITHIN,
+        "notes": notes(results, env),
+        "plots": list(plots),
+    }
+
+
+def _fmt_ratio(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}x" if x >= 10 else f"{x:,.1f}x"
+
+
+def _fmt_spread(s: float | None) -> str:
+    if s is None:
+        return "-"
+    mark = "flat" if s <= FLAT_WITHIN else "NOT flat"
+    return f"{100 * s:.0f}% ({mark})"
+
+
+def print_report(console: Any, results: Sequence[RunResult], doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    floor = doc["floor_us_per_item"]
+    t = Table(
+        title="Lifecycle throughput and cost per item (P producer processes, then P consumer processes)"
+    )
+    for col in ("contender", "N", "P", "push/s", "consume/s", "end-to-end/s", "vs fastest per-element",
+                "cmds / 1k items", "CPU µs/item", "vs floor", "items back"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "contender" else "right")
+    for r in results:
+        best = fastest_per_element(results, r.procs)
+        t.add_row(
+            r.contender, f"{r.n:,}", str(r.procs), f"{r.push_rate:,.0f}", f"{r.consume_rate:,.0f}",
+            f"{r.e2e_rate:,.0f}", _fmt_ratio(ratio(r.e2e_rate, best.e2e_rate) if best else None),
+            _fmt_num(r.commands_per_1000), _fmt_num(r.cpu_us_per_item), _fmt_ratio(ratio(r.cpu_us_per_item, floor)),
+            f"{r.consumed[0]:,} ok" if r.items_ok else f"[red]{r.consumed[0]:,} of {r.n:,}[/]",
+        )  # fmt: skip
+    console.print(t)
+
+    # Commands by name: each contender's largest single-process run (the JSON has every run).
+    head: dict[str, RunResult] = {}
+    for r in results:
+        cur = head.get(r.contender)
+        if cur is None or (r.procs, -r.n) < (cur.procs, -cur.n):
+            head[r.contender] = r
+    c = Table(title="MongoDB commands per 1,000 items, by command")
+    c.add_column("contender")
+    c.add_column("N", justify="right")
+    c.add_column("P", justify="right")
+    for name in (*MAIN_COMMANDS, "other"):
+        c.add_column(name, justify="right")
+    for r in head.values():
+        cols = main_columns(r.commands_per_1000_by_name)
+        c.add_row(
+            r.contender,
+            f"{r.n:,}",
+            str(r.procs),
+            *(_fmt_num(cols[k]) if cols[k] else "-" for k in cols),
+        )
+    console.print(c)
+
+    sc = doc["scaling"]
+    if any(len(v["runs"]) > 1 for v in sc.values()):
+        s = Table(
+            title=f"Scaling: cost per item across N and processes (flat = within {FLAT_WITHIN:.0%})"
+        )
+        for col in (
+            "contender",
+            "runs (N × P)",
+            "CPU µs/item",
+            "spread",
+            "cmds / 1k items",
+            "spread",
+        ):
+            s.add_column(col, justify="left" if col.startswith(("contender", "runs")) else "right")
+        for name, v in sc.items():
+            if len(v["runs"]) < 2:
+                continue
+            runs = ", ".join(f"{x['n']:,}×{x['procs']}" for x in v["runs"])
+            cpu, cmd = v["cpu_us_per_item"], v["commands_per_1000_items"]
+            s.add_row(
+                name, runs, f"{_fmt_num(cpu['min'])} – {_fmt_num(cpu['max'])}", _fmt_spread(cpu["spread"]),
+                f"{_fmt_num(cmd['min'])} – {_fmt_num(cmd['max'])}", _fmt_spread(cmd["spread"]),
+            )  # fmt: skip
+        console.print(s)
+
+    env = doc["environment"]
+    pl = doc["payload"]
+    console.print(
+        f"BSON floor: {floor:.2f} µs/item. Payload: {pl['bytes_json']} bytes as JSON, {pl['bytes_bson']} as BSON. "
+        f"Server: {env['server']['description']}; write concern: {env['write_concern']}. "
+        f"Python {env['versions']['python']}, "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if k != "python" and v)
+        + f"; {env['cpu_count']} CPUs; wall time {doc['wall_s']:.0f} s."
+    )
+    for n in doc["notes"]:
+        console.print(f"[dim]- {n}[/]")

@@ -1,0 +1,364 @@
+"""Runs the benchmark: one server, the floor, then every (contender, N, processes) run,
+interleaved contender by contender within each (N, processes) group.
+
+Each run gets its own database and P spawned worker processes (see ``_worker``); the
+parent only starts them, shows progress from their shared counters, collects their
+reports and drops the database. A run fails loudly when a worker fails or when no item
+moves for ``stall_timeout`` seconds (lost items), never by guessing from a timeout.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_mod
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pymongo import MongoClient
+
+from ._contenders import CONTENDERS
+from ._stats import RunResult, WorkerReport
+
+#: Seconds without an item pushed or committed after which a run is declared stuck.
+DEFAULT_STALL_TIMEOUT = 180.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    contender: str
+    n: int
+    procs: int
+
+    @property
+    def per_element(self) -> bool:
+        return CONTENDERS[self.contender].per_element
+
+
+def element_n_for(n: int, element_n: int) -> int:
+    """Items for a per-element contender in a group where bucketq pushes ``n``."""
+    return min(n, element_n)
+
+
+def build_plan(
+    contenders: Sequence[str],
+    sizes: Sequence[int],
+    procs: Sequence[int],
+    element_n: int,
+    extra: Sequence[tuple[str, int, int]] = (),
+) -> list[RunSpec]:
+    """Every contender at every (size, processes), per-element ones at their smaller N
+    (and only once where several sizes shrink to the same N), then ``extra`` runs."""
+    plan: list[RunSpec] = []
+    for p in procs:
+        for n in sizes:
+            for name in contenders:
+                spec = RunSpec(
+                    name, element_n_for(n, element_n) if CONTENDERS[name].per_element else n, p
+                )
+                if spec not in plan:
+                    plan.append(spec)
+    for name, n, p in extra:
+        spec = RunSpec(name, n, p)
+        if name in contenders and spec not in plan:
+            plan.append(spec)
+    return plan
+
+
+#: ``progress(pushed, committed)`` while a run goes; called from the parent only.
+Progress = Callable[[int, int], None]
+
+
+def run_spec(
+    uri: str, spec: RunSpec, progress: Progress, *, stall_timeout: float = DEFAULT_STALL_TIMEOUT
+) -> RunResult:
+    """One contender at one N with ``spec.procs`` producer/consumer processes."""
+    from . import _worker
+
+    contender = CONTENDERS[spec.contender]
+    db_name = f"bucketq_bench_{uuid.uuid4().hex[:10]}"
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(spec.procs)
+    pushed = ctx.RawArray("q", spec.procs)
+    done = ctx.RawArray("q", spec.procs)
+    results = ctx.Queue()
+    wspec = {
+        "contender": spec.contender,
+        "uri": uri,
+        "db": db_name,
+        "n": spec.n,
+        "procs": spec.procs,
+    }
+    workers = [
+        ctx.Process(
+            target=_worker.main, args=(wspec, i, barrier, pushed, done, results), daemon=True
+        )
+        for i in range(spec.procs)
+    ]
+    reports: dict[int, dict[str, Any]] = {}
+    try:
+        contender.prepare(uri, db_name)
+        for w in workers:
+            w.start()
+        last = (-1, -1)
+        last_move = time.monotonic()
+        while len(reports) < spec.procs:
+            try:
+                kind, idx, value = results.get(timeout=0.1)
+            except queue_mod.Empty:
+                pass
+            else:
+                if kind == "error":
+                    raise RuntimeError(
+                        f"{spec.contender} (N={spec.n:,}, {spec.procs} processes), worker {idx}: {value}"
+                    )
+                reports[idx] = value
+            now_counts = (sum(pushed), sum(done))
+            progress(*now_counts)
+            if now_counts != last:
+                last, last_move = now_counts, time.monotonic()
+            elif time.monotonic() - last_move > stall_timeout:
+                raise RuntimeError(
+                    f"{spec.contender} (N={spec.n:,}, {spec.procs} processes) made no progress for "
+                    f"{stall_timeout:.0f} s: {now_counts[0]:,} pushed, {now_counts[1]:,} of {spec.n:,} committed. "
+                    "Items were lost or a worker hung; its database was dropped."
+                )
+            dead = [
+                i for i, w in enumerate(workers) if w.exitcode not in (None, 0) and i not in reports
+            ]
+            if dead and results.empty():
+                raise RuntimeError(
+                    f"{spec.contender}: worker {dead[0]} died with exit code {workers[dead[0]].exitcode} "
+                    "before reporting."
+                )
+        for w in workers:
+            w.join(30)
+    finally:
+        try:
+            barrier.abort()
+        except Exception:  # noqa: BLE001
+            pass
+        for w in workers:
+            if w.is_alive():
+                w.terminate()
+                w.join(5)
+        client: MongoClient = MongoClient(uri)
+        with client:
+            client.drop_database(db_name)
+    return RunResult(
+        spec.contender,
+        contender.per_element,
+        spec.n,
+        spec.procs,
+        [WorkerReport.from_dict(reports[i]) for i in range(spec.procs)],
+    )
+
+
+def measure_floor() -> float:
+    """The BSON floor, measured in a fresh process like the contenders' CPU."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from ._workload import bson_floor_us
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+        return ex.submit(bson_floor_us).result()
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def environment(uri: str, started_embedded: bool, contenders: Sequence[str]) -> dict[str, Any]:
+    """The server, the write concern, the machine and every version that shaped the figures."""
+    import os
+    import platform
+    import sys
+
+    c: MongoClient = MongoClient(uri)
+    with c:
+        build = c.admin.command("buildinfo")
+        hello = c.admin.command("hello")
+        client_wc = c.write_concern.document
+        try:
+            server_wc = c.admin.command("getDefaultRWConcern").get("defaultWriteConcern")
+        except Exception:  # noqa: BLE001 - not every server has it (SecantusDB does not)
+            server_wc = None
+    secantus = build.get("secantusVersion")
+    topology = f"replica set {hello['setName']}" if hello.get("setName") else "standalone"
+    if secantus:
+        description = f"SecantusDB {secantus} (MongoDB {build.get('version')} wire, {topology})"
+    else:
+        description = f"MongoDB {build.get('version')} ({topology})"
+    if client_wc:
+        wc = f"{client_wc} (from the URI)"
+    elif server_wc:
+        wc = f"server default {server_wc}"
+    else:
+        wc = "server default (w:1 on a single node)"
+    dists = {"bucketq", "pymongo", "rich", "matplotlib", "SecantusDB"}
+    for name in contenders:
+        dists.update(CONTENDERS[name].distributions)
+    return {
+        "server": {
+            "description": description,
+            "version": build.get("version"),
+            "secantus_version": secantus,
+            "embedded": bool(secantus),
+            "started_by_bench": started_embedded,
+            "topology": topology,
+        },
+        "write_concern": wc,
+        "versions": {"python": sys.version.split()[0], **{d: _version(d) for d in sorted(dists)}},
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+# -- the whole benchmark ------------------------------------------------------------------
+
+#: Where the PNG plots go unless ``--plots DIR`` says otherwise.
+DEFAULT_PLOTS_DIR = "bench-results"
+
+
+@dataclass(frozen=True)
+class Preset:
+    sizes: tuple[int, ...]
+    procs: tuple[int, ...]
+    element_n: int
+    extra: tuple[tuple[str, int, int], ...] = ()
+
+
+#: --quick: every contender at 100,000 items (per-element at 500), one process each, plus
+#: bucketq at 10,000 items and at 2 producer + 2 consumer processes: a cost-flatness slice.
+QUICK = Preset(
+    sizes=(100_000,),
+    procs=(1,),
+    element_n=500,
+    extra=(
+        ("bucketq Queue", 10_000, 1),
+        ("bucketq AsyncQueue", 10_000, 1),
+        ("bucketq Queue", 100_000, 2),
+        ("bucketq AsyncQueue", 100_000, 2),
+    ),
+)
+#: The full matrix: 10k / 100k / 1M items × 1 / 2 / 4 processes (per-element capped).
+FULL = Preset(sizes=(10_000, 100_000, 1_000_000), procs=(1, 2, 4), element_n=1_000)
+
+
+def run(
+    uri: str | None = None,
+    *,
+    quick: bool = False,
+    n: int | None = None,
+    sizes: Sequence[int] | None = None,
+    procs: Sequence[int] | None = None,
+    element_n: int | None = None,
+    contenders: Sequence[str] | None = None,
+    json_path: str | None = None,
+    plots_dir: str | None = DEFAULT_PLOTS_DIR,
+    console: Any = None,
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT,
+) -> dict[str, Any]:
+    """Run the benchmark, print its tables, write the JSON (``json_path``) and the plots
+    (``plots_dir``; None for none). Returns the JSON document.
+
+    ``quick`` or not picks the preset (QUICK / FULL); ``n`` (one size), ``sizes``,
+    ``procs`` and ``element_n`` override it, and an override drops the preset's extra runs.
+    """
+    import json
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..embedded import mongodb
+    from ._report import document, print_report
+
+    preset = QUICK if quick else FULL
+    overridden = n is not None or sizes is not None or procs is not None or element_n is not None
+    sizes = (n,) if n is not None else tuple(sizes or preset.sizes)
+    procs = tuple(procs or preset.procs)
+    element_n = element_n or preset.element_n
+    names = list(contenders or CONTENDERS)
+    unknown = [c for c in names if c not in CONTENDERS]
+    if unknown:
+        raise ValueError(f"Unknown contender(s) {unknown}; choose from {list(CONTENDERS)}.")
+    plan = build_plan(names, sizes, procs, element_n, () if overridden else preset.extra)
+    settings = {
+        "quick": quick,
+        "sizes": list(sizes),
+        "procs": list(procs),
+        "element_n": element_n,
+        "contenders": names,
+        "plan": [{"contender": s.contender, "n": s.n, "procs": s.procs} for s in plan],
+        "argv": sys.argv,
+    }
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    t_start = time.monotonic()
+    results: list[RunResult] = []
+    server = mongodb(uri)
+    with server as server_uri:
+        env = environment(server_uri, server.server is not None, names)
+        floor = measure_floor()
+        console.print(
+            f"[bold]bucketq bench[/]: {len(plan)} runs of {len(names)} contenders on {env['server']['description']}; "
+            f"N = {', '.join(f'{s:,}' for s in sizes)} (per-element ≤ {element_n:,}), processes = "
+            f"{', '.join(map(str, sorted({s.procs for s in plan})))}; BSON floor {floor:.2f} µs/item"
+        )
+        columns = (
+            TextColumn("{task.description:<58}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console, transient=True) as bar:
+            overall = bar.add_task("runs", total=len(plan))
+            for spec in plan:
+                label = f"{spec.contender} N={spec.n:,} P={spec.procs}"
+                pt = bar.add_task(f"{label}: push", total=spec.n)
+                ct = bar.add_task(f"{label}: consume", total=spec.n)
+
+                def progress(p: int, c: int, pt: Any = pt, ct: Any = ct) -> None:
+                    bar.update(pt, completed=p)
+                    bar.update(ct, completed=c)
+
+                r = run_spec(server_uri, spec, progress, stall_timeout=stall_timeout)
+                results.append(r)
+                bar.remove_task(pt)
+                bar.remove_task(ct)
+                bar.advance(overall)
+                bar.console.print(
+                    f"{'✓' if r.items_ok else '✗'} {label}: push {r.push_rate:,.0f}/s, consume {r.consume_rate:,.0f}/s, "
+                    f"end-to-end {r.e2e_rate:,.0f}/s; {r.cpu_us_per_item:,.1f} CPU µs/item, "
+                    f"{r.commands_per_1000:,.1f} commands/1k items"
+                )
+    wall = time.monotonic() - t_start
+    plots: list[str] = []
+    if plots_dir:
+        from ._plots import write_plots
+
+        title = f"bucketq bench{' --quick' if quick else ''} on {env['server']['description']}"
+        plots = write_plots(results, floor, plots_dir, title)
+    doc = document(results, floor, env, settings, wall, plots)
+    print_report(console, results, doc)
+    if plots:
+        console.print(f"plots: {', '.join(plots)}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=2, default=str)
+        console.print(f"every figure: {json_path}")
+    bad = [r for r in results if not r.items_ok]
+    if bad:
+        raise RuntimeError(
+            "Items did not all come back for "
+            + ", ".join(f"{r.contender} (N={r.n:,}, P={r.procs})" for r in bad)
+            + f"; see {json_path or 'the table'}."
+        )
+    return doc

@@ -1,0 +1,290 @@
+"""The arithmetic of the benchmark, written once: shares, checksums, rates, ratios,
+commands per 1,000 items, spreads, and one run's figures from its workers' reports.
+
+Pure: no pymongo, no processes, no clocks. Everything the runner, the report and the
+plots print comes from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Sent by every MongoDB client to open, watch and close connections: not queue work.
+CONNECTION_COMMANDS = frozenset(
+    {
+        "hello",
+        "isMaster",
+        "ismaster",
+        "ping",
+        "endSessions",
+        "saslStart",
+        "saslContinue",
+        "buildinfo",
+        "buildInfo",
+    }
+)
+#: Sent once per queue (collections and indexes): not a cost per item.
+SETUP_COMMANDS = frozenset(
+    {"create", "createIndexes", "listCollections", "listIndexes", "drop", "dropDatabase"}
+)
+#: Cost per item is "flat" when its largest value is within this fraction of its smallest.
+FLAT_WITHIN = 0.20
+#: The commands shown in their own column, in this order; others are summed as "other".
+MAIN_COMMANDS = ("insert", "findAndModify", "update", "delete", "find", "aggregate", "getMore")
+
+
+def share(n: int, procs: int, idx: int) -> tuple[int, int]:
+    """Worker ``idx`` of ``procs`` pushes items ``start <= i < end`` of ``n`` (sizes differ by at most one)."""
+    base, extra = divmod(n, procs)
+    start = idx * base + min(idx, extra)
+    return start, start + base + (1 if idx < extra else 0)
+
+
+def checksum(values: Iterable[int]) -> tuple[int, int, int]:
+    """(count, sum, sum of squares) of item numbers: equal for the pushed and the consumed
+    items exactly when none was lost or delivered twice (short of a contrived coincidence)."""
+    count = total = squares = 0
+    for v in values:
+        count += 1
+        total += v
+        squares += v * v
+    return count, total, squares
+
+
+def next_check(own: int, total: int, n: int, procs: int, cap: int = 1024) -> int:
+    """When a consumer that has committed ``own`` items (``total`` by all, last it looked)
+    should look at the shared counter again: halfway to its share of what is left, at most
+    ``cap`` items on, so the last item is noticed at once and a long run looks rarely."""
+    return own + max(1, min(cap, (n - total) // (2 * procs)))
+
+
+def rate(items: int, seconds: float) -> float:
+    """Items per second (0 when nothing was timed)."""
+    return items / seconds if seconds > 0 else 0.0
+
+
+def ratio(a: float, b: float) -> float | None:
+    """a / b, or None when b is zero."""
+    return a / b if b else None
+
+
+def per_thousand(count: float, items: int) -> float:
+    return 1000.0 * count / items if items else 0.0
+
+
+def spread(values: Iterable[float]) -> float | None:
+    """max / min - 1 of positive values (0.12 = the largest is 12% above the smallest);
+    None for fewer than two values."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2 or min(vals) <= 0:
+        return None
+    return max(vals) / min(vals) - 1.0
+
+
+def merge_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
+
+
+def queue_commands(commands: Mapping[str, int]) -> dict[str, int]:
+    """The commands that are the queue's work: all but connection and setup commands."""
+    return {
+        k: v
+        for k, v in commands.items()
+        if k not in CONNECTION_COMMANDS and k not in SETUP_COMMANDS
+    }
+
+
+def main_columns(per_1000: Mapping[str, float]) -> dict[str, float]:
+    """Commands per 1,000 items in the fixed columns of MAIN_COMMANDS, the rest as "other"."""
+    out = {k: per_1000.get(k, 0.0) for k in MAIN_COMMANDS}
+    out["other"] = sum(v for k, v in per_1000.items() if k not in MAIN_COMMANDS)
+    return out
+
+
+@dataclass
+class WorkerReport:
+    """What one worker process measured (times from one system-wide monotonic clock)."""
+
+    push_start: float
+    push_end: float
+    push_cpu_s: float
+    consume_start: float
+    consume_end: float
+    consume_cpu_s: float
+    close_s: float
+    pushed: tuple[int, int, int]  # checksum of the items it pushed
+    consumed: tuple[int, int, int]  # checksum of the items it committed
+    push_commands: dict[str, int] = field(default_factory=dict)
+    consume_commands: dict[str, int] = field(default_factory=dict)
+    setup_commands: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WorkerReport:
+        d = dict(d)
+        d["pushed"] = tuple(d["pushed"])
+        d["consumed"] = tuple(d["consumed"])
+        return cls(**d)
+
+
+@dataclass
+class RunResult:
+    """One contender at one N with P producer and P consumer processes."""
+
+    contender: str
+    per_element: bool
+    n: int
+    procs: int
+    workers: list[WorkerReport]
+
+    # -- times (the phase runs from the first worker's start to the last worker's end)
+    @property
+    def push_s(self) -> float:
+        return max(w.push_end for w in self.workers) - min(w.push_start for w in self.workers)
+
+    @property
+    def consume_s(self) -> float:
+        return max(w.consume_end for w in self.workers) - min(w.consume_start for w in self.workers)
+
+    @property
+    def push_rate(self) -> float:
+        return rate(self.n, self.push_s)
+
+    @property
+    def consume_rate(self) -> float:
+        return rate(self.n, self.consume_s)
+
+    @property
+    def e2e_rate(self) -> float:
+        return rate(self.n, self.push_s + self.consume_s)
+
+    # -- items
+    @property
+    def pushed(self) -> tuple[int, int, int]:
+        return _sum3(w.pushed for w in self.workers)
+
+    @property
+    def consumed(self) -> tuple[int, int, int]:
+        return _sum3(w.consumed for w in self.workers)
+
+    @property
+    def items_ok(self) -> bool:
+        return self.pushed[0] == self.n and self.consumed == self.pushed
+
+    # -- client CPU: every process of the contender, both phases
+    @property
+    def cpu_s(self) -> float:
+        return sum(w.push_cpu_s + w.consume_cpu_s for w in self.workers)
+
+    @property
+    def cpu_us_per_item(self) -> float:
+        return 1e6 * self.cpu_s / self.n if self.n else 0.0
+
+    @property
+    def push_cpu_us_per_item(self) -> float:
+        return 1e6 * sum(w.push_cpu_s for w in self.workers) / self.n if self.n else 0.0
+
+    @property
+    def consume_cpu_us_per_item(self) -> float:
+        return 1e6 * sum(w.consume_cpu_s for w in self.workers) / self.n if self.n else 0.0
+
+    # -- MongoDB commands
+    @property
+    def commands(self) -> dict[str, int]:
+        """Every command sent inside the measured phases, by name."""
+        return merge_counts(
+            [w.push_commands for w in self.workers] + [w.consume_commands for w in self.workers]
+        )
+
+    @property
+    def work_commands(self) -> dict[str, int]:
+        return queue_commands(self.commands)
+
+    @property
+    def commands_per_1000(self) -> float:
+        return per_thousand(sum(self.work_commands.values()), self.n)
+
+    @property
+    def commands_per_1000_by_name(self) -> dict[str, float]:
+        return {k: per_thousand(v, self.n) for k, v in self.work_commands.items()}
+
+    def as_dict(self, floor_us: float | None = None) -> dict[str, Any]:
+        return {
+            "contender": self.contender,
+            "per_element": self.per_element,
+            "n": self.n,
+            "producers": self.procs,
+            "consumers": self.procs,
+            "push_s": self.push_s,
+            "consume_s": self.consume_s,
+            "push_per_s": self.push_rate,
+            "consume_per_s": self.consume_rate,
+            "end_to_end_per_s": self.e2e_rate,
+            "cpu_s": self.cpu_s,
+            "cpu_us_per_item": self.cpu_us_per_item,
+            "push_cpu_us_per_item": self.push_cpu_us_per_item,
+            "consume_cpu_us_per_item": self.consume_cpu_us_per_item,
+            "cpu_vs_floor": ratio(self.cpu_us_per_item, floor_us or 0.0),
+            "commands_per_1000_items": self.commands_per_1000,
+            "commands_per_1000_items_by_name": self.commands_per_1000_by_name,
+            "commands": self.commands,
+            "setup_commands": merge_counts(w.setup_commands for w in self.workers),
+            "items_pushed": self.pushed[0],
+            "items_consumed": self.consumed[0],
+            "items_ok": self.items_ok,
+            "workers": [asdict(w) for w in self.workers],
+        }
+
+
+def _sum3(rows: Iterable[tuple[int, int, int]]) -> tuple[int, int, int]:
+    a = b = c = 0
+    for x, y, z in rows:
+        a, b, c = a + x, b + y, c + z
+    return a, b, c
+
+
+def fastest_per_element(results: Iterable[RunResult], procs: int) -> RunResult | None:
+    """The per-element run with the highest end-to-end rate at ``procs`` processes."""
+    peers = [r for r in results if r.per_element and r.procs == procs]
+    return max(peers, key=lambda r: r.e2e_rate, default=None)
+
+
+def ratios_vs_per_element(
+    result: RunResult, results: Iterable[RunResult]
+) -> dict[str, float | None]:
+    """End-to-end rate of ``result`` over each per-element contender's at the same processes."""
+    return {
+        r.contender: ratio(result.e2e_rate, r.e2e_rate)
+        for r in results
+        if r.per_element and r.procs == result.procs and r is not result
+    }
+
+
+def scaling(results: Iterable[RunResult]) -> dict[str, dict[str, Any]]:
+    """Per contender: cost per item (CPU µs, commands per 1,000) over its runs at every N and
+    process count, with min, max, spread and whether it is flat within FLAT_WITHIN."""
+    by: dict[str, list[RunResult]] = {}
+    for r in results:
+        by.setdefault(r.contender, []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for name, runs in by.items():
+        entry: dict[str, Any] = {"runs": [{"n": r.n, "procs": r.procs} for r in runs]}
+        for key, values in (
+            ("cpu_us_per_item", [r.cpu_us_per_item for r in runs]),
+            ("commands_per_1000_items", [r.commands_per_1000 for r in runs]),
+        ):
+            s = spread(values)
+            entry[key] = {
+                "values": values,
+                "min": min(values),
+                "max": max(values),
+                "spread": s,
+                "flat": None if s is None else s <= FLAT_WITHIN,
+            }
+        out[name] = entry
+    return out

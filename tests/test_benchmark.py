@@ -1,0 +1,136 @@
+"""`bucketq bench` end to end at a tiny N: every contender (bucketq sync and async, the
+per-element queues, mongo-taskqueue, kombu) at 1 and 2 producer/consumer processes
+against the test server; what a user checks of the output. No timing thresholds."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from bucketq.benchmark import CONTENDERS, run
+from bucketq.benchmark._stats import checksum, next_check, share, spread
+from bucketq.cli import main
+
+N, ELEMENT_N, PROCS = 2_000, 50, (1, 2)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+#: Per contender: commands that must be sent exactly once per item (per-element), or at
+#: least once per run (bucketq packs ~1,000 items into one bucket document).
+PER_ITEM = {
+    "per-element ElementQueue": ("insert", "delete"),
+    "per-element AsyncElementQueue": ("insert", "delete"),
+    "mongo-taskqueue TaskQueue": ("insert", "update"),
+    "kombu MongoDB transport": ("insert", "find"),
+}
+
+
+@pytest.fixture(scope="module")
+def bench(mongo_uri, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    console = Console(file=io.StringIO(), width=220)
+    doc = run(
+        mongo_uri,
+        sizes=[N],
+        procs=PROCS,
+        element_n=ELEMENT_N,
+        json_path=str(out / "bench.json"),
+        plots_dir=str(out / "plots"),
+        console=console,
+    )
+    data = json.loads((out / "bench.json").read_text())
+    return doc, data, console.file.getvalue(), out
+
+
+def test_every_contender_ran_at_every_process_count_and_got_all_items_back(bench):
+    _, data, _, _ = bench
+    seen = {(r["contender"], r["producers"], r["consumers"]) for r in data["runs"]}
+    assert seen == {(c, p, p) for c in CONTENDERS for p in PROCS}
+    for r in data["runs"]:
+        n = ELEMENT_N if CONTENDERS[r["contender"]].per_element else N
+        assert r["n"] == n, r["contender"]
+        assert (r["items_pushed"], r["items_consumed"], r["items_ok"]) == (n, n, True), r[
+            "contender"
+        ]
+        # each worker pushed its share and the consumers together committed exactly N
+        assert sum(w["pushed"][0] for w in r["workers"]) == n
+        assert sum(w["consumed"][0] for w in r["workers"]) == n
+        assert len(r["workers"]) == r["producers"]
+
+
+def test_json_has_every_figure_and_the_environment(bench):
+    doc, data, _, _ = bench
+    assert data == json.loads(json.dumps(doc, default=str))
+    for r in data["runs"]:
+        for key in ("push_per_s", "consume_per_s", "end_to_end_per_s", "cpu_us_per_item",
+                    "push_cpu_us_per_item", "consume_cpu_us_per_item", "cpu_vs_floor",
+                    "commands_per_1000_items"):  # fmt: skip
+            assert isinstance(r[key], float) and r[key] > 0, (r["contender"], key)
+        assert r["push_s"] > 0 and r["consume_s"] > 0
+        assert r["end_to_end_vs_fastest_per_element"] > 0
+    assert data["floor_us_per_item"] > 0
+    assert data["payload"]["bytes_json"] > 50 and data["payload"]["bytes_bson"] > 50
+    env = data["environment"]
+    assert env["server"]["description"] and env["server"]["version"]
+    assert env["write_concern"]
+    for dist in ("bucketq", "pymongo", "kombu", "mongo-taskqueue"):
+        assert env["versions"][dist], dist
+    assert set(data["scaling"]) == set(CONTENDERS)
+    for name, s in data["scaling"].items():
+        assert len(s["runs"]) == len(PROCS), name
+        assert s["cpu_us_per_item"]["spread"] is not None
+        assert s["commands_per_1000_items"]["spread"] is not None
+    assert data["notes"] and data["settings"]["procs"] == list(PROCS)
+
+
+def test_commands_are_counted_by_name(bench):
+    _, data, _, _ = bench
+    for r in data["runs"]:
+        cmds, n, name = r["commands"], r["n"], r["contender"]
+        assert cmds.get("findAndModify", 0) >= (n if r["per_element"] else 1), name
+        if r["per_element"]:
+            for command in PER_ITEM[name]:
+                assert cmds.get(command) == n, (name, command, cmds)
+            assert r["commands_per_1000_items"] >= 3000
+        else:
+            # a bucket insert, a claim and a delete per ~1,000 items, not per item
+            assert cmds.get("insert", 0) >= 1 and cmds.get("delete", 0) >= 1, cmds
+            assert r["commands_per_1000_items"] < 100, cmds
+        assert r["commands_per_1000_items_by_name"]["findAndModify"] > 0
+
+
+def test_plots_are_pngs_and_the_table_names_every_contender(bench):
+    _, data, text, out = bench
+    assert len(data["plots"]) == 2
+    for path in data["plots"]:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            f.seek(0, 2)
+            assert head == PNG_MAGIC and f.tell() > 10_000, path
+    for title in (
+        "Lifecycle throughput",
+        "MongoDB commands per 1,000 items",
+        "Scaling: cost per item",
+    ):
+        assert title in text
+    for name in CONTENDERS:
+        assert name.split()[-1] in text
+
+
+def test_cli_rejects_an_unknown_contender(capsys):
+    assert main(["bench", "--contender", "nope", "--no-plots"]) == 2
+    assert "unknown contender" in capsys.readouterr().err
+
+
+def test_shares_checksums_and_spread():
+    assert [share(10, 3, i) for i in range(3)] == [(0, 4), (4, 7), (7, 10)]
+    assert sum(e - s for s, e in (share(1_000_001, 4, i) for i in range(4))) == 1_000_001
+    assert checksum([1, 2, 3]) == (3, 6, 14)
+    assert checksum([2, 2, 2]) != checksum([1, 2, 3])  # same count and sum, caught by the squares
+    assert spread([10.0, 11.0, 12.0]) == pytest.approx(0.2)
+    assert spread([5.0]) is None
+    # the last items are looked for one at a time, a long run rarely
+    assert next_check(0, 999, 1_000, 1) == 1
+    assert next_check(0, 0, 1_000_000, 2) == 1024
