@@ -139,6 +139,12 @@ class QueueOptions:
         return WriteConcern(**wc) if isinstance(wc, dict) else wc
 
 
+def check_max_items(max_items: Any) -> int:
+    if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1:
+        raise ConfigurationError(f"max_items must be a whole number >= 1; got {max_items!r}.")
+    return max_items
+
+
 def check_name(name: Any) -> str:
     if not isinstance(name, str) or not name or "$" in name or "\0" in name or name.startswith("system."):
         raise ConfigurationError(
@@ -287,6 +293,37 @@ class Packer:
             sealed += (ob,)
         return ob, index, sealed
 
+    def add_many(
+        self, items: list[bytes], sizes: list[int], mature: float, now: float
+    ) -> tuple[list[tuple[OpenBucket, int, int]], list[OpenBucket]]:
+        """Add encoded items of one mature time (sizes checked by the caller), filling
+        buckets in runs. Returns ((bucket, first index, count) per run, the buckets this
+        sealed, oldest first)."""
+        slot = None if mature <= now else -int(-mature // self.granularity)
+        runs: list[tuple[OpenBucket, int, int]] = []
+        sealed: list[OpenBucket] = []
+        i, n = 0, len(items)
+        while i < n:
+            ob = self.open.get(slot)
+            if ob is None:
+                ob = self.open[slot] = OpenBucket(slot, now, self.new_batch())
+            start = len(ob.items)
+            limit = min(n, i + self.max_size - start)
+            nbytes, cap, j = ob.nbytes, self.max_item_bytes, i
+            while j < limit and nbytes + sizes[j] <= cap:
+                nbytes += sizes[j]
+                j += 1
+            if j > i:
+                ob.items.extend(items[i:j])
+                ob.nbytes = nbytes
+                if mature > ob.mature:
+                    ob.mature = mature
+                runs.append((ob, start, j - i))
+            if j < n or len(ob.items) >= self.max_size:  # full by count or bytes
+                sealed.append(self.open.pop(slot))
+            i = j
+        return runs, sealed
+
     def take_due(self, now: float) -> list[OpenBucket]:
         """Seal and return the open buckets older than ``bucket_max_wait``."""
         due = [ob for ob in self.open.values() if now - ob.opened >= self.max_wait]
@@ -309,6 +346,23 @@ class Packer:
 # -- consume side: claims and held buckets -------------------------------------------
 
 CLAIM_SORT = [("mature", 1), ("_id", 1)]
+#: Change events that can make a bucket claimable: an insert, or a release (an update
+#: that sets ``lease`` to null). Claims and state flushes (most updates) are filtered out
+#: on the server, so a busy consumer's own writes do not come back to it as events.
+WAKEUP_PIPELINE = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": "insert"},
+                {
+                    "operationType": {"$in": ["update", "replace"]},
+                    "updateDescription.updatedFields.lease": {"$type": "null"},
+                },
+            ]
+        }
+    },
+    {"$project": {"operationType": 1}},
+]
 #: Fields a claim does not need back (the done bitmap etc. are small; keep them).
 CLAIM_PROJECTION = None
 
@@ -368,7 +422,7 @@ class HeldBucket:
     __slots__ = (
         "id", "token", "n", "mature", "done", "live", "tries", "next", "items", "state",
         "outstanding", "waiting", "dirty", "lost", "until", "takeover", "dying", "released",
-        "queued", "handed", "stalled_since",
+        "queued", "handed", "stalled_since", "held",
     )  # fmt: skip
 
     def __init__(self, doc: dict[str, Any], token: ObjectId, now: float, lease: float) -> None:
@@ -395,6 +449,9 @@ class HeldBucket:
         self.queued = 0  # messages waiting in this process's ready queue
         self.handed = 0  # messages handed to reserve() callers so far
         self.stalled_since: float | None = None
+        # True while this process's queue holds it (reserve() checks this, not a dict
+        # lookup by ObjectId, on every item); False once lost, released or deleted.
+        self.held = True
         self._load(doc["items"], now)
 
     def _load(self, blob: bytes, now: float) -> None:
@@ -404,7 +461,10 @@ class HeldBucket:
 
             raise DecodeError(f"Bucket {self.id} says n={self.n} but holds {len(self.items)} items.")
         state = [READY] * self.n
+        self.state = state
         done = self.done
+        if not self.takeover and not self.next and done.count(0) == len(done):
+            return  # a fresh bucket (the common case): every item is ready
         for i in range(self.n):
             if done[i >> 3] & (1 << (i & 7)):
                 state[i] = DONE
@@ -415,7 +475,6 @@ class HeldBucket:
                 # The previous holder may have delivered it: count that try.
                 self.tries[i] = self.tries.get(i, 0) + 1
                 self.dirty = True
-        self.state = state
 
     def reclaim(self, doc: dict[str, Any], token: ObjectId, now: float, lease: float) -> bool:
         """This process claimed a bucket it still holds: its lease ran out unrenewed (the
@@ -436,12 +495,19 @@ class HeldBucket:
     def ready_messages(self, now: float, max_tries: int | None) -> list[Message]:
         """Messages for every READY item (marks them RESERVED-to-be); over-tried items
         are queued for the dead-letter queue instead."""
-        out = []
         items = self.items
         assert items is not None
         tries = self.tries
         mature = self.mature
-        for i, st in enumerate(self.state):
+        state = self.state
+        if not tries and state.count(READY) == len(state):
+            # Nothing tried (max_tries >= 1), nothing done: a message per item, no checks.
+            out = [Message(self, i, it["p"], it.get("h"), 0, mature) for i, it in enumerate(items)]
+            self.state = [RESERVED] * len(state)
+            self.outstanding += len(out)
+            return out
+        out = []
+        for i, st in enumerate(state):
             if st != READY:
                 continue
             t = tries.get(i, 0)
@@ -473,7 +539,8 @@ class HeldBucket:
         self.done[i >> 3] |= 1 << (i & 7)
         self.live -= 1
         self.outstanding -= 1
-        self.next.pop(i, None)
+        if self.next:
+            self.next.pop(i, None)
         self.dirty = True
         return True
 
@@ -511,7 +578,7 @@ class HeldBucket:
 
     def idle(self) -> bool:
         """Nothing of it is being served here: only waiting (future) items are left."""
-        return self.outstanding == 0 and not any(s == READY for s in self.state)
+        return self.outstanding == 0 and READY not in self.state
 
     def next_mature(self) -> float:
         """When the rest of this bucket may be delivered again (for a release): its

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bucketq import PayloadNotEncodable, PayloadTooLarge, QueueClosed
+from bucketq import ConfigurationError, PayloadNotEncodable, PayloadTooLarge, QueueClosed
 
 from .conftest import resolve
 
@@ -255,6 +255,23 @@ async def test_push_many(flavour):
     assert len(receipts) == 20 and all(r.done() for r in receipts)
     assert len({r.id for r in receipts}) == 20
     assert [m.payload["i"] for m in await consume_all(q)] == list(range(20))
+
+
+async def test_reserve_many_and_commit_many(flavour):
+    q = flavour.open(bucket_max_size=16)
+    await resolve(q.push_many([{"i": i} for i in range(50)], durable=True))
+    got = []
+    while len(got) < 50:
+        batch = await resolve(q.reserve_many(20, timeout=5))
+        assert 1 <= len(batch) <= 20
+        got.extend(batch)
+        assert await resolve(q.commit_many(batch)) == len(batch)
+    assert [m.payload["i"] for m in got] == list(range(50))
+    assert await resolve(q.reserve_many(20, timeout=0.3)) == []
+    with pytest.raises(ConfigurationError, match="max_items"):
+        await resolve(q.reserve_many(0))
+    await resolve(q.close())  # writes the commits: gone for every consumer
+    assert await resolve(flavour.open().reserve(timeout=0.5)) is None
 
 
 async def test_blocked_reserve_wakes_on_local_push(flavour):

@@ -48,6 +48,44 @@ def test_packer_never_loses_or_overfills(specs, max_size, max_bytes):
         assert len(b.document()["items"]) == b.nbytes
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 3000), max_size=80), max_size=6),
+    st.sampled_from([None, 0.0, 1.7]),
+    st.integers(min_value=1, max_value=40),
+    st.sampled_from([2048, 4096, 16384]),
+)
+def test_packer_add_many_packs_runs_like_single_adds(batches, delay, max_size, max_bytes):
+    """push_many's packing: every item once, in order, at the index its run says; no
+    bucket over its count or bytes; only full buckets are sealed."""
+    opts = core.QueueOptions(bucket_max_size=max_size, bucket_max_bytes=max_bytes, max_pending_bytes=1 << 26)
+    cap = max_bytes - core.BUCKET_OVERHEAD
+    packer = core.Packer(opts, object)
+    sealed: list[core.OpenBucket] = []
+    expected: list[bytes] = []
+    placed: list[tuple[core.OpenBucket, int, bytes]] = []
+    mature = NOW + (delay or 0.0)
+    for b, sizes in enumerate(batches):
+        blobs = [encode_item({"b": b, "n": n, "pad": "x" * size}) for n, size in enumerate(sizes)]
+        blobs = [x for x in blobs if len(x) <= cap]
+        runs, out = packer.add_many(blobs, [len(x) for x in blobs], mature, NOW)
+        sealed.extend(out)
+        flat = [(ob, k) for ob, first, count in runs for k in range(first, first + count)]
+        assert len(flat) == len(blobs)
+        placed.extend((ob, k, x) for (ob, k), x in zip(flat, blobs, strict=True))
+        expected.extend(blobs)
+    buckets = sealed + packer.take_all()
+    assert [x for bkt in buckets for x in bkt.items] == expected
+    position = {x: i for i, x in enumerate(expected)}
+    for ob in sealed:  # sealed only when full, or when the next item would not fit
+        nxt = position[ob.items[-1]] + 1
+        assert len(ob) == max_size or ob.nbytes + len(expected[nxt]) > cap
+    for ob, k, x in placed:
+        assert ob.items[k] == x and ob.mature >= mature
+    for bkt in buckets:
+        assert 1 <= len(bkt) <= max_size and bkt.nbytes == sum(map(len, bkt.items)) <= cap
+
+
 def _held(n: int) -> core.HeldBucket:
     blob = b"".join(encode_item(i) for i in range(n))
     doc = {"_id": ObjectId(), "n": n, "live": n, "mature": core.to_datetime(NOW), "items": blob}

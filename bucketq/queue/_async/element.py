@@ -140,6 +140,19 @@ class AsyncElementQueue:
                 wait = min(wait, remaining)
             await self._wake.wait(gen, wait)
 
+    async def reserve_many(self, max_items: int, timeout: float | None = None) -> list[core.Message]:
+        """Up to ``max_items`` items: waits (up to ``timeout``) for the first, then claims
+        what else is ready, one claim per item."""
+        core.check_max_items(max_items)
+        first = await self.reserve(timeout)
+        out = [] if first is None else [first]
+        while out and len(out) < max_items and not self._paused:
+            msg = await self._claim()
+            if msg is None:
+                break
+            out.append(msg)
+        return out
+
     async def _claim(self) -> core.Message | None:
         now = _now()
         token = ObjectId()
@@ -170,6 +183,13 @@ class AsyncElementQueue:
             return True
         self._stats["lease_losses"] += 1
         return False
+
+    async def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
+        """Commit several items (one fenced delete each); returns how many were committed."""
+        n = 0
+        for m in list(msgs):
+            n += await self.commit(m)
+        return n
 
     async def rollback(
         self, msg: core.Message, delay: float | None = None, *, next_t: Any = None, reason: str | None = None

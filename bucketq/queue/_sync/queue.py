@@ -114,6 +114,12 @@ class Queue:
         item = encode_item(payload, headers)
         now = _now()
         at = core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
+        receipt = self._add(item, at, now)
+        if durable:
+            receipt.wait()
+        return receipt
+
+    def _add(self, item: bytes, at: float, now: float) -> Receipt:
         if self._pending_bytes + len(item) > self.options.max_pending_bytes:
             self._packer.check_size(len(item))
             self._wait_for_space(len(item))
@@ -126,10 +132,7 @@ class Queue:
         if index == 0 or sealed:
             self._unwritten[ob.id] = ob
             self._wake_writer()
-        receipt = Receipt(ob, index)
-        if durable:
-            receipt.wait()
-        return receipt
+        return Receipt(ob, index)
 
     def push_many(
         self,
@@ -143,25 +146,28 @@ class Queue:
         """Push several items; all are encoded first, so one bad item stores none of them."""
         self._check_open()
         items = [encode_item(p, headers) for p in payloads]
-        for it in items:
-            self._packer.check_size(len(it))
+        sizes = [len(it) for it in items]
+        for size in sizes:
+            self._packer.check_size(size)
         now = _now()
         at = core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
-        receipts = []
-        for item in items:
-            if self._pending_bytes + len(item) > self.options.max_pending_bytes:
-                self._wait_for_space(len(item))
+        total = sum(sizes)
+        if self._pending_bytes + total > self.options.max_pending_bytes:
+            # Over the limit: one at a time, each waiting for space as push() does.
+            receipts = [self._add(item, at, now) for item in items]
+        else:
             with self._mutex:
-                ob, index, sealed = self._packer.add(item, at, now)
-                self._pending_bytes += len(item)
-                self._stats["pushed"] += 1
-                if sealed:
-                    self._to_write.extend(sealed)
-            if index == 0 or sealed:
-                self._unwritten[ob.id] = ob
+                runs, sealed = self._packer.add_many(items, sizes, at, now)
+                self._pending_bytes += total
+                self._stats["pushed"] += len(items)
+                self._to_write.extend(sealed)
+            for ob, first, _ in runs:
+                if first == 0:
+                    self._unwritten[ob.id] = ob
+            if sealed or any(first == 0 for _, first, _ in runs):
                 self._wake_writer()
-            receipts.append(Receipt(ob, index))
-        if durable and receipts:
+            receipts = [Receipt(ob, k) for ob, first, count in runs for k in range(first, first + count)]
+        if durable:
             for r in receipts:
                 r.wait()
         return receipts
@@ -286,43 +292,39 @@ class Queue:
 
     def reserve(self, timeout: float | None = None) -> core.Message | None:
         """The next item, or None when ``timeout`` seconds pass (or the queue drains)."""
+        out: list[core.Message] = []
+        if self._ready and self._fetcher is not None:  # the common case: no waiting
+            with self._mutex:
+                self._take(_now(), 1, out)
+            if out:
+                return out[0]
+        got = self._reserve(1, timeout)
+        return got[0] if got else None
+
+    def reserve_many(self, max_items: int, timeout: float | None = None) -> list[core.Message]:
+        """Up to ``max_items`` items at once: waits (up to ``timeout``) for the first, then
+        takes what else is ready without waiting. Empty on timeout or once drained."""
+        return self._reserve(core.check_max_items(max_items), timeout)
+
+    def _reserve(self, max_items: int, timeout: float | None) -> list[core.Message]:
         if self._fetcher is None:
             if self._closed:
                 raise QueueClosed(f"Queue {self.name!r} is closed.")
             self._start_consuming()
         deadline = None
+        out: list[core.Message] = []
         while True:
             gen = self._consumers.gen
-            expired = False
             with self._mutex:
-                now = _now()
-                while self._ready and not self._paused:
-                    msg = self._ready[0]
-                    b = msg.bucket
-                    if b.until <= now and self._held.get(b.id) is b:
-                        # Our lease may have run out (this process was frozen or cut off
-                        # from the server): hand out nothing of the bucket until the
-                        # flusher has renewed the lease or found it lost.
-                        expired = True
-                        break
-                    self._ready.popleft()
-                    b.queued -= 1
-                    if b.lost or b.released or self._held.get(b.id) is not b:
-                        continue
-                    b.handed += 1
-                    self._stats["reserved"] += 1
-                    self._last_reserve = _monotonic()
-                    if b.queued == 0:
-                        self._fetch_wake.notify()
-                    return msg
-                if self._draining or self._closed:
-                    return None
+                expired = self._take(_now(), max_items, out)
+                if out or self._draining or self._closed:
+                    return out
             if timeout is not None:
                 if deadline is None:
                     deadline = _monotonic() + timeout
                 remaining = deadline - _monotonic()
                 if remaining <= 0:
-                    return None
+                    return out
             else:
                 remaining = None
             if expired:
@@ -334,6 +336,31 @@ class Queue:
                 self._consumers.wait(gen, remaining)
             finally:
                 self._waiters -= 1
+
+    def _take(self, now: float, max_items: int, out: list[core.Message]) -> bool:
+        """Move up to ``max_items`` ready messages into ``out`` (mutex held). True when a
+        bucket's lease may have run out: our process was frozen or cut off from the
+        server, so nothing of it is handed out until the flusher renewed it or found it lost."""
+        ready = self._ready
+        if self._paused:
+            return False
+        while ready and len(out) < max_items:
+            msg = ready[0]
+            b = msg.bucket
+            if b.until <= now and b.held:
+                return True
+            ready.popleft()
+            b.queued -= 1
+            if b.lost or b.released or not b.held:
+                continue
+            b.handed += 1
+            out.append(msg)
+            if b.queued == 0:
+                self._fetch_wake.notify()
+        if out:
+            self._stats["reserved"] += len(out)
+            self._last_reserve = now
+        return False
 
     def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
         """Mark the item consumed. False if this process no longer holds its bucket
@@ -347,6 +374,18 @@ class Queue:
             if msg.bucket.lost:
                 return False
         return ok
+
+    def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
+        """Commit several items; returns how many were committed (the others' buckets
+        are no longer held here, and they will be delivered again)."""
+        msgs = list(msgs)
+        with self._mutex:
+            done = [m for m in msgs if m.bucket.commit(m.index)]
+            self._stats["committed"] += len(done)
+        if done and flush:
+            self._flush_state()
+            return sum(1 for m in done if not m.bucket.lost)
+        return len(done)
 
     def rollback(
         self, msg: core.Message, delay: float | None = None, *, next_t: Any = None, reason: str | None = None
@@ -468,16 +507,19 @@ class Queue:
                     old.lost = True
                     self._stats["lease_losses"] += 1
                     log.warning("queue %s: lost the lease of bucket %s; dropping it", self.name, old.id)
-                self._held.pop(old.id, None)
+                self._drop(old)
                 return False
+
+    def _drop(self, b: core.HeldBucket) -> None:
+        """Forget a bucket this process no longer holds (call with the mutex held)."""
+        if self._held.get(b.id) is b:
+            del self._held[b.id]
+        b.held = False
 
     def _watcher_loop(self) -> None:
         """Wake the fetcher on inserted or released buckets (where the server has change
         streams); polling covers everything else."""
-        pipeline = [
-            {"$match": {"operationType": {"$in": ["insert", "update", "replace"]}}},
-            {"$project": {"operationType": 1}},
-        ]
+        pipeline = core.WAKEUP_PIPELINE
         while not self._closed:
             try:
                 with self._col.watch(pipeline, max_await_time_ms=500) as stream:
@@ -559,13 +601,13 @@ class Queue:
                         b.lost = True
                         self._stats["lease_losses"] += 1
                         log.warning("queue %s: lost the lease of bucket %s; dropping it", self.name, b.id)
-                        self._held.pop(b.id, None)
+                        self._drop(b)
                     elif kind == "delete":
-                        self._held.pop(b.id, None)
+                        self._drop(b)
                     elif kind == "release":
                         b.released = True
                         self._stats["released"] += 1
-                        self._held.pop(b.id, None)
+                        self._drop(b)
                     else:
                         b.until = now + lease
             if lost or any(kind != "update" for _, kind in targets):
@@ -660,7 +702,7 @@ class Queue:
             outstanding = sum(b.outstanding - b.queued for b in self._held.values() if not b.lost)
             if not self._ready and not outstanding:
                 break
-            recent = _monotonic() - self._last_reserve < 0.25
+            recent = _now() - self._last_reserve < 0.25
             if not outstanding and not self._waiters and not recent:
                 break  # nothing here is consuming: do not sit out the deadline
             self._consumers.notify()
@@ -689,7 +731,7 @@ class Queue:
             with self._mutex:
                 for b in buckets:
                     b.released = True
-                    self._held.pop(b.id, None)
+                    self._drop(b)
                     self._stats["released"] += 1
 
     def close(self) -> dict[str, int]:
