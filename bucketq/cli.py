@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n", type=int, help="one N for bucketq (instead of the preset's sizes)")
     b.add_argument("--sizes", type=_int_list, help="Ns for bucketq, e.g. 10000,100000,1000000")
     b.add_argument("--procs", type=_int_list, help="producer and consumer processes, e.g. 1,2,4")
-    b.add_argument("--element-n", type=int, help="largest N for per-element contenders (slow)")
+    b.add_argument("--element-n", type=int, help="per-element N at the largest size (halved below)")
     b.add_argument("--contender", action="append", help="run only this contender (repeatable)")
     b.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     b.add_argument("--plots", metavar="DIR", help="PNG plots go here (default: bench-results/)")

@@ -10,7 +10,7 @@ import json
 import pytest
 from rich.console import Console
 
-from bucketq.benchmark import CONTENDERS, run
+from bucketq.benchmark import CONTENDERS, element_sizes, run
 from bucketq.benchmark._stats import checksum, next_check, share, spread
 from bucketq.cli import main
 
@@ -70,6 +70,7 @@ def test_json_has_every_figure_and_the_environment(bench):
             assert isinstance(r[key], float) and r[key] > 0, (r["contender"], key)
         assert r["push_s"] > 0 and r["consume_s"] > 0
         assert r["end_to_end_vs_fastest_per_element"] > 0
+        assert r["floor_us_per_item"] > 0 and all(w["floor_us"] > 0 for w in r["workers"])
     assert data["floor_us_per_item"] > 0
     assert data["payload"]["bytes_json"] > 50 and data["payload"]["bytes_bson"] > 50
     env = data["environment"]
@@ -134,3 +135,10 @@ def test_shares_checksums_and_spread():
     # the last items are looked for one at a time, a long run rarely
     assert next_check(0, 999, 1_000, 1) == 1
     assert next_check(0, 0, 1_000_000, 2) == 1024
+    # per-element contenders: the cap at the largest N, halved below, never above bucketq's N
+    assert element_sizes([10_000, 1_000_000, 100_000], 1_000) == {
+        1_000_000: 1_000,
+        100_000: 500,
+        10_000: 250,
+    }
+    assert element_sizes([200], 500) == {200: 200}

@@ -14,7 +14,17 @@ process), ``_runner`` (the runs), ``_report`` (JSON, tables, notes), ``_plots`` 
 """
 
 from ._contenders import CONTENDERS, Contender, Handle
-from ._runner import DEFAULT_PLOTS_DIR, FULL, QUICK, RunSpec, build_plan, run, run_spec
+from ._runner import (
+    DEFAULT_PLOTS_DIR,
+    FULL,
+    QUICK,
+    Preset,
+    RunSpec,
+    build_plan,
+    element_sizes,
+    run,
+    run_spec,
+)
 from ._stats import RunResult, WorkerReport, spread
 from ._workload import bson_floor_us, payload
 
@@ -25,11 +35,13 @@ __all__ = [
     "QUICK",
     "Contender",
     "Handle",
+    "Preset",
     "RunResult",
     "RunSpec",
     "WorkerReport",
     "bson_floor_us",
     "build_plan",
+    "element_sizes",
     "payload",
     "run",
     "run_spec",

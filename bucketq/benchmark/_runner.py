@@ -1,4 +1,4 @@
-"""Runs the benchmark: one server, the floor, then every (contender, N, processes) run,
+"""Runs the benchmark: one server, then every (contender, N, processes) run,
 interleaved contender by contender within each (N, processes) group.
 
 Each run gets its own database and P spawned worker processes (see ``_worker``); the
@@ -20,7 +20,7 @@ from typing import Any
 from pymongo import MongoClient
 
 from ._contenders import CONTENDERS
-from ._stats import RunResult, WorkerReport
+from ._stats import RunResult, WorkerReport, median_floor
 
 #: Seconds without an item pushed or committed after which a run is declared stuck.
 DEFAULT_STALL_TIMEOUT = 180.0
@@ -37,9 +37,11 @@ class RunSpec:
         return CONTENDERS[self.contender].per_element
 
 
-def element_n_for(n: int, element_n: int) -> int:
-    """Items for a per-element contender in a group where bucketq pushes ``n``."""
-    return min(n, element_n)
+def element_sizes(sizes: Sequence[int], cap: int) -> dict[int, int]:
+    """Items for a per-element contender in the group where bucketq pushes each of ``sizes``:
+    ``cap`` at the largest size, half as many at each smaller one (never more than bucketq)."""
+    ordered = sorted(set(sizes), reverse=True)
+    return {n: max(1, min(n, cap >> rank)) for rank, n in enumerate(ordered)}
 
 
 def build_plan(
@@ -50,14 +52,13 @@ def build_plan(
     extra: Sequence[tuple[str, int, int]] = (),
 ) -> list[RunSpec]:
     """Every contender at every (size, processes), per-element ones at their smaller N
-    (and only once where several sizes shrink to the same N), then ``extra`` runs."""
+    (see :func:`element_sizes`), then ``extra`` runs; no run twice."""
+    small = element_sizes(sizes, element_n)
     plan: list[RunSpec] = []
     for p in procs:
         for n in sizes:
             for name in contenders:
-                spec = RunSpec(
-                    name, element_n_for(n, element_n) if CONTENDERS[name].per_element else n, p
-                )
+                spec = RunSpec(name, small[n] if CONTENDERS[name].per_element else n, p)
                 if spec not in plan:
                     plan.append(spec)
     for name, n, p in extra:
@@ -156,16 +157,6 @@ def run_spec(
     )
 
 
-def measure_floor() -> float:
-    """The BSON floor, measured in a fresh process like the contenders' CPU."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    from ._workload import bson_floor_us
-
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
-        return ex.submit(bson_floor_us).result()
-
-
 def _version(dist: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -231,7 +222,7 @@ DEFAULT_PLOTS_DIR = "bench-results"
 class Preset:
     sizes: tuple[int, ...]
     procs: tuple[int, ...]
-    element_n: int
+    element_n: int  # per-element N at the largest size (halved at each smaller one)
     extra: tuple[tuple[str, int, int], ...] = ()
 
 
@@ -248,7 +239,8 @@ QUICK = Preset(
         ("bucketq AsyncQueue", 100_000, 2),
     ),
 )
-#: The full matrix: 10k / 100k / 1M items × 1 / 2 / 4 processes (per-element capped).
+#: The full matrix: 10k / 100k / 1M items × 1 / 2 / 4 processes; per-element contenders at
+#: 250 / 500 / 1,000 items (a claim per item on the embedded server: 1M would take days).
 FULL = Preset(sizes=(10_000, 100_000, 1_000_000), procs=(1, 2, 4), element_n=1_000)
 
 
@@ -306,11 +298,10 @@ def run(
     server = mongodb(uri)
     with server as server_uri:
         env = environment(server_uri, server.server is not None, names)
-        floor = measure_floor()
         console.print(
             f"[bold]bucketq bench[/]: {len(plan)} runs of {len(names)} contenders on {env['server']['description']}; "
-            f"N = {', '.join(f'{s:,}' for s in sizes)} (per-element ≤ {element_n:,}), processes = "
-            f"{', '.join(map(str, sorted({s.procs for s in plan})))}; BSON floor {floor:.2f} µs/item"
+            f"N = {', '.join(f'{s:,}' for s in sizes)} (per-element {', '.join(f'{s:,}' for s in sorted(element_sizes(sizes, element_n).values()))}), processes = "
+            f"{', '.join(map(str, sorted({s.procs for s in plan})))}"
         )
         columns = (
             TextColumn("{task.description:<58}"),
@@ -345,8 +336,8 @@ def run(
         from ._plots import write_plots
 
         title = f"bucketq bench{' --quick' if quick else ''} on {env['server']['description']}"
-        plots = write_plots(results, floor, plots_dir, title)
-    doc = document(results, floor, env, settings, wall, plots)
+        plots = write_plots(results, median_floor(results), plots_dir, title)
+    doc = document(results, env, settings, wall, plots)
     print_report(console, results, doc)
     if plots:
         console.print(f"plots: {', '.join(plots)}")

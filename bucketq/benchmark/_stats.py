@@ -118,6 +118,7 @@ class WorkerReport:
     consume_end: float
     consume_cpu_s: float
     close_s: float
+    floor_us: float  # the BSON floor, measured in this process before its clock started
     pushed: tuple[int, int, int]  # checksum of the items it pushed
     consumed: tuple[int, int, int]  # checksum of the items it committed
     push_commands: dict[str, int] = field(default_factory=dict)
@@ -186,6 +187,15 @@ class RunResult:
         return 1e6 * self.cpu_s / self.n if self.n else 0.0
 
     @property
+    def floor_us(self) -> float:
+        """The BSON floor of this run: the mean of its workers' (each measured in-process)."""
+        return sum(w.floor_us for w in self.workers) / len(self.workers)
+
+    @property
+    def cpu_vs_floor(self) -> float | None:
+        return ratio(self.cpu_us_per_item, self.floor_us)
+
+    @property
     def push_cpu_us_per_item(self) -> float:
         return 1e6 * sum(w.push_cpu_s for w in self.workers) / self.n if self.n else 0.0
 
@@ -213,7 +223,7 @@ class RunResult:
     def commands_per_1000_by_name(self) -> dict[str, float]:
         return {k: per_thousand(v, self.n) for k, v in self.work_commands.items()}
 
-    def as_dict(self, floor_us: float | None = None) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "contender": self.contender,
             "per_element": self.per_element,
@@ -229,7 +239,8 @@ class RunResult:
             "cpu_us_per_item": self.cpu_us_per_item,
             "push_cpu_us_per_item": self.push_cpu_us_per_item,
             "consume_cpu_us_per_item": self.consume_cpu_us_per_item,
-            "cpu_vs_floor": ratio(self.cpu_us_per_item, floor_us or 0.0),
+            "floor_us_per_item": self.floor_us,
+            "cpu_vs_floor": self.cpu_vs_floor,
             "commands_per_1000_items": self.commands_per_1000,
             "commands_per_1000_items_by_name": self.commands_per_1000_by_name,
             "commands": self.commands,
@@ -246,6 +257,14 @@ def _sum3(rows: Iterable[tuple[int, int, int]]) -> tuple[int, int, int]:
     for x, y, z in rows:
         a, b, c = a + x, b + y, c + z
     return a, b, c
+
+
+def median_floor(results: Iterable[RunResult]) -> float:
+    """The BSON floor of a whole benchmark: the median of its runs' floors."""
+    import statistics
+
+    floors = [r.floor_us for r in results]
+    return statistics.median(floors) if floors else 0.0
 
 
 def fastest_per_element(results: Iterable[RunResult], procs: int) -> RunResult | None:

@@ -30,7 +30,7 @@ from pymongo import monitoring
 
 from ._contenders import CONTENDERS
 from ._stats import checksum, next_check, share
-from ._workload import item_numbers, payload_pool
+from ._workload import FLOOR_ITEMS, bson_floor_us, item_numbers, payload_pool
 
 #: How long an idle consumer waits for an item before it looks at the shared counter.
 POLL = 0.05
@@ -103,6 +103,8 @@ class _Worker:
         self.count = end - start
         self.pool = payload_pool(start, self.count)
         self.pushed_sum = checksum(item_numbers(self.pool, self.count))
+        # The floor, in this process, now: side by side with the CPU it is compared with.
+        self.floor_us = bson_floor_us(self.pool[:FLOOR_ITEMS])
         # The pool is the harness's memory, not the queue's: keep the cyclic garbage
         # collector from walking it during the measured phases.
         gc.collect()
@@ -121,7 +123,9 @@ class _Worker:
         self.r[f"{phase}_commands"] = self.counter.take()
 
     def _report(self, consumed: tuple[int, int, int], close_s: float) -> dict[str, Any]:
-        self.r.update(pushed=self.pushed_sum, consumed=consumed, close_s=close_s)
+        self.r.update(
+            pushed=self.pushed_sum, consumed=consumed, close_s=close_s, floor_us=self.floor_us
+        )
         return self.r
 
     def _committed(self, own: int) -> int:
