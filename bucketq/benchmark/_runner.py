@@ -20,7 +20,7 @@ from typing import Any
 from pymongo import MongoClient
 
 from ._contenders import CONTENDERS
-from ._stats import RunResult, WorkerReport, median_floor
+from ._stats import RunResult, WorkerReport, floor
 
 #: Seconds without an item pushed or committed after which a run is declared stuck.
 DEFAULT_STALL_TIMEOUT = 180.0
@@ -292,7 +292,7 @@ def run(
         "plan": [{"contender": s.contender, "n": s.n, "procs": s.procs} for s in plan],
         "argv": sys.argv,
     }
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    console = console or Console(width=None if sys.stdout.isatty() else 180)
     t_start = time.monotonic()
     results: list[RunResult] = []
     server = mongodb(uri)
@@ -336,7 +336,7 @@ def run(
         from ._plots import write_plots
 
         title = f"bucketq bench{' --quick' if quick else ''} on {env['server']['description']}"
-        plots = write_plots(results, median_floor(results), plots_dir, title)
+        plots = write_plots(results, floor(results), plots_dir, title)
     doc = document(results, env, settings, wall, plots)
     print_report(console, results, doc)
     if plots:
