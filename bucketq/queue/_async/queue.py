@@ -61,6 +61,9 @@ class AsyncQueue:
         self._consumers = AsyncNotifier()
         self._fetch_wake = AsyncNotifier()
         self._flush_wake = AsyncNotifier()
+        # Set while claims come back empty; the change-stream watcher reads only then.
+        self._starved = True
+        self._starved_wake = AsyncNotifier()
         self._waiters = 0
         self._last_reserve = 0.0
         self._next_local_mature: float | None = None
@@ -447,7 +450,11 @@ class AsyncQueue:
                 continue
             if got:
                 idle_attempt = 0
+                self._starved = False
                 continue
+            if not self._starved:
+                self._starved = True
+                self._starved_wake.notify()
             idle_attempt += 1
             wait = min(0.05 * 2 ** min(idle_attempt, 10), self.options.poll_interval)
             if self._next_local_mature is not None:
@@ -522,6 +529,13 @@ class AsyncQueue:
             try:
                 async with await self._col.watch(pipeline, max_await_time_ms=500) as stream:
                     while not self._closed:
+                        if not self._starved:
+                            # Claims succeed, so wake-ups are moot: leave the stream unread
+                            # (the server keeps its place) and spare both sides the getMores.
+                            gen = self._starved_wake.gen
+                            if not self._starved:
+                                await self._starved_wake.wait(gen, 1.0)
+                            continue
                         change = await stream.try_next()
                         if change is not None and self._fetcher is not None:
                             self._fetch_wake.notify()
@@ -738,7 +752,7 @@ class AsyncQueue:
             return self._drain_report or {}
         report = await self.drain()
         self._closed = True
-        for n in (self._fetch_wake, self._flush_wake, self._writer_wake, self._consumers):
+        for n in (self._fetch_wake, self._flush_wake, self._writer_wake, self._consumers, self._starved_wake):
             n.notify()
         for w in (self._writer, self._fetcher, self._flusher, self._watcher):
             if w is not None:
