@@ -12,6 +12,7 @@ from .embedded import URI_ENV
 
 def _bench(args: argparse.Namespace) -> int:
     from .benchmark import CONTENDERS, DEFAULT_PLOTS_DIR, run
+    from .errors import BucketQError
 
     names = args.contender or list(CONTENDERS)
     unknown = [c for c in names if c not in CONTENDERS]
@@ -30,7 +31,7 @@ def _bench(args: argparse.Namespace) -> int:
             json_path=args.json,
             plots_dir=None if args.no_plots else (args.plots or DEFAULT_PLOTS_DIR),
         )
-    except RuntimeError as exc:
+    except (RuntimeError, BucketQError) as exc:
         print(f"bucketq bench: {exc}", file=sys.stderr)
         return 1
     return 0

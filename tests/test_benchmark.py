@@ -13,6 +13,7 @@ from rich.console import Console
 from bucketq.benchmark import CONTENDERS, element_sizes, run
 from bucketq.benchmark._stats import checksum, next_check, share, spread
 from bucketq.cli import main
+from bucketq.errors import ConfigurationError
 
 N, ELEMENT_N, PROCS = 2_000, 50, (1, 2)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -70,7 +71,9 @@ def test_json_has_every_figure_and_the_environment(bench):
             assert isinstance(r[key], float) and r[key] > 0, (r["contender"], key)
         assert r["push_s"] > 0 and r["consume_s"] > 0
         assert r["end_to_end_vs_fastest_per_element"] > 0
-        assert r["floor_us_measured_in_this_run"] > 0 and all(w["floor_us"] > 0 for w in r["workers"])
+        assert r["floor_us_measured_in_this_run"] > 0 and all(
+            w["floor_us"] > 0 for w in r["workers"]
+        )
     assert data["floor_us_per_item"] > 0
     assert data["payload"]["bytes_json"] > 50 and data["payload"]["bytes_bson"] > 50
     env = data["environment"]
@@ -123,6 +126,17 @@ def test_plots_are_pngs_and_the_table_names_every_contender(bench):
 def test_cli_rejects_an_unknown_contender(capsys):
     assert main(["bench", "--contender", "nope", "--no-plots"]) == 2
     assert "unknown contender" in capsys.readouterr().err
+
+
+def test_a_missing_peer_says_which_extra_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda m, *a: None if m == "kombu" else real(m, *a)
+    )
+    with pytest.raises(ConfigurationError, match=r"kombu.*bucketq\[bench\]"):
+        run("mongodb://127.0.0.1:1/", contenders=["kombu MongoDB transport"], plots_dir=None)
 
 
 def test_shares_checksums_and_spread():

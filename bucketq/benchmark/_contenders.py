@@ -52,6 +52,8 @@ class Contender:
     is_async: bool = False
     #: PyPI distributions whose versions the report states.
     distributions: tuple[str, ...] = ()
+    #: Modules the worker imports to drive it (from the ``bench`` extra).
+    modules: tuple[str, ...] = ()
     #: A sentence the report prints about how this contender was driven.
     note: str = ""
 
@@ -149,6 +151,7 @@ class TaskQueueContender(Contender):
     name = "mongo-taskqueue TaskQueue"
     per_element = True
     distributions = ("mongo-taskqueue",)
+    modules = ("mongotq",)
     note = (
         "mongo-taskqueue: append() per item, next() + on_success() to consume; completed tasks "
         "stay in the collection with status 'successful' (its design), so its claims never get cheaper."
@@ -205,6 +208,7 @@ class KombuContender(Contender):
     name = "kombu MongoDB transport"
     per_element = True
     distributions = ("kombu",)
+    modules = ("kombu",)
     note = (
         "kombu: SimpleQueue on the mongodb transport; put() looks up the exchange's routes (find) "
         "then inserts; get() deletes the message as it delivers it (find_one_and_delete), "

@@ -19,6 +19,7 @@ from typing import Any
 
 from pymongo import MongoClient
 
+from ..errors import ConfigurationError
 from ._contenders import CONTENDERS
 from ._stats import RunResult, WorkerReport, floor
 
@@ -244,6 +245,17 @@ QUICK = Preset(
 FULL = Preset(sizes=(10_000, 100_000, 1_000_000), procs=(1, 2, 4), element_n=1_000)
 
 
+def _require(modules: Sequence[str]) -> None:
+    from importlib.util import find_spec
+
+    missing = sorted({m for m in modules if find_spec(m) is None})
+    if missing:
+        raise ConfigurationError(
+            f"bucketq bench needs {', '.join(missing)}, which is not installed. "
+            "Install the benchmark's dependencies with `pip install 'bucketq[bench]'`."
+        )
+
+
 def run(
     uri: str | None = None,
     *,
@@ -267,6 +279,18 @@ def run(
     import json
     import sys
 
+    names = list(contenders or CONTENDERS)
+    unknown = [c for c in names if c not in CONTENDERS]
+    if unknown:
+        raise ConfigurationError(f"Unknown contender(s) {unknown}; choose from {list(CONTENDERS)}.")
+    _require(
+        [
+            "rich",
+            *(["matplotlib"] if plots_dir else []),
+            *(m for c in names for m in CONTENDERS[c].modules),
+        ]
+    )
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -278,10 +302,6 @@ def run(
     sizes = (n,) if n is not None else tuple(sizes or preset.sizes)
     procs = tuple(procs or preset.procs)
     element_n = element_n or preset.element_n
-    names = list(contenders or CONTENDERS)
-    unknown = [c for c in names if c not in CONTENDERS]
-    if unknown:
-        raise ValueError(f"Unknown contender(s) {unknown}; choose from {list(CONTENDERS)}.")
     plan = build_plan(names, sizes, procs, element_n, () if overridden else preset.extra)
     settings = {
         "quick": quick,
