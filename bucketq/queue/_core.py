@@ -139,6 +139,15 @@ class QueueOptions:
         return WriteConcern(**wc) if isinstance(wc, dict) else wc
 
 
+def split_write_errors(exc: Any) -> tuple[list[Any], set[Any]]:
+    """A ``BulkWriteError`` of an insert: (ids that exist already, ids that failed otherwise).
+    An existing id is an earlier attempt that landed, or for a stream, someone else's number."""
+    errs = exc.details.get("writeErrors", [])
+    dups = [e["op"]["_id"] for e in errs if e.get("code") == 11000]
+    failed = {e["op"]["_id"] for e in errs if e.get("code") != 11000}
+    return dups, failed
+
+
 def check_max_items(max_items: Any) -> int:
     if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1:
         raise ConfigurationError(f"max_items must be a whole number >= 1; got {max_items!r}.")

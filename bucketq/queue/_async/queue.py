@@ -15,13 +15,11 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 
-from ...errors import QueueClosed, QueueFull
+from ...errors import QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
 from .._concurrency import (
-    AsyncBatch,
     AsyncLock,
-    AsyncMutex,
     AsyncNotifier,
     AsyncReceipt,
     AsyncWorker,
@@ -29,6 +27,7 @@ from .._concurrency import (
     async_sleep,
 )
 from .._db import check_async_database
+from .producer import AsyncProducer
 
 log = logging.getLogger("bucketq.queue")
 
@@ -36,7 +35,7 @@ _now = time.time
 _monotonic = time.monotonic
 
 
-class AsyncQueue:
+class AsyncQueue(AsyncProducer):
     """A durable queue on MongoDB that packs pushed items into bucket documents.
 
     ``db`` is a pymongo ``AsyncDatabase``; the queue uses the collection ``name``.
@@ -48,14 +47,8 @@ class AsyncQueue:
         self.name = core.check_name(name)
         self.db = check_async_database(db)
         self._col = db.get_collection(name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern())
-        self._mutex = AsyncMutex()
+        self._init_producer(opts, "queue")
         self._flush_lock = AsyncLock()
-        self._packer = core.Packer(opts, AsyncBatch)
-        self._to_write: deque[core.OpenBucket] = deque()
-        self._unwritten: dict[ObjectId, core.OpenBucket] = {}
-        self._pending_bytes = 0
-        self._writer_wake = AsyncNotifier()
-        self._space = AsyncNotifier()
         self._ready: deque[core.Message] = deque()
         self._held: dict[ObjectId, core.HeldBucket] = {}
         self._consumers = AsyncNotifier()
@@ -73,7 +66,6 @@ class AsyncQueue:
         self._closed = False
         self._drain_report: dict[str, int] | None = None
         self._setup_done = False
-        self._writer: AsyncWorker | None = None
         self._fetcher: AsyncWorker | None = None
         self._flusher: AsyncWorker | None = None
         self._watcher: AsyncWorker | None = None
@@ -120,21 +112,6 @@ class AsyncQueue:
             await receipt.wait()
         return receipt
 
-    async def _add(self, item: bytes, at: float, now: float) -> AsyncReceipt:
-        if self._pending_bytes + len(item) > self.options.max_pending_bytes:
-            self._packer.check_size(len(item))
-            await self._wait_for_space(len(item))
-        with self._mutex:
-            ob, index, sealed = self._packer.add(item, at, now)
-            self._pending_bytes += len(item)
-            self._stats["pushed"] += 1
-            if sealed:
-                self._to_write.extend(sealed)
-        if index == 0 or sealed:
-            self._unwritten[ob.id] = ob
-            self._wake_writer()
-        return AsyncReceipt(ob, index)
-
     async def push_many(
         self,
         payloads: Any,
@@ -146,76 +123,16 @@ class AsyncQueue:
     ) -> list[AsyncReceipt]:
         """Push several items; all are encoded first, so one bad item stores none of them."""
         self._check_open()
-        items = [encode_item(p, headers) for p in payloads]
-        sizes = [len(it) for it in items]
-        for size in sizes:
-            self._packer.check_size(size)
-        now = _now()
-        at = core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
-        total = sum(sizes)
-        if self._pending_bytes + total > self.options.max_pending_bytes:
-            # Over the limit: one at a time, each waiting for space as push() does.
-            receipts = [await self._add(item, at, now) for item in items]
-        else:
-            with self._mutex:
-                runs, sealed = self._packer.add_many(items, sizes, at, now)
-                self._pending_bytes += total
-                self._stats["pushed"] += len(items)
-                self._to_write.extend(sealed)
-            for ob, first, _ in runs:
-                if first == 0:
-                    self._unwritten[ob.id] = ob
-            if sealed or any(first == 0 for _, first, _ in runs):
-                self._wake_writer()
-            receipts = [AsyncReceipt(ob, k) for ob, first, count in runs for k in range(first, first + count)]
-        if durable:
-            for r in receipts:
-                await r.wait()
-        return receipts
+        at = core.mature_time(_now(), delay, mature) if delay is not None or mature is not None else None
+        return await self._add_many(payloads, headers, at, durable)
 
-    async def _wait_for_space(self, nbytes: int) -> None:
-        if self.options.pending_policy == "raise":
-            raise QueueFull(
-                f"Queue {self.name!r} has {self._pending_bytes} bytes of pushes waiting to be written "
-                f"(max_pending_bytes={self.options.max_pending_bytes}). Retry later, call flush(), "
-                'or open the queue with pending_policy="block".'
-            )
-        while self._pending_bytes + nbytes > self.options.max_pending_bytes and self._pending_bytes > 0:
-            gen = self._space.gen
-            # Seal what is open so the writer can free space.
-            with self._mutex:
-                self._to_write.extend(self._packer.take_all())
-            self._wake_writer()
-            await self._space.wait(gen, 1.0)
-
-    def _wake_writer(self) -> None:
-        if self._writer is None:
-            self._writer = AsyncWorker(f"bucketq-writer-{self.name}", self._writer_loop)
-        self._writer_wake.notify()
-
-    async def _writer_loop(self) -> None:
-        while True:
-            gen = self._writer_wake.gen
-            with self._mutex:
-                self._to_write.extend(self._packer.take_due(_now()))
-                batch = list(self._to_write)
-                self._to_write.clear()
-                next_due = self._packer.next_due()
-            if batch:
-                await self._insert(batch)
-                continue
-            if self._closed and next_due is None:
-                return
-            await self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
-
-    async def _insert(self, buckets: list[core.OpenBucket]) -> None:
-        """Write sealed buckets (one command), retrying transient failures within the
-        retry budget; resolve their receipts either way."""
+    async def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
+        """Insert sealed buckets (one command), retrying transient failures within the
+        retry budget; an id already there is an earlier attempt that landed."""
         await self._setup()
         docs = {ob.id: ob.document() for ob in buckets}
         started = _monotonic()
         attempt = 0
-        error: BaseException | None = None
         while docs:
             try:
                 if len(docs) == 1:
@@ -225,62 +142,30 @@ class AsyncQueue:
                 docs.clear()
             except DuplicateKeyError:
                 docs.clear()  # an earlier attempt landed
-            except BulkWriteError as exc:
-                landed = {
-                    e["op"]["_id"] for e in exc.details.get("writeErrors", []) if e.get("code") == 11000
-                }
-                failed = {e["op"]["_id"] for e in exc.details.get("writeErrors", [])} - landed
-                docs = {k: v for k, v in docs.items() if k in failed}
-                if docs and not self._retry_wait_ok(exc, started):
-                    error = exc
-                    break
-                attempt += 1
-                await async_sleep(core.backoff(attempt, self.options.retry_base, self.options.retry_cap))
             except PyMongoError as exc:
-                if not self._retry_wait_ok(exc, started):
-                    error = exc
-                    break
+                if isinstance(exc, BulkWriteError):
+                    _, failed = core.split_write_errors(exc)
+                    docs = {k: v for k, v in docs.items() if k in failed}
+                    if not docs:
+                        break
+                if not self._retry_ok(exc, started):
+                    return set(docs), exc
                 attempt += 1
                 self._stats["insert_retries"] += 1
                 log.warning("queue %s: bucket insert failed (%s); retry %d", self.name, exc, attempt)
-                await async_sleep(core.backoff(attempt, self.options.retry_base, self.options.retry_cap))
-        now = _now()
-        for ob in buckets:
-            failed_here = error is not None and ob.id in docs
-            self._pending_bytes -= ob.nbytes
-            self._unwritten.pop(ob.id, None)
-            if failed_here:
-                self._stats["push_failed"] += len(ob)
-                log.error("queue %s: %d items were NOT stored: %s", self.name, len(ob), error)
-                ob.batch.resolve(error)
-            else:
-                self._stats["buckets_written"] += 1
-                ob.batch.resolve()
-                if ob.mature > now and (self._next_local_mature is None or ob.mature < self._next_local_mature):
-                    self._next_local_mature = ob.mature
-            ob.items = []  # receipts keep the bucket; free its items
-        self._space.notify()
-        self._fetch_wake.notify()
+                await self._backoff(attempt)
+        return set(), None
 
-    def _retry_wait_ok(self, exc: BaseException, started: float) -> bool:
-        return core.is_transient(exc) and _monotonic() - started < self.options.retry_budget
+    def _written(self, buckets: list[core.OpenBucket], now: float) -> None:
+        for ob in buckets:
+            if ob.mature > now and (self._next_local_mature is None or ob.mature < self._next_local_mature):
+                self._next_local_mature = ob.mature
+        self._fetch_wake.notify()
 
     async def flush(self) -> None:
         """Write every open bucket and wait until stored; then flush consumer state."""
         await self._flush_pushes()
         await self._flush_state()
-
-    async def _flush_pushes(self) -> None:
-        with self._mutex:
-            self._to_write.extend(self._packer.take_all())
-            waiting = list(self._unwritten.values())
-        if waiting:
-            self._wake_writer()
-        for ob in waiting:
-            try:
-                await ob.batch.wait()
-            except Exception:  # noqa: BLE001 - the receipts carry the error
-                pass
 
     # -- consume ------------------------------------------------------------------------
 

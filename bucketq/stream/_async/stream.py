@@ -14,19 +14,16 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 
-from ...errors import Fenced, QueueClosed, QueueFull
+from ...errors import Fenced, QueueClosed
 from ...queue import _core as qcore
-from ...queue._codec import CODEC_OPTIONS, encode_item
+from ...queue._codec import CODEC_OPTIONS
 from ...queue._concurrency import (
-    AsyncBatch,
-    AsyncMutex,
-    AsyncNotifier,
     AsyncReceipt,
-    AsyncWorker,
     async_register_exit,
     async_sleep,
 )
 from ...queue._db import check_async_database
+from ...queue._producer import AsyncProducer
 from .. import _core as core
 
 log = logging.getLogger("bucketq.stream")
@@ -35,7 +32,7 @@ _now = time.time
 _monotonic = time.monotonic
 
 
-class AsyncStreamQueue:
+class AsyncStreamQueue(AsyncProducer):
     """A queue in ordered stream mode: every bucket gets the next gapless sequence number.
 
     Producers ``push`` as on a bucket queue (items are packed into buckets by count,
@@ -53,14 +50,7 @@ class AsyncStreamQueue:
         self._meta = db.get_collection(
             core.meta_name(name), codec_options=CODEC_OPTIONS, write_concern=wc
         )
-        self._mutex = AsyncMutex()
-        self._packer = qcore.Packer(opts.packer, AsyncBatch)
-        self._to_write: deque[qcore.OpenBucket] = deque()
-        self._unwritten: dict[Any, qcore.OpenBucket] = {}
-        self._pending_bytes = 0
-        self._writer_wake = AsyncNotifier()
-        self._space = AsyncNotifier()
-        self._writer: AsyncWorker | None = None
+        self._init_producer(opts.packer, "stream")
         self._closed = False
         self._stats = dict.fromkeys(
             ("pushed", "buckets_written", "insert_retries", "push_failed", "renumbered"), 0
@@ -84,67 +74,7 @@ class AsyncStreamQueue:
         """Push several items in order; all are encoded first, so one bad item stores none."""
         if self._closed:
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
-        items = [encode_item(p, headers) for p in payloads]
-        for it in items:
-            self._packer.check_size(len(it))
-        receipts = []
-        for item in items:
-            if self._pending_bytes + len(item) > self.options.max_pending_bytes:
-                await self._wait_for_space(len(item))
-            now = _now()
-            with self._mutex:
-                ob, index, sealed = self._packer.add(item, now, now)
-                self._pending_bytes += len(item)
-                self._stats["pushed"] += 1
-                if sealed:
-                    self._to_write.extend(sealed)
-            if index == 0 or sealed:
-                self._unwritten[ob.id] = ob
-                self._wake_writer()
-            receipts.append(AsyncReceipt(ob, index))
-        if durable:
-            for r in receipts:
-                await r.wait()
-        return receipts
-
-    async def _wait_for_space(self, nbytes: int) -> None:
-        if (
-            self.options.packer.pending_policy == "raise"
-        ):  # pragma: no cover - block is the only policy
-            raise QueueFull(f"Stream {self.name!r} has too many pushes waiting to be written.")
-        while (
-            self._pending_bytes + nbytes > self.options.max_pending_bytes
-            and self._pending_bytes > 0
-        ):
-            gen = self._space.gen
-            with self._mutex:
-                self._to_write.extend(self._packer.take_all())
-            self._wake_writer()
-            await self._space.wait(gen, 1.0)
-
-    def _wake_writer(self) -> None:
-        if self._writer is None:
-            self._writer = AsyncWorker(f"bucketq-stream-writer-{self.name}", self._writer_loop)
-        self._writer_wake.notify()
-
-    async def _writer_loop(self) -> None:
-        while True:
-            gen = self._writer_wake.gen
-            with self._mutex:
-                self._to_write.extend(self._packer.take_due(_now()))
-                batch = list(self._to_write)
-                self._to_write.clear()
-                next_due = self._packer.next_due()
-            if batch:
-                try:
-                    await self._insert(batch)
-                except Exception as exc:  # noqa: BLE001 - never leave receipts hanging
-                    log.exception("stream %s: writing %d buckets failed", self.name, len(batch))
-                    self._fail(batch, exc)
-                continue
-            if self._closed and next_due is None:
-                return
-            await self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
+        return await self._add_many(payloads, headers, None, durable)
 
     async def _allocate(self, k: int) -> range:
         for _ in range(5):
@@ -166,12 +96,11 @@ class AsyncStreamQueue:
         except DuplicateKeyError:
             pass
 
-    async def _insert(self, buckets: list[qcore.OpenBucket]) -> None:
+    async def _write(self, buckets: list[qcore.OpenBucket]) -> tuple[set[Any], BaseException | None]:
         """Number sealed buckets in seal order and write them; a number whose hole was
         closed meanwhile (a tombstone owns it) is given up and the bucket renumbered."""
         started = _monotonic()
         attempt = 0
-        error: BaseException | None = None
         seqs: dict[Any, int] = {}
         todo = list(buckets)
         while todo:
@@ -189,9 +118,7 @@ class AsyncStreamQueue:
                 todo = []
             except (DuplicateKeyError, BulkWriteError) as exc:
                 if isinstance(exc, BulkWriteError):
-                    errs = exc.details.get("writeErrors", [])
-                    dups = [e["op"]["_id"] for e in errs if e.get("code") == 11000]
-                    failed = {e["op"]["_id"] for e in errs if e.get("code") != 11000}
+                    dups, failed = qcore.split_write_errors(exc)
                 else:  # insert_one: the single bucket
                     dups, failed = [seqs[todo[0].id]], set()
                 by_seq = {seqs[ob.id]: ob for ob in todo}
@@ -203,38 +130,18 @@ class AsyncStreamQueue:
                                 self.name, seq)  # fmt: skip
                 todo = [by_seq[s] for s in sorted(failed | set(lost))]
                 if failed and not self._retry_ok(exc, started):
-                    error = exc
-                    break
+                    return {ob.id for ob in todo}, exc
                 if failed:
                     attempt += 1
-                    await async_sleep(
-                        qcore.backoff(attempt, self.options.retry_base, self.options.retry_cap)
-                    )
+                    await self._backoff(attempt)
             except PyMongoError as exc:
                 if not self._retry_ok(exc, started):
-                    error = exc
-                    break
+                    return {ob.id for ob in todo}, exc
                 attempt += 1
                 self._stats["insert_retries"] += 1
-                log.warning(
-                    "stream %s: bucket insert failed (%s); retry %d", self.name, exc, attempt
-                )
-                await async_sleep(
-                    qcore.backoff(attempt, self.options.retry_base, self.options.retry_cap)
-                )
-        failed_ids = {ob.id for ob in todo} if error is not None else set()
-        for ob in buckets:
-            self._pending_bytes -= ob.nbytes
-            self._unwritten.pop(ob.id, None)
-            if ob.id in failed_ids:
-                self._stats["push_failed"] += len(ob)
-                log.error("stream %s: %d items were NOT stored: %s", self.name, len(ob), error)
-                ob.batch.resolve(error)
-            else:
-                self._stats["buckets_written"] += 1
-                ob.batch.resolve()
-            ob.items = []
-        self._space.notify()
+                log.warning("stream %s: bucket insert failed (%s); retry %d", self.name, exc, attempt)
+                await self._backoff(attempt)
+        return set(), None
 
     async def _not_ours(self, dups: list[int], by_seq: dict[int, qcore.OpenBucket]) -> list[int]:
         """Of the numbers an insert found taken, those taken by someone else (a tombstone)."""
@@ -247,30 +154,9 @@ class AsyncStreamQueue:
         # outlive any producer's retry budget: tombstone_ttl >= retry_budget).
         return [s for s in dups if s in owners and owners[s] != by_seq[s].id]
 
-    def _fail(self, buckets: list[qcore.OpenBucket], exc: BaseException) -> None:
-        for ob in buckets:
-            if not ob.batch.done():
-                self._pending_bytes -= ob.nbytes
-                self._unwritten.pop(ob.id, None)
-                self._stats["push_failed"] += len(ob)
-                ob.batch.resolve(exc)
-        self._space.notify()
-
-    def _retry_ok(self, exc: BaseException, started: float) -> bool:
-        return qcore.is_transient(exc) and _monotonic() - started < self.options.retry_budget
-
     async def flush(self) -> None:
         """Write every open bucket and wait until stored."""
-        with self._mutex:
-            self._to_write.extend(self._packer.take_all())
-            waiting = list(self._unwritten.values())
-        if waiting:
-            self._wake_writer()
-        for ob in waiting:
-            try:
-                await ob.batch.wait()
-            except Exception:  # noqa: BLE001 - the receipts carry the error
-                pass
+        await self._flush_pushes()
 
     # -- consume ----------------------------------------------------------------------------
 

@@ -1,0 +1,194 @@
+# GENERATED from bucketq/queue/_async/producer.py by scripts/unasync.py. Do not edit;
+# edit the async file and run `python scripts/unasync.py`.
+"""The push side shared by the bucket queue and the stream queue (pymongo ``MongoClient``).
+
+Encoded items are packed into open buckets (``_core.Packer``); sealed buckets are
+written by one writer worker through the subclass's ``_write``; receipts resolve only
+after that, and ``max_pending_bytes`` bounds what waits in memory.
+
+The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from ...errors import QueueFull
+from .. import _core as core
+from .._codec import encode_item
+from .._concurrency import (
+    Batch,
+    Mutex,
+    Notifier,
+    Receipt,
+    Worker,
+    sleep,
+)
+
+log = logging.getLogger("bucketq.queue")
+
+_now = time.time
+_monotonic = time.monotonic
+
+
+class Producer:
+    """Base of the queue classes' push side. A subclass calls ``_init_producer`` and
+    implements ``_write(buckets)``; it may override ``_written(buckets, now)``."""
+
+    name: str
+    _stats: dict[str, int]
+    _closed: bool
+
+    def _init_producer(self, opts: core.QueueOptions, kind: str) -> None:
+        self._push_opts = opts
+        self._kind = kind  # "queue" or "stream", for messages
+        self._mutex = Mutex()
+        self._packer = core.Packer(opts, Batch)
+        self._to_write: deque[core.OpenBucket] = deque()
+        self._unwritten: dict[Any, core.OpenBucket] = {}
+        self._pending_bytes = 0
+        self._writer_wake = Notifier()
+        self._space = Notifier()
+        self._writer: Worker | None = None
+
+    def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
+        """Store sealed buckets; returns the ids of those NOT stored and why."""
+        raise NotImplementedError
+
+    def _written(self, buckets: list[core.OpenBucket], now: float) -> None:
+        """Called with the buckets just stored (before their items are freed)."""
+
+    # -- adding -------------------------------------------------------------------------
+
+    def _add_many(
+        self, payloads: Any, headers: dict[str, Any] | None, at: float | None, durable: bool
+    ) -> list[Receipt]:
+        """Encode every payload first (one bad item stores none), then pack them in runs;
+        ``at`` is their mature time (None: now)."""
+        items = [encode_item(p, headers) for p in payloads]
+        sizes = [len(it) for it in items]
+        for size in sizes:
+            self._packer.check_size(size)
+        now = _now()
+        at = now if at is None else at
+        total = sum(sizes)
+        if self._pending_bytes + total > self._push_opts.max_pending_bytes:
+            # Over the limit: one at a time, each waiting for space as push() does.
+            receipts = [self._add(item, at, now) for item in items]
+        else:
+            with self._mutex:
+                runs, sealed = self._packer.add_many(items, sizes, at, now)
+                self._pending_bytes += total
+                self._stats["pushed"] += len(items)
+                self._to_write.extend(sealed)
+            opened = [ob for ob, first, _ in runs if first == 0]
+            for ob in opened:
+                self._unwritten[ob.id] = ob
+            if sealed or opened:
+                self._wake_writer()
+            receipts = [Receipt(ob, k) for ob, first, count in runs for k in range(first, first + count)]
+        if durable:
+            for r in receipts:
+                r.wait()
+        return receipts
+
+    def _add(self, item: bytes, at: float, now: float) -> Receipt:
+        """Pack one encoded item (the hot path of ``push``)."""
+        if self._pending_bytes + len(item) > self._push_opts.max_pending_bytes:
+            self._packer.check_size(len(item))
+            self._wait_for_space(len(item))
+        with self._mutex:
+            ob, index, sealed = self._packer.add(item, at, now)
+            self._pending_bytes += len(item)
+            self._stats["pushed"] += 1
+            if sealed:
+                self._to_write.extend(sealed)
+        if index == 0 or sealed:
+            self._unwritten[ob.id] = ob
+            self._wake_writer()
+        return Receipt(ob, index)
+
+    def _wait_for_space(self, nbytes: int) -> None:
+        opts = self._push_opts
+        if opts.pending_policy == "raise":
+            raise QueueFull(
+                f"{self._kind.capitalize()} {self.name!r} has {self._pending_bytes} bytes of pushes waiting "
+                f"to be written (max_pending_bytes={opts.max_pending_bytes}). Retry later, call flush(), "
+                'or open it with pending_policy="block".'
+            )
+        while self._pending_bytes + nbytes > opts.max_pending_bytes and self._pending_bytes > 0:
+            gen = self._space.gen
+            # Seal what is open so the writer can free space.
+            with self._mutex:
+                self._to_write.extend(self._packer.take_all())
+            self._wake_writer()
+            self._space.wait(gen, 1.0)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _wake_writer(self) -> None:
+        if self._writer is None:
+            self._writer = Worker(f"bucketq-{self._kind}-writer-{self.name}", self._writer_loop)
+        self._writer_wake.notify()
+
+    def _writer_loop(self) -> None:
+        while True:
+            gen = self._writer_wake.gen
+            with self._mutex:
+                self._to_write.extend(self._packer.take_due(_now()))
+                batch = list(self._to_write)
+                self._to_write.clear()
+                next_due = self._packer.next_due()
+            if batch:
+                try:
+                    failed, error = self._write(batch)
+                except Exception as exc:  # noqa: BLE001 - never leave receipts hanging
+                    log.exception("%s %s: writing %d buckets failed", self._kind, self.name, len(batch))
+                    failed, error = {ob.id for ob in batch}, exc
+                self._settle(batch, failed, error)
+                continue
+            if self._closed and next_due is None:
+                return
+            self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
+
+    def _settle(self, buckets: list[core.OpenBucket], failed: set[Any], error: BaseException | None) -> None:
+        """Resolve the receipts of written (or given-up) buckets and free their memory."""
+        stored = []
+        for ob in buckets:
+            self._pending_bytes -= ob.nbytes
+            self._unwritten.pop(ob.id, None)
+            if ob.id in failed:
+                self._stats["push_failed"] += len(ob)
+                log.error("%s %s: %d items were NOT stored: %s", self._kind, self.name, len(ob), error)
+                ob.batch.resolve(error)
+            else:
+                self._stats["buckets_written"] += 1
+                ob.batch.resolve()
+                stored.append(ob)
+        self._written(stored, _now())
+        for ob in buckets:
+            ob.items = []  # receipts keep the bucket; free its items
+        self._space.notify()
+
+    def _retry_ok(self, exc: BaseException, started: float) -> bool:
+        """May a failed write be tried again (transient, within ``retry_budget``)?"""
+        return core.is_transient(exc) and _monotonic() - started < self._push_opts.retry_budget
+
+    def _backoff(self, attempt: int) -> None:
+        sleep(core.backoff(attempt, self._push_opts.retry_base, self._push_opts.retry_cap))
+
+    def _flush_pushes(self) -> None:
+        """Write every open bucket and wait until each is stored (or failed)."""
+        with self._mutex:
+            self._to_write.extend(self._packer.take_all())
+            waiting = list(self._unwritten.values())
+        if waiting:
+            self._wake_writer()
+        for ob in waiting:
+            try:
+                ob.batch.wait()
+            except Exception:  # noqa: BLE001 - the receipts carry the error
+                pass
