@@ -19,6 +19,9 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown contender(s): {unknown}; choose from {list(CONTENDERS)}", file=sys.stderr)
         return 2
+    # SIGTERM unwinds like Ctrl-C: workers are stopped, the run's database dropped, the
+    # embedded server stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         run(
             args.mongodb_uri,

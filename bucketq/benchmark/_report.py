@@ -23,9 +23,17 @@ from ._workload import payload
 SCHEMA = "bucketq-bench/2"
 
 
-def notes(results: Sequence[RunResult], env: dict[str, Any]) -> list[str]:
+def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str, Any]) -> list[str]:
     """The sentences a reader needs to read the figures right."""
     out: list[str] = []
+    restarts = settings.get("server_restarts") or []
+    if restarts:
+        out.append(
+            f"The embedded server was replaced by a fresh one {len(restarts)} time(s), before a group of runs "
+            f"once {settings['fresh_server_after_items']:,} items had gone through it: after big runs it stays "
+            "busy and slows every later operation. Within a (N, P) group all contenders share one server, "
+            "the per-element ones first."
+        )
     bucketq_n = sorted({r.n for r in results if not r.per_element})
     element_n = sorted({r.n for r in results if r.per_element})
     if bucketq_n and element_n and max(element_n) < max(bucketq_n):
@@ -122,7 +130,7 @@ def document(
         "runs": runs,
         "scaling": scaling([r for r in results]),
         "flat_within": FLAT_WITHIN,
-        "notes": notes(results, env),
+        "notes": notes(results, env, settings),
         "plots": list(plots),
     }
 
@@ -144,13 +152,15 @@ def print_report(console: Any, results: Sequence[RunResult], doc: dict[str, Any]
     from rich.table import Table
 
     floor_us = doc["floor_us_per_item"]
+    order = {name: i for i, name in enumerate(CONTENDERS)}
+    shown = sorted(results, key=lambda r: (r.procs, r.group_n, r.per_element, order[r.contender]))
     t = Table(
         title="Lifecycle throughput and cost per item (P producer processes, then P consumer processes)"
     )
     for col in ("contender", "N", "P", "push/s", "consume/s", "end-to-end/s", "vs per-element",
                 "cmds/1k items", "CPU µs/item", "vs floor", "items back"):  # fmt: skip
         t.add_column(col, justify="left" if col == "contender" else "right")
-    for r in results:
+    for r in shown:
         best = fastest_per_element(results, r.procs)
         t.add_row(
             r.contender, f"{r.n:,}", str(r.procs), f"{r.push_rate:,.0f}", f"{r.consume_rate:,.0f}",
@@ -161,7 +171,7 @@ def print_report(console: Any, results: Sequence[RunResult], doc: dict[str, Any]
     console.print(t)
 
     # Commands by name: every run when there are few, else each (contender, P) at its largest N.
-    rows = list(results)
+    rows = list(shown)
     if len(rows) > 16:
         top: dict[tuple[str, int], RunResult] = {}
         for r in results:

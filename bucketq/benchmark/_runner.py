@@ -32,6 +32,8 @@ class RunSpec:
     contender: str
     n: int
     procs: int
+    #: bucketq's N in the (N, processes) group this run belongs to.
+    group_n: int = 0
 
     @property
     def per_element(self) -> bool:
@@ -52,20 +54,28 @@ def build_plan(
     element_n: int,
     extra: Sequence[tuple[str, int, int]] = (),
 ) -> list[RunSpec]:
-    """Every contender at every (size, processes), per-element ones at their smaller N
-    (see :func:`element_sizes`), then ``extra`` runs; no run twice."""
+    """Groups of runs, one per (size, processes) and then one per extra (N, processes):
+    in each, the per-element contenders first (at their smaller N, see
+    :func:`element_sizes`; they are the ones a server slowed by big runs would wrong),
+    then bucketq's, in the order given. No run twice."""
     small = element_sizes(sizes, element_n)
-    plan: list[RunSpec] = []
+    groups: dict[tuple[int, int], list[str]] = {}
     for p in procs:
         for n in sizes:
-            for name in contenders:
-                spec = RunSpec(name, small[n] if CONTENDERS[name].per_element else n, p)
-                if spec not in plan:
-                    plan.append(spec)
+            groups.setdefault((n, p), []).extend(contenders)
     for name, n, p in extra:
-        spec = RunSpec(name, n, p)
-        if name in contenders and spec not in plan:
-            plan.append(spec)
+        if name in contenders:
+            groups.setdefault((n, p), []).append(name)
+    plan: list[RunSpec] = []
+    for (n, p), names in groups.items():
+        ordered = [c for c in names if CONTENDERS[c].per_element] + [
+            c for c in names if not CONTENDERS[c].per_element
+        ]
+        for name in ordered:
+            size = small.get(n, n) if CONTENDERS[name].per_element else n
+            spec = RunSpec(name, size, p, n)
+            if all((s.contender, s.n, s.procs) != (name, size, p) for s in plan):
+                plan.append(spec)
     return plan
 
 
@@ -146,7 +156,7 @@ def run_spec(
             if w.is_alive():
                 w.terminate()
                 w.join(5)
-        client: MongoClient = MongoClient(uri)
+        client: MongoClient = MongoClient(uri, serverSelectionTimeoutMS=10_000)
         with client:
             client.drop_database(db_name)
     return RunResult(
@@ -155,6 +165,7 @@ def run_spec(
         spec.n,
         spec.procs,
         [WorkerReport.from_dict(reports[i]) for i in range(spec.procs)],
+        spec.group_n,
     )
 
 
@@ -245,6 +256,46 @@ QUICK = Preset(
 FULL = Preset(sizes=(10_000, 100_000, 1_000_000), procs=(1, 2, 4), element_n=1_000)
 
 
+#: The embedded server is replaced by a fresh one before the next group once this many
+#: items went through it: after the 1,000,000-item runs it stayed busy (~95% CPU, 350 MB
+#: of data after the drops) and per-element pushes ran 10x slower than before them.
+FRESH_SERVER_AFTER = 1_000_000
+
+
+class _Servers:
+    """The server the runs use: the URI given (or ``$BUCKETQ_MONGODB_URI``), kept for the
+    whole benchmark; else an embedded server, replaced by a fresh one when worn."""
+
+    def __init__(self, uri: str | None) -> None:
+        import os
+
+        from ..embedded import URI_ENV
+
+        self.uri = uri or os.environ.get(URI_ENV) or None
+        self.embedded: Any = None
+        self.items = 0
+
+    def start(self) -> str:
+        if self.uri:
+            return self.uri
+        from ..embedded import EmbeddedServer
+
+        self.embedded = EmbeddedServer().start()
+        self.items = 0
+        return str(self.embedded.uri)
+
+    def worn(self) -> bool:
+        return self.embedded is not None and self.items >= FRESH_SERVER_AFTER
+
+    def restart(self) -> str:
+        self.stop()
+        return self.start()
+
+    def stop(self) -> None:
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
 def _require(modules: Sequence[str]) -> None:
     from importlib.util import find_spec
 
@@ -294,7 +345,6 @@ def run(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..embedded import mongodb
     from ._report import document, print_report
 
     preset = QUICK if quick else FULL
@@ -309,19 +359,26 @@ def run(
         "procs": list(procs),
         "element_n": element_n,
         "contenders": names,
-        "plan": [{"contender": s.contender, "n": s.n, "procs": s.procs} for s in plan],
+        "plan": [
+            {"contender": s.contender, "n": s.n, "procs": s.procs, "group_n": s.group_n}
+            for s in plan
+        ],
+        "fresh_server_after_items": FRESH_SERVER_AFTER,
         "argv": sys.argv,
     }
     console = console or Console(width=None if sys.stdout.isatty() else 180)
     t_start = time.monotonic()
     results: list[RunResult] = []
-    server = mongodb(uri)
-    with server as server_uri:
-        env = environment(server_uri, server.server is not None, names)
+    restarts: list[dict[str, Any]] = []
+    server = _Servers(uri)
+    try:
+        server_uri = server.start()
+        env = environment(server_uri, server.embedded is not None, names)
+        element_ns = ", ".join(f"{s:,}" for s in sorted(element_sizes(sizes, element_n).values()))
         console.print(
-            f"[bold]bucketq bench[/]: {len(plan)} runs of {len(names)} contenders on {env['server']['description']}; "
-            f"N = {', '.join(f'{s:,}' for s in sizes)} (per-element {', '.join(f'{s:,}' for s in sorted(element_sizes(sizes, element_n).values()))}), processes = "
-            f"{', '.join(map(str, sorted({s.procs for s in plan})))}"
+            f"[bold]bucketq bench[/]: {len(plan)} runs of {len(names)} contenders on "
+            f"{env['server']['description']}; N = {', '.join(f'{s:,}' for s in sizes)} (per-element "
+            f"{element_ns}), processes = {', '.join(map(str, sorted({s.procs for s in plan})))}"
         )
         columns = (
             TextColumn("{task.description:<58}"),
@@ -331,7 +388,21 @@ def run(
         )
         with Progress(*columns, console=console, transient=True) as bar:
             overall = bar.add_task("runs", total=len(plan))
+            group: tuple[int, int] | None = None
             for spec in plan:
+                if (spec.group_n, spec.procs) != group:
+                    group = (spec.group_n, spec.procs)
+                    if server.worn():
+                        bar.console.print(
+                            f"[dim]a fresh embedded server after {server.items:,} items[/]"
+                        )
+                        restarts.append(
+                            {
+                                "before_group": {"n": group[0], "procs": group[1]},
+                                "after_items": server.items,
+                            }
+                        )
+                        server_uri = server.restart()
                 label = f"{spec.contender} N={spec.n:,} P={spec.procs}"
                 pt = bar.add_task(f"{label}: push", total=spec.n)
                 ct = bar.add_task(f"{label}: consume", total=spec.n)
@@ -341,6 +412,7 @@ def run(
                     bar.update(ct, completed=c)
 
                 r = run_spec(server_uri, spec, progress, stall_timeout=stall_timeout)
+                server.items += spec.n
                 results.append(r)
                 bar.remove_task(pt)
                 bar.remove_task(ct)
@@ -350,6 +422,9 @@ def run(
                     f"end-to-end {r.e2e_rate:,.0f}/s; {r.cpu_us_per_item:,.1f} CPU µs/item, "
                     f"{r.commands_per_1000:,.1f} commands/1k items"
                 )
+    finally:
+        server.stop()
+    settings["server_restarts"] = restarts
     wall = time.monotonic() - t_start
     plots: list[str] = []
     if plots_dir:

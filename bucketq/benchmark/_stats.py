@@ -142,6 +142,8 @@ class RunResult:
     n: int
     procs: int
     workers: list[WorkerReport]
+    #: bucketq's N in the (N, processes) group the run belonged to.
+    group_n: int = 0
 
     # -- times (the phase runs from the first worker's start to the last worker's end)
     @property
@@ -224,6 +226,7 @@ class RunResult:
             "contender": self.contender,
             "per_element": self.per_element,
             "n": self.n,
+            "group_n": self.group_n,
             "producers": self.procs,
             "consumers": self.procs,
             "push_s": self.push_s,
