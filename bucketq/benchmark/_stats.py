@@ -285,7 +285,7 @@ def scaling(results: Iterable[RunResult]) -> dict[str, dict[str, Any]]:
     """Per contender: cost per item (CPU µs, commands per 1,000) over its runs at every N and
     process count, with min, max, spread and whether it is flat within FLAT_WITHIN."""
     by: dict[str, list[RunResult]] = {}
-    for r in results:
+    for r in sorted(results, key=lambda r: (r.procs, r.n)):
         by.setdefault(r.contender, []).append(r)
     out: dict[str, dict[str, Any]] = {}
     for name, runs in by.items():
