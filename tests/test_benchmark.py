@@ -139,6 +139,21 @@ def test_a_missing_peer_says_which_extra_to_install(monkeypatch):
         run("mongodb://127.0.0.1:1/", contenders=["kombu MongoDB transport"], plots_dir=None)
 
 
+def test_an_embedded_server_is_fresh_for_every_group_and_after_a_million_items():
+    from bucketq.benchmark._runner import FRESH_SERVER_AFTER, _Servers
+
+    given = _Servers("mongodb://example:27017/")
+    given.items = 10 * FRESH_SERVER_AFTER
+    assert not given.due(new_group=True)  # a server we did not start is never touched
+    s = _Servers("mongodb://example:27017/")
+    s.embedded = object()
+    assert not s.due(new_group=True)  # nothing went through it yet
+    s.items = 10
+    assert s.due(new_group=True) and not s.due(new_group=False)
+    s.items = FRESH_SERVER_AFTER
+    assert s.due(new_group=False)
+
+
 def test_shares_checksums_and_spread():
     assert [share(10, 3, i) for i in range(3)] == [(0, 4), (4, 7), (7, 10)]
     assert sum(e - s for s, e in (share(1_000_001, 4, i) for i in range(4))) == 1_000_001

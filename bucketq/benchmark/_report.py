@@ -29,10 +29,11 @@ def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str,
     restarts = settings.get("server_restarts") or []
     if restarts:
         out.append(
-            f"The embedded server was replaced by a fresh one {len(restarts)} time(s), before a group of runs "
-            f"once {settings['fresh_server_after_items']:,} items had gone through it: after big runs it stays "
-            "busy and slows every later operation. Within a (N, P) group all contenders share one server, "
-            "the per-element ones first."
+            f"The embedded server was started afresh {len(restarts)} time(s): for every (N, P) group and "
+            f"before any run once {settings['fresh_server_after_items']:,} items had gone through it, "
+            "because its cost per operation grows with the history it keeps and the order of the runs "
+            "would otherwise decide their figures. Within a group every contender ran on the same "
+            "server, the per-element ones first."
         )
     bucketq_n = sorted({r.n for r in results if not r.per_element})
     element_n = sorted({r.n for r in results if r.per_element})
