@@ -11,8 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 import bson
+import pytest
 
-from bucketq import Queue
+from bucketq import Queue, QueueFull
 from bucketq.queue._codec import decode_items
 
 from .conftest import resolve
@@ -45,6 +46,33 @@ async def test_buckets_respect_max_bytes(bucket_flavour):
             assert len(bson.encode(doc)) <= limit
             seen += [it["p"]["i"] for it in decode_items(doc["items"])]
     assert sorted(seen) == list(range(1024))
+
+
+async def test_max_pending_bytes_raises_or_blocks_and_loses_nothing(bucket_flavour):
+    """Past max_pending_bytes a push raises QueueFull (pending_policy="raise") or waits
+    until the writer made room (the default); push_many over the limit goes one by one."""
+    blob = "x" * 10_000
+    limits = {"bucket_max_bytes": 64 * 1024, "max_pending_bytes": 64 * 1024, "bucket_max_wait": 30}
+    q = bucket_flavour.open("raising", pending_policy="raise", **limits)
+    for i in range(6):
+        await resolve(q.push({"i": i, "blob": blob}))
+    with pytest.raises(QueueFull, match="max_pending_bytes"):
+        await resolve(q.push({"i": 6, "blob": blob}))
+    await resolve(q.flush())  # room again
+    await resolve(q.push({"i": 6, "blob": blob}))
+    await resolve(q.flush())
+    assert bucket_flavour.sync_db["raising"].count_documents({}) == 2
+
+    q = bucket_flavour.open("blocking", **limits)
+    for i in range(20):  # 200 KB through a 64 KB window
+        await resolve(q.push({"i": i, "blob": blob}))
+    receipts = await resolve(q.push_many([{"i": i, "blob": blob} for i in range(20, 40)]))
+    await resolve(q.flush())
+    assert all(r.done() for r in receipts)
+    col = bucket_flavour.sync_db["blocking"]
+    stored = [it["p"]["i"] for d in col.find().sort("_id", 1) for it in decode_items(d["items"])]
+    assert sorted(stored) == list(range(40))
+    assert max(d["n"] for d in col.find({}, {"n": 1})) <= 6  # 64 KB buckets of 10 KB items
 
 
 async def test_bucket_mature_is_latest_of_its_slot(bucket_flavour):

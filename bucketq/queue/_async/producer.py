@@ -75,7 +75,11 @@ class AsyncProducer:
         total = sum(sizes)
         if self._pending_bytes + total > self._push_opts.max_pending_bytes:
             # Over the limit: one at a time, each waiting for space as push() does.
-            receipts = [await self._add(item, at, now) for item in items]
+            receipts = []
+            for item in items:
+                if self._pending_bytes + len(item) > self._push_opts.max_pending_bytes:
+                    await self._wait_for_space(len(item))
+                receipts.append(self._add(item, at, now))
         else:
             with self._mutex:
                 runs, sealed = self._packer.add_many(items, sizes, at, now)
@@ -93,11 +97,9 @@ class AsyncProducer:
                 await r.wait()
         return receipts
 
-    async def _add(self, item: bytes, at: float, now: float) -> AsyncReceipt:
-        """Pack one encoded item (the hot path of ``push``)."""
-        if self._pending_bytes + len(item) > self._push_opts.max_pending_bytes:
-            self._packer.check_size(len(item))
-            await self._wait_for_space(len(item))
+    def _add(self, item: bytes, at: float, now: float) -> AsyncReceipt:
+        """Pack one encoded item (the hot path of ``push``: no await, so no coroutine).
+        The caller made room first: see ``_wait_for_space``."""
         with self._mutex:
             ob, index, sealed = self._packer.add(item, at, now)
             self._pending_bytes += len(item)
@@ -110,6 +112,9 @@ class AsyncProducer:
         return AsyncReceipt(ob, index)
 
     async def _wait_for_space(self, nbytes: int) -> None:
+        """Block (or raise, by ``pending_policy``) until ``nbytes`` more fit under
+        ``max_pending_bytes``; an item that can never fit in a bucket raises at once."""
+        self._packer.check_size(nbytes)
         opts = self._push_opts
         if opts.pending_policy == "raise":
             raise QueueFull(

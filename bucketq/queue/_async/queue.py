@@ -107,7 +107,9 @@ class AsyncQueue(AsyncProducer):
         item = encode_item(payload, headers)
         now = _now()
         at = core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
-        receipt = await self._add(item, at, now)
+        if self._pending_bytes + len(item) > self.options.max_pending_bytes:
+            await self._wait_for_space(len(item))
+        receipt = self._add(item, at, now)
         if durable:
             await receipt.wait()
         return receipt

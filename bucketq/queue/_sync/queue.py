@@ -109,6 +109,8 @@ class Queue(Producer):
         item = encode_item(payload, headers)
         now = _now()
         at = core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
+        if self._pending_bytes + len(item) > self.options.max_pending_bytes:
+            self._wait_for_space(len(item))
         receipt = self._add(item, at, now)
         if durable:
             receipt.wait()
