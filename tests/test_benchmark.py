@@ -123,6 +123,34 @@ def test_plots_are_pngs_and_the_table_names_every_contender(bench):
         assert name.split()[-1] in text
 
 
+def test_a_failed_run_does_not_lose_the_others(mongo_uri, tmp_path, monkeypatch):
+    from bucketq.benchmark import _runner
+
+    real = _runner.run_spec
+
+    def flaky(uri, spec, *a, **kw):
+        if spec.contender == "kombu MongoDB transport":
+            raise RuntimeError("kombu made no progress (simulated)")
+        return real(uri, spec, *a, **kw)
+
+    monkeypatch.setattr(_runner, "run_spec", flaky)
+    path = tmp_path / "bench.json"
+    with pytest.raises(RuntimeError, match=r"1 run\(s\) failed.*kombu.*simulated"):
+        run(
+            mongo_uri,
+            n=1_000,
+            procs=[1],
+            element_n=20,
+            contenders=["bucketq Queue", "kombu MongoDB transport"],
+            json_path=str(path),
+            plots_dir=None,
+            console=Console(file=io.StringIO()),
+        )
+    data = json.loads(path.read_text())
+    assert [(r["contender"], r["items_ok"]) for r in data["runs"]] == [("bucketq Queue", True)]
+    assert [f["contender"] for f in data["settings"]["failed_runs"]] == ["kombu MongoDB transport"]
+
+
 def test_cli_rejects_an_unknown_contender(capsys):
     assert main(["bench", "--contender", "nope", "--no-plots"]) == 2
     assert "unknown contender" in capsys.readouterr().err
@@ -130,8 +158,10 @@ def test_cli_rejects_an_unknown_contender(capsys):
 
 def test_a_missing_peer_says_which_extra_to_install(monkeypatch):
     import importlib.util
+    import sys
 
     real = importlib.util.find_spec
+    monkeypatch.delitem(sys.modules, "kombu", raising=False)
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda m, *a: None if m == "kombu" else real(m, *a)
     )

@@ -231,3 +231,5 @@ def print_report(console: Any, results: Sequence[RunResult], doc: dict[str, Any]
     )
     for n in doc["notes"]:
         console.print(f"[dim]- {n}[/]")
+    for f in doc["settings"].get("failed_runs") or []:
+        console.print(f"[red]FAILED: {f['contender']} N={f['n']:,} P={f['procs']}: {f['error']}[/]")

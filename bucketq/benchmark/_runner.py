@@ -313,9 +313,18 @@ class _Servers:
 
 
 def _require(modules: Sequence[str]) -> None:
+    import sys
     from importlib.util import find_spec
 
-    missing = sorted({m for m in modules if find_spec(m) is None})
+    def present(m: str) -> bool:
+        if m in sys.modules:  # kombu replaces its module object: its __spec__ is None
+            return True
+        try:
+            return find_spec(m) is not None
+        except (ImportError, ValueError):
+            return False
+
+    missing = sorted({m for m in modules if not present(m)})
     if missing:
         raise ConfigurationError(
             f"bucketq bench needs {', '.join(missing)}, which is not installed. "
@@ -386,6 +395,7 @@ def run(
     t_start = time.monotonic()
     results: list[RunResult] = []
     restarts: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     server = _Servers(uri)
     try:
         server_uri = server.start()
@@ -419,7 +429,16 @@ def run(
                     bar.update(pt, completed=p)
                     bar.update(ct, completed=c)
 
-                r = run_spec(server_uri, spec, progress, stall_timeout=stall_timeout)
+                try:
+                    r = run_spec(server_uri, spec, progress, stall_timeout=stall_timeout)
+                except RuntimeError as exc:  # one failed run must not cost the others
+                    failed.append({**asdict(spec), "error": str(exc)})
+                    bar.console.print(f"[red]✗ {label}: {exc}[/]")
+                    server.items += spec.n
+                    bar.remove_task(pt)
+                    bar.remove_task(ct)
+                    bar.advance(overall)
+                    continue
                 server.items += spec.n
                 results.append(r)
                 bar.remove_task(pt)
@@ -433,9 +452,10 @@ def run(
     finally:
         server.stop()
     settings["server_restarts"] = restarts
+    settings["failed_runs"] = failed
     wall = time.monotonic() - t_start
     plots: list[str] = []
-    if plots_dir:
+    if plots_dir and results:
         from ._plots import write_plots
 
         title = f"bucketq bench{' --quick' if quick else ''} on {env['server']['description']}"
@@ -448,11 +468,14 @@ def run(
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=2, default=str)
         console.print(f"every figure: {json_path}")
-    bad = [r for r in results if not r.items_ok]
-    if bad:
+    problems = [
+        f"{r.contender} (N={r.n:,}, P={r.procs}): items did not all come back"
+        for r in results
+        if not r.items_ok
+    ]
+    problems += [f"{f['contender']} (N={f['n']:,}, P={f['procs']}): {f['error']}" for f in failed]
+    if problems:
         raise RuntimeError(
-            "Items did not all come back for "
-            + ", ".join(f"{r.contender} (N={r.n:,}, P={r.procs})" for r in bad)
-            + f"; see {json_path or 'the table'}."
+            f"{len(problems)} run(s) failed ({'; '.join(problems)}); the other figures are in {json_path or 'the table'}."
         )
     return doc

@@ -12,7 +12,7 @@ Per phase it measures wall time (system-wide monotonic clock), its process CPU t
 threads) and the MongoDB commands it sent (pymongo command monitoring, registered
 globally so the peers' own clients are counted too). Progress and the committed counts
 live in shared memory, one slot per worker, so the harness costs a store per 1,024
-pushes and a look at the counter now and then.
+pushes, a store per commit and a look at the sum now and then.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class _Worker:
         self._end("push")
 
         self._begin("consume")
-        reserve, commit = h.reserve, h.commit
+        reserve, commit, done, idx = h.reserve, h.commit, self.done, self.idx
         n, procs = self.n, self.procs
         own = s1 = s2 = 0
         check_at = next_check(0, 0, n, procs)
@@ -165,6 +165,7 @@ class _Worker:
             s2 += i * i
             commit(m)
             own += 1
+            done[idx] = own  # progress, seen by the parent (a store: the sum is read rarely)
             if own >= check_at:
                 total = self._committed(own)
                 if total >= n:
@@ -194,7 +195,7 @@ class _Worker:
         self._end("push")
 
         self._begin("consume")
-        reserve, commit = h.reserve, h.commit
+        reserve, commit, done, idx = h.reserve, h.commit, self.done, self.idx
         n, procs = self.n, self.procs
         own = s1 = s2 = 0
         check_at = next_check(0, 0, n, procs)
@@ -209,6 +210,7 @@ class _Worker:
             s2 += i * i
             await commit(m)
             own += 1
+            done[idx] = own  # progress, seen by the parent (a store: the sum is read rarely)
             if own >= check_at:
                 total = self._committed(own)
                 if total >= n:
