@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ._contenders import CONTENDERS
 from ._stats import RunResult
 
 THROUGHPUT_PNG = "bucketq-bench-throughput.png"
@@ -33,7 +34,8 @@ def write_plots(
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     series = _series(results)
-    contenders = list(dict.fromkeys(r.contender for r in results))
+    present = {r.contender for r in results}
+    contenders = [c for c in CONTENDERS if c in present]  # the table's order, bucketq first
     colors = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(contenders)}
     styles = {1: "-", 2: "--", 4: ":"}
     markers = {1: "o", 2: "s", 4: "^"}
@@ -43,7 +45,7 @@ def write_plots(
     #    single-process run; and end-to-end items/s by N for every process count.
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 6), gridspec_kw={"width_ratios": [3, 2]})
     head: dict[str, RunResult] = {}
-    for r in results:
+    for r in sorted(results, key=lambda r: contenders.index(r.contender)):
         cur = head.get(r.contender)
         if cur is None or (r.procs, -r.n) < (cur.procs, -cur.n):
             head[r.contender] = r
@@ -75,7 +77,9 @@ def write_plots(
     ax.set_title("Throughput by contender")
     ax.legend()
     ax.grid(axis="y", which="both", alpha=0.3)
-    for (name, procs), runs in series.items():
+    for (name, procs), runs in sorted(
+        series.items(), key=lambda kv: (kv[0][1], contenders.index(kv[0][0]))
+    ):
         ax2.plot([r.n for r in runs], [r.e2e_rate for r in runs], styles.get(procs, "-."), marker=markers.get(procs, "D"),
                  color=colors[name], label=f"{name}, P={procs}")  # fmt: skip
     ax2.set_xscale("log")
@@ -94,7 +98,9 @@ def write_plots(
 
     # 2. Cost per item by N: client CPU µs (with the BSON floor) and commands per 1,000 items.
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 6))
-    for (name, procs), runs in series.items():
+    for (name, procs), runs in sorted(
+        series.items(), key=lambda kv: (kv[0][1], contenders.index(kv[0][0]))
+    ):
         kw = {
             "marker": markers.get(procs, "D"),
             "color": colors[name],
