@@ -393,7 +393,7 @@ def claim_request(now: float, token: ObjectId, owner: str, lease: float) -> tupl
 class Message:
     """One delivered item. ``tries`` counts earlier deliveries that did not end in a commit."""
 
-    __slots__ = ("bucket", "index", "payload", "headers", "tries", "_mature", "reserved_at")
+    __slots__ = ("bucket", "index", "payload", "headers", "tries", "_mature")
 
     def __init__(self, bucket: Any, index: int, payload: Any, headers: dict | None, tries: int, mature: float) -> None:
         self.bucket = bucket
@@ -402,7 +402,6 @@ class Message:
         self.headers = headers
         self.tries = tries
         self._mature = mature
-        self.reserved_at = 0.0
 
     @property
     def id(self) -> str:
