@@ -91,7 +91,14 @@ class BufferedReservoir(Reservoir):
         self._consumers: dict[int, asyncio.Task[None]] = {}
         self._refresher: asyncio.Task[None] | None = None
         self._last_progress = time.monotonic()
-        self._counts: dict[str, int] = defaultdict(int)
+        # Every counter from the start, so stats() always has the same keys (a poller
+        # reading stats()["stored"] before the first write must see 0, not a KeyError).
+        self._counts: dict[str, int] = defaultdict(
+            int,
+            dict.fromkeys(
+                ("enqueued", "bypassed", "stored", "storage_writes", "retried", "dead_lettered"), 0
+            ),
+        )
         self._stop_report: dict[str, Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
