@@ -51,7 +51,9 @@ class EmbeddedServer:
     clients reconnect by themselves. Without ``storage_path`` a temporary
     directory is created and removed by :meth:`stop` (``keep_data=False``).
     ``standalone=True`` advertises a standalone topology: 5-8x faster writes,
-    but no change streams and no retryable writes.
+    but no change streams and no retryable writes. ``test_commands=True`` enables
+    mongod's test-only commands (``configureFailPoint``), which fault tests use.
+    The server's log is removed with its own temporary data directory.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class EmbeddedServer:
         host: str = "127.0.0.1",
         port: int = 0,
         standalone: bool = False,
+        test_commands: bool = False,
         startup_timeout: float = 60.0,
         log_path: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -69,7 +72,9 @@ class EmbeddedServer:
         self.host = host
         self.port = port
         self.standalone = standalone
+        self.test_commands = test_commands
         self.startup_timeout = startup_timeout
+        self._own_log = log_path is None
         self.log_path = Path(log_path) if log_path else self.storage_path.with_suffix(".log")
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -99,6 +104,8 @@ class EmbeddedServer:
         ]  # fmt: skip
         if self.standalone:
             cmd.append("--standalone")
+        if self.test_commands:
+            cmd.append("--enable-test-commands")
         # The listening line is logged at INFO, so read it from a pipe and keep the
         # rest of the server's output in a log file.
         cmd[cmd.index("--log-level") + 1] = "INFO"
@@ -175,6 +182,8 @@ class EmbeddedServer:
             keep_data = not self._own_dir
         if not keep_data:
             shutil.rmtree(self.storage_path, ignore_errors=True)
+            if self._own_log:
+                self.log_path.unlink(missing_ok=True)
 
     def kill(self) -> None:
         """SIGKILL the server (its data directory stays, for a restart)."""

@@ -53,7 +53,7 @@ def mongo_uri() -> Iterator[str]:
         yield from gen
         return
     try:
-        server = EmbeddedServer().start()
+        server = EmbeddedServer(test_commands=True).start()
     except Exception as exc:  # noqa: BLE001
         _missing(f"no MongoDB: set {URI_ENV} or install bucketq[embedded] ({exc})")
         return
