@@ -361,9 +361,11 @@ class AsyncQueue(AsyncProducer):
         if doc is None:
             return False
         self._stats["claims"] += 1
-        if doc["_id"] in self._held and await self._reclaim(doc, token):
+        # The lease the server wrote runs from ``now``, when the claim was sent, not from
+        # when the answer came: a claim slower than the lease holds an expired lease.
+        if doc["_id"] in self._held and await self._reclaim(doc, token, now):
             return True
-        b = core.HeldBucket(doc, token, _now(), self.options.lease)
+        b = core.HeldBucket(doc, token, now, self.options.lease)
         if b.takeover:
             self._stats["takeovers"] += 1
         if self._draining or self._closed:
@@ -381,7 +383,7 @@ class AsyncQueue(AsyncProducer):
             self._flush_wake.notify()
         return True
 
-    async def _reclaim(self, doc: dict[str, Any], token: ObjectId) -> bool:
+    async def _reclaim(self, doc: dict[str, Any], token: ObjectId, sent: float) -> bool:
         """We claimed a bucket we still hold. Keep our state under the new lease if nobody
         held it in between; else drop what we hold as lost (the caller holds it anew).
         Waits for a flush in flight, so no write with the old token is outstanding."""
@@ -390,7 +392,7 @@ class AsyncQueue(AsyncProducer):
                 old = self._held.get(doc["_id"])
                 if old is None:
                     return False
-                if old.reclaim(doc, token, _now(), self.options.lease):
+                if old.reclaim(doc, token, sent, self.options.lease):
                     self._stats["reclaims"] += 1
                     log.info("queue %s: renewed the lapsed lease of bucket %s", self.name, old.id)
                     self._consumers.notify()
