@@ -27,6 +27,13 @@ log = logging.getLogger("bucketq.embedded")
 
 _LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 _COMMAND = "secantusd-py"
+#: glibc malloc settings for the server process, unless the caller's environment sets
+#: them. The server decodes every document a scan touches into fresh memory; with
+#: glibc's default 128 KiB trim threshold the heap is given back to the kernel after
+#: each scan and the next one page-faults it in again, which was half the time of a
+#: claim over 100 buckets of ~110 KB (20 ms -> 9 ms measured here). It keeps up to
+#: this much freed memory mapped.
+_MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
 def find_server_command() -> str:
@@ -112,6 +119,7 @@ class EmbeddedServer:
         logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the reader thread
         self._proc = subprocess.Popen(
             cmd,
+            env={**_MALLOC_ENV, **os.environ},
             stdout=logf,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
