@@ -15,7 +15,7 @@ import pytest
 from bucketq.embedded import EmbeddedServer
 from bucketq.queue._codec import decode_items
 
-WORKERS = str(Path(__file__).resolve().parent / "workers.py")
+WORKERS = str(Path(__file__).resolve().parent.parent / "workers.py")
 #: Short periods so every scenario but the soak runs in seconds.
 FAST = {"lease": 2.0, "state_flush_period": 0.1, "poll_interval": 0.2, "bucket_max_wait": 0.05}
 

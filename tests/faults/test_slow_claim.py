@@ -18,31 +18,31 @@ LEASE = 1.0
 BLOCK_MS = 1500  # the slow consumer's claim waits this long at the server: past its lease
 
 
-def _block_claims(admin_client: MongoClient, app: str, ms: int) -> None:
-    """Make the next claim of the client named ``app`` wait ``ms`` at the server."""
-    try:
-        admin_client.admin.command(
-            "configureFailPoint",
-            "failCommand",
-            mode={"times": 1},
-            data={"failCommands": ["findAndModify"], "appName": app, "blockConnection": True, "blockTimeMS": ms},
-        )
-    except OperationFailure as exc:  # a server given by URI, started without test commands
-        pytest.skip(f"the server has no failpoints (start it with enableTestCommands): {exc}")
-
-
-def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(db, mongo_uri, mongo_client, request):
+def _slow_consumer(db, mongo_uri, mongo_client, request, app: str) -> Queue:
+    """10 items in one bucket, and a consumer whose first claim waits BLOCK_MS at the
+    server (a failCommand failpoint on its client's appName): past its lease."""
     q = Queue(db, "q", bucket_max_size=10, **FAST)
     for i in range(10):
         q.push({"i": i})
     q.close()
-
-    slow_client: MongoClient = MongoClient(mongo_uri, appname="slow-claim")
-    request.addfinalizer(slow_client.close)
-    _block_claims(mongo_client, "slow-claim", BLOCK_MS)
-    opts = {**FAST, "lease": LEASE, "prefetch": 0}
-    slow = Queue(slow_client[db.name], "q", **opts)
+    client: MongoClient = MongoClient(mongo_uri, appname=app)
+    request.addfinalizer(client.close)
+    try:
+        mongo_client.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 1},
+            data={"failCommands": ["findAndModify"], "appName": app, "blockConnection": True, "blockTimeMS": BLOCK_MS},
+        )
+    except OperationFailure as exc:  # a server given by URI, started without test commands
+        pytest.skip(f"the server has no failpoints (start it with enableTestCommands): {exc}")
+    slow = Queue(client[db.name], "q", **{**FAST, "lease": LEASE, "prefetch": 0})
     request.addfinalizer(slow.close)
+    return slow
+
+
+def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(db, mongo_uri, mongo_client, request):
+    slow = _slow_consumer(db, mongo_uri, mongo_client, request, "slow-claim")
     assert slow.reserve(timeout=0.05) is None  # starts its fetcher; the claim is blocked
     deadline = time.time() + 10
     while slow.stats()["claims"] == 0:
@@ -51,7 +51,7 @@ def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(d
 
     # The slow consumer now holds the bucket in memory, but the lease it wrote ran out
     # while its claim waited: another consumer takes the bucket over.
-    other = Queue(db, "q", **{**opts, "lease": 30.0})
+    other = Queue(db, "q", **{**FAST, "lease": 30.0, "prefetch": 0})
     request.addfinalizer(other.close)
     got = other.reserve_many(10, timeout=5)
     assert sorted(m.payload["i"] for m in got) == list(range(10))
@@ -67,16 +67,7 @@ def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(d
 
 def test_a_late_claim_renews_its_lease_before_serving(db, mongo_uri, mongo_client, request):
     """Nobody else took the bucket: the slow consumer renews and serves every item once."""
-    q = Queue(db, "q", bucket_max_size=10, **FAST)
-    for i in range(10):
-        q.push({"i": i})
-    q.close()
-
-    slow_client: MongoClient = MongoClient(mongo_uri, appname="slow-claim-2")
-    request.addfinalizer(slow_client.close)
-    _block_claims(mongo_client, "slow-claim-2", BLOCK_MS)
-    slow = Queue(slow_client[db.name], "q", **{**FAST, "lease": LEASE, "prefetch": 0})
-    request.addfinalizer(slow.close)
+    slow = _slow_consumer(db, mongo_uri, mongo_client, request, "slow-claim-2")
     got = slow.reserve_many(10, timeout=10)
     while len(got) < 10 and (more := slow.reserve_many(10 - len(got), timeout=5)):
         got += more

@@ -191,7 +191,8 @@ def test_killed_consumer_items_come_back_with_a_try_counted(db, mongo_uri, tmp_p
     q.flush()
     out = tmp_path / "held.txt"
     opts = json.dumps({"lease": 2.0, "state_flush_period": 0.1, "prefetch": 0})
-    p = _run("hold", mongo_uri, db.name, "q", str(out), "--commit", "4", "--flush-commits", "--options", opts)
+    p = _run("hold", mongo_uri, db.name, "q", str(out), "--reserve", "5", "--commit", "4", "--flush-commits",
+             "--options", opts)  # fmt: skip
     assert p.stdout.readline().strip() == "READY"
     p.kill()  # SIGKILL: no drain, no flush, the lease stays
     p.wait()
