@@ -1,14 +1,12 @@
 """Two consumer processes working down a large backlog deliver every item once.
 
 Behind ``-m soak`` (not in CI): with 600,000 items already stored, the embedded server's
-claims scan ~60 MB each and the two consumers' claims overlap for hundreds of ms. Seen
-on 2026-11-22 with lease=5: two buckets were claimed by both consumers, each claim's
-pre-image showing ``lease: None`` (no takeover counted), so 2,048 items came twice and
-the first holder's next flush found the lease gone. ``bucketq bench`` at N=1,000,000,
-P=2 showed the same in both of its runs. This test passed the one time it ran (the race
-is timing-dependent): run it a few times (BUCKETQ_BACKLOG_N=1000000 widens the window)
-while finding out whether the server's findAndModify or bucketq lets a fresh bucket
-have two owners. Delivery is at-least-once, but no consumer died here.
+claims scan ~60 MB each and take longer than a short lease. Before the fix (2026-11-22)
+a consumer counted its lease from when its claim returned, not from when it was sent, so
+a claim slower than the lease served a bucket whose lease had already run out, and the
+other consumer took it over: 2,048 items came twice here, and ``bucketq bench`` at
+N=1,000,000, P=2 failed its exactly-once check. tests/faults/test_slow_claim.py shows
+the same deterministically with a failpoint; this is the load that found it.
 """
 
 from __future__ import annotations
