@@ -1,6 +1,7 @@
-"""`bucketq bench` end to end at a tiny N: every contender (bucketq sync and async, the
-per-element queues, mongo-taskqueue, kombu) at 1 and 2 producer/consumer processes
-against the test server; what a user checks of the output. No timing thresholds."""
+"""`bucketq bench` end to end at a tiny N: every contender (bucketq sync and async, item
+by item and in batches, the per-element queues, mongo-taskqueue, kombu) at 1 and 2
+producer/consumer processes against the test server; what a user checks of the output.
+No timing thresholds."""
 
 from __future__ import annotations
 
@@ -201,3 +202,28 @@ def test_shares_checksums_and_spread():
         10_000: 250,
     }
     assert element_sizes([200], 500) == {200: 200}
+
+
+def test_the_table_shows_bucketq_per_item_then_batches_then_per_element_and_peers(bench):
+    _, data, text, _ = bench
+    table = text[: text.index("MongoDB commands per 1,000 items")]
+    one_process = [
+        line
+        for line in table.splitlines()
+        if f" {N:,} │ 1 │" in line or f" {ELEMENT_N} │ 1 │" in line
+    ]
+    names = [line.split("│")[1].strip() for line in one_process]
+    assert names == [
+        "bucketq Queue",
+        "bucketq AsyncQueue",
+        "bucketq Queue (batches)",
+        "bucketq AsyncQueue (batches)",
+        "per-element ElementQueue",
+        "per-element AsyncElementQueue",
+        "mongo-taskqueue TaskQueue",
+        "kombu MongoDB transport",
+    ]
+    batch_notes = [n for n in data["notes"] if "(batches)" in n]
+    assert len(batch_notes) == 1  # one note for both batch contenders
+    for verb in ("push_many", "reserve_many", "commit_many"):
+        assert verb in batch_notes[0]

@@ -1,7 +1,8 @@
 """The queues under test, each behind the same five verbs so one loop drives them all.
 
-bucketq's ``Queue`` / ``AsyncQueue``, its per-element baseline ``ElementQueue`` /
-``AsyncElementQueue``, and the Python peers that store one document per message:
+bucketq's ``Queue`` / ``AsyncQueue`` (item by item, and through the batch API), its
+per-element baseline ``ElementQueue`` / ``AsyncElementQueue``, and the Python peers that
+store one document per message:
 mongo-taskqueue (``mongotq.TaskQueue``) and kombu's MongoDB transport (a
 ``SimpleQueue`` on ``kombu.Connection(..., transport="mongodb")``). The peers come
 from PyPI (the ``bench`` extra) and are imported only in the process that drives them.
@@ -29,7 +30,9 @@ class Handle:
     - ``commit(msg)`` marks the message done;
     - ``close()`` releases everything (outside the measured time).
 
-    The async flavour has the same names as coroutines (``close`` too).
+    A contender with a ``batch`` size also has ``push_many(payloads)``,
+    ``reserve_many(max_items, timeout)`` (a list, empty when nothing came) and
+    ``commit_many(msgs)``. The async flavour has the same names as coroutines (``close`` too).
     """
 
     push: Any
@@ -37,6 +40,9 @@ class Handle:
     reserve: Any
     commit: Any
     close: Any
+    push_many: Any = None
+    reserve_many: Any = None
+    commit_many: Any = None
 
 
 class Contender:
@@ -50,6 +56,8 @@ class Contender:
     name: str = ""
     per_element: bool = False
     is_async: bool = False
+    #: Items per ``push_many`` / ``reserve_many`` call; 0: one item per call.
+    batch: int = 0
     #: PyPI distributions whose versions the report states.
     distributions: tuple[str, ...] = ()
     #: Modules the worker imports to drive it (from the ``bench`` extra).
@@ -79,6 +87,11 @@ class _BucketqHandle(Handle):
             queue.reserve,
             queue.commit,
         )
+        self.push_many, self.reserve_many, self.commit_many = (
+            getattr(queue, "push_many", None),
+            getattr(queue, "reserve_many", None),
+            getattr(queue, "commit_many", None),
+        )
 
     def close(self) -> None:
         self.queue.close()
@@ -91,15 +104,30 @@ class _AsyncBucketqHandle(_BucketqHandle):
         await self.client.close()
 
 
+#: Items per call of the batch contenders: ``push_many`` of this many payloads,
+#: ``reserve_many(BATCH, timeout)`` then ``commit_many`` of what came.
+BATCH = 1000
+
+
 class BucketqContender(Contender):
-    def __init__(self, name: str, cls_name: str, *, per_element: bool, is_async: bool) -> None:
-        self.name, self.cls_name, self.per_element, self.is_async = (
+    def __init__(
+        self, name: str, cls_name: str, *, per_element: bool, is_async: bool, batch: int = 0
+    ) -> None:
+        self.name, self.cls_name, self.per_element, self.is_async, self.batch = (
             name,
             cls_name,
             per_element,
             is_async,
+            batch,
         )
         self.distributions = ("bucketq", "pymongo")
+        if batch:
+            self.note = (
+                "bucketq Queue / AsyncQueue (batches): the same queues, with the same options, as "
+                f"the per-item rows, driven through the batch API: push_many of {batch:,} payloads "
+                f"at a time, then reserve_many({batch:,}, timeout) and commit_many of what came "
+                "back. The rows without '(batches)' call push, reserve and commit once per item."
+            )
 
     def _cls(self) -> Any:
         from .. import queue
@@ -235,6 +263,16 @@ CONTENDERS: dict[str, Contender] = {
     for c in (
         BucketqContender("bucketq Queue", "Queue", per_element=False, is_async=False),
         BucketqContender("bucketq AsyncQueue", "AsyncQueue", per_element=False, is_async=True),
+        BucketqContender(
+            "bucketq Queue (batches)", "Queue", per_element=False, is_async=False, batch=BATCH
+        ),
+        BucketqContender(
+            "bucketq AsyncQueue (batches)",
+            "AsyncQueue",
+            per_element=False,
+            is_async=True,
+            batch=BATCH,
+        ),
         BucketqContender(
             "per-element ElementQueue", "ElementQueue", per_element=True, is_async=False
         ),

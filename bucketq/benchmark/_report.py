@@ -78,7 +78,8 @@ def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str,
         "state; close() is not timed (its seconds are in the JSON as close_s)."
     )
     names = {r.contender for r in results}
-    out.extend(CONTENDERS[n].note for n in CONTENDERS if n in names and CONTENDERS[n].note)
+    contender_notes = [CONTENDERS[n].note for n in CONTENDERS if n in names and CONTENDERS[n].note]
+    out.extend(dict.fromkeys(contender_notes))  # one note may cover several contenders
     if names & {"mongo-taskqueue TaskQueue", "kombu MongoDB transport"}:
         out.append(
             "The peers run sync only: mongo-taskqueue's AsyncTaskQueue needs Motor (past end of life, not "

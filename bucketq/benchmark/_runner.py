@@ -249,16 +249,17 @@ class Preset:
 
 
 #: --quick: every contender at 100,000 items (per-element at 500), one process each, plus
-#: bucketq at 10,000 items and at 2 producer + 2 consumer processes: a cost-flatness slice.
+#: bucketq (per item and batches) at 10,000 items and at 2 producer + 2 consumer
+#: processes: a cost-flatness slice.
 QUICK = Preset(
     sizes=(100_000,),
     procs=(1,),
     element_n=500,
-    extra=(
-        ("bucketq Queue", 10_000, 1),
-        ("bucketq AsyncQueue", 10_000, 1),
-        ("bucketq Queue", 100_000, 2),
-        ("bucketq AsyncQueue", 100_000, 2),
+    extra=tuple(
+        (name, n, p)
+        for n, p in ((10_000, 1), (100_000, 2))
+        for name, c in CONTENDERS.items()
+        if not c.per_element
     ),
 )
 #: The full matrix: 10k / 100k / 1M items × 1 / 2 / 4 processes; per-element contenders at
