@@ -5,13 +5,16 @@ No timing thresholds."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 
 import pytest
+from pymongo import MongoClient
 from rich.console import Console
 
-from bucketq.benchmark import CONTENDERS, element_sizes, run
+from bucketq.benchmark import CONTENDERS, element_sizes, payload, run
+from bucketq.benchmark._contenders import QUEUE_NAME
 from bucketq.benchmark._stats import checksum, next_check, share, spread
 from bucketq.cli import main
 from bucketq.errors import ConfigurationError
@@ -53,9 +56,12 @@ def test_every_contender_ran_at_every_process_count_and_got_all_items_back(bench
     for r in data["runs"]:
         n = ELEMENT_N if CONTENDERS[r["contender"]].per_element else N
         assert r["n"] == n, r["contender"]
-        assert (r["items_pushed"], r["items_consumed"], r["items_ok"]) == (n, n, True), r[
-            "contender"
-        ]
+        assert (r["items_pushed"], r["items_consumed"], r["items_remaining"], r["items_ok"]) == (
+            n,
+            n,
+            0,
+            True,
+        ), r["contender"]
         # each worker pushed its share and the consumers together committed exactly N
         assert sum(w["pushed"][0] for w in r["workers"]) == n
         assert sum(w["consumed"][0] for w in r["workers"]) == n
@@ -227,3 +233,106 @@ def test_the_table_shows_bucketq_per_item_then_batches_then_per_element_and_peer
     assert len(batch_notes) == 1  # one note for both batch contenders
     for verb in ("push_many", "reserve_many", "commit_many"):
         assert verb in batch_notes[0]
+
+
+# -- the queue is empty at the end ---------------------------------------------------------
+
+
+def _push_commit(handle, pushes: int, commits: int) -> None:
+    for i in range(pushes):
+        handle.push(payload(i))
+    handle.flush()
+    for _ in range(commits):
+        msg = handle.reserve(5.0)
+        assert msg is not None
+        handle.commit(msg)
+    handle.flush()
+    handle.close()
+
+
+async def _push_commit_async(contender, uri: str, db_name: str, pushes: int, commits: int) -> None:
+    handle = await contender.open_async(uri, db_name)
+    for i in range(pushes):
+        await handle.push(payload(i))
+    await handle.flush()
+    for _ in range(commits):
+        msg = await handle.reserve(5.0)
+        assert msg is not None
+        await handle.commit(msg)
+    await handle.flush()
+    await handle.close()
+
+
+@pytest.mark.parametrize("name", [c for c in CONTENDERS if "(batches)" not in c])
+def test_remaining_counts_what_the_queue_still_holds(mongo_uri, name):
+    contender = CONTENDERS[name]
+    db_name = f"bq_remaining_{abs(hash(name)) % 10**8}"
+    try:
+        contender.prepare(mongo_uri, db_name)
+        assert contender.remaining(mongo_uri, db_name) == 0
+        for pushes, commits, left in ((3, 1, 2), (0, 2, 0)):
+            if contender.is_async:
+                asyncio.run(_push_commit_async(contender, mongo_uri, db_name, pushes, commits))
+            else:
+                _push_commit(contender.open(mongo_uri, db_name), pushes, commits)
+            assert contender.remaining(mongo_uri, db_name) == left, (pushes, commits)
+    finally:
+        with MongoClient(mongo_uri) as c:
+            c.drop_database(db_name)
+
+
+def _bench_one(mongo_uri, path, contender: str, **kw):
+    return run(
+        mongo_uri,
+        n=1_000,
+        procs=[1],
+        element_n=20,
+        contenders=[contender],
+        json_path=str(path),
+        plots_dir=None,
+        console=Console(file=io.StringIO(), width=220),
+        **kw,
+    )
+
+
+def _prepare_with(monkeypatch, name: str, extra: int, delay: float | None):
+    """The run's queue starts with ``extra`` items of its own: really stored, pushed
+    before the workers start, unknown to their counters and checksums."""
+    from bucketq import Queue
+
+    contender = CONTENDERS[name]
+    real = contender.prepare
+
+    def prepare(uri, db_name):
+        real(uri, db_name)
+        with MongoClient(uri) as client, Queue(client[db_name], QUEUE_NAME) as q:
+            q.push_many([payload(10**6 + i) for i in range(extra)], delay=delay)
+            q.flush()
+
+    monkeypatch.setattr(contender, "prepare", prepare)
+
+
+def test_an_item_left_in_the_queue_fails_the_run_though_the_checksums_agree(
+    mongo_uri, tmp_path, monkeypatch
+):
+    # An item not due for an hour: the consumers never see it, commit exactly the items
+    # that were pushed, and stop at N; only the parent's look at the queue finds it.
+    _prepare_with(monkeypatch, "bucketq Queue", extra=1, delay=3600)
+    path = tmp_path / "bench.json"
+    with pytest.raises(RuntimeError, match=r"exactly once \(1 items left in the queue\)"):
+        _bench_one(mongo_uri, path, "bucketq Queue")
+    (r,) = json.loads(path.read_text())["runs"]
+    assert r["items_consumed"] == r["items_pushed"] == 1_000
+    assert sum(w["consumed"][1] for w in r["workers"]) == sum(w["pushed"][1] for w in r["workers"])
+    assert (r["items_remaining"], r["items_ok"]) == (1, False)
+
+
+def test_consumers_that_stop_early_leave_items_and_fail_the_run(mongo_uri, tmp_path, monkeypatch):
+    # Five items already waiting: the consumer takes them first (older bucket) and stops
+    # when N items are committed, five of its own short.
+    _prepare_with(monkeypatch, "bucketq Queue", extra=5, delay=None)
+    path = tmp_path / "bench.json"
+    with pytest.raises(RuntimeError, match=r"5 items left in the queue"):
+        _bench_one(mongo_uri, path, "bucketq Queue")
+    (r,) = json.loads(path.read_text())["runs"]
+    assert r["items_consumed"] == 1_000 and r["items_remaining"] == 5 and not r["items_ok"]

@@ -51,6 +51,9 @@ class Contender:
     ``open(uri, db_name)`` runs in the worker process before the clocks start and
     returns a :class:`Handle` (for ``is_async``: ``open_async`` returns one). ``prepare``
     runs once in the parent before the workers start, for what must not race.
+    ``remaining(uri, db_name)`` runs in the parent after the consumers finished and
+    returns how many items the queue still holds (0 when every item was consumed): a
+    count kept by the workers cannot see an item they never received.
     """
 
     name: str = ""
@@ -73,6 +76,25 @@ class Contender:
 
     async def open_async(self, uri: str, db_name: str) -> Handle:
         raise NotImplementedError
+
+    def remaining(self, uri: str, db_name: str) -> int:
+        raise NotImplementedError
+
+
+def _count(uri: str, db_name: str, pipeline_or_filter: Any, *collections: str) -> int:
+    """Sum over ``collections``: documents matching a filter (a dict), or the ``n`` of the
+    single group a pipeline (a list) returns."""
+    from pymongo import MongoClient
+
+    client: MongoClient = MongoClient(uri)
+    with client:
+        db, total = client[db_name], 0
+        for name in collections:
+            if isinstance(pipeline_or_filter, list):
+                total += sum(int(r["n"]) for r in db[name].aggregate(pipeline_or_filter))
+            else:
+                total += db[name].count_documents(pipeline_or_filter)
+        return total
 
 
 # -- bucketq --------------------------------------------------------------------------------
@@ -148,6 +170,16 @@ class BucketqContender(Contender):
         await client.admin.command("ping")
         return _AsyncBucketqHandle(self._cls()(client[db_name], QUEUE_NAME), client)
 
+    def remaining(self, uri: str, db_name: str) -> int:
+        """Items in the queue and its dead-letter queue: the ``live`` count of every bucket
+        document (a finished bucket is deleted), or the documents of a per-element queue."""
+        from ..queue._core import DLQ_SUFFIX
+
+        names = (QUEUE_NAME, QUEUE_NAME + DLQ_SUFFIX)
+        if self.per_element:
+            return _count(uri, db_name, {}, *names)
+        return _count(uri, db_name, [{"$group": {"_id": None, "n": {"$sum": "$live"}}}], *names)
+
 
 # -- mongo-taskqueue ------------------------------------------------------------------------
 
@@ -197,6 +229,12 @@ class TaskQueueContender(Contender):
         q = self._queue(uri, db_name)
         q.database.command("ping")
         return _TaskQueueHandle(q)
+
+    def remaining(self, uri: str, db_name: str) -> int:
+        """Tasks not completed (completed ones stay, with status 'successful')."""
+        from mongotq.task import STATUS_SUCCESSFUL
+
+        return _count(uri, db_name, {"status": {"$ne": STATUS_SUCCESSFUL}}, QUEUE_NAME)
 
 
 # -- kombu ----------------------------------------------------------------------------------
@@ -256,6 +294,12 @@ class KombuContender(Contender):
 
     def open(self, uri: str, db_name: str) -> Handle:
         return _KombuHandle(*self._open(uri, db_name))
+
+    def remaining(self, uri: str, db_name: str) -> int:
+        """Messages left in the transport's messages collection (get() deletes them)."""
+        from kombu.transport.mongodb import Channel
+
+        return _count(uri, db_name, {}, Channel.messages_collection)
 
 
 CONTENDERS: dict[str, Contender] = {

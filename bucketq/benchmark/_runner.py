@@ -5,9 +5,9 @@ started is replaced by a fresh one between groups once it is worn, see
 
 Each run gets its own database and P spawned worker processes (see ``_worker``); the
 parent only starts them, shows progress from their shared counters, collects their
-reports and drops the database. Workers coordinate by barriers and a shared counter,
-never by a timeout; a run fails loudly when a worker fails, or when no item moved for
-``stall_timeout`` seconds (items lost or a worker hung).
+reports, counts what the queue still holds and drops the database. Workers coordinate by
+barriers and a shared counter, never by a timeout; a run fails loudly when a worker
+fails, or when no item moved for ``stall_timeout`` seconds (items lost or a worker hung).
 """
 
 from __future__ import annotations
@@ -154,6 +154,13 @@ def run_spec(
                 )
         for w in workers:
             w.join(30)
+        try:
+            remaining = contender.remaining(uri, db_name)
+        except PyMongoError as exc:
+            raise RuntimeError(
+                f"{spec.contender} (N={spec.n:,}, {spec.procs} processes): could not count the "
+                f"items left in the queue: {exc}"
+            ) from exc
     finally:
         try:
             barrier.abort()
@@ -176,6 +183,7 @@ def run_spec(
         spec.procs,
         [WorkerReport.from_dict(reports[i]) for i in range(spec.procs)],
         spec.group_n,
+        remaining,
     )
 
 
@@ -449,6 +457,7 @@ def run(
                     f"{'✓' if r.items_ok else '✗'} {label}: push {r.push_rate:,.0f}/s, consume {r.consume_rate:,.0f}/s, "
                     f"end-to-end {r.e2e_rate:,.0f}/s; {r.cpu_us_per_item:,.1f} CPU µs/item, "
                     f"{r.commands_per_1000:,.1f} commands/1k items"
+                    + ("" if r.items_ok else f"; [red]{r.items_problem}[/]")
                 )
     finally:
         server.stop()
@@ -470,7 +479,8 @@ def run(
             json.dump(doc, f, indent=2, default=str)
         console.print(f"every figure: {json_path}")
     problems = [
-        f"{r.contender} (N={r.n:,}, P={r.procs}): items did not all come back"
+        f"{r.contender} (N={r.n:,}, P={r.procs}): "
+        f"items did not all come back exactly once ({r.items_problem})"
         for r in results
         if not r.items_ok
     ]

@@ -144,6 +144,8 @@ class RunResult:
     workers: list[WorkerReport]
     #: bucketq's N in the (N, processes) group the run belonged to.
     group_n: int = 0
+    #: Items the queue still held after the consume phase (counted by the parent).
+    remaining: int = 0
 
     # -- times (the phase runs from the first worker's start to the last worker's end)
     @property
@@ -177,7 +179,25 @@ class RunResult:
 
     @property
     def items_ok(self) -> bool:
-        return self.pushed[0] == self.n and self.consumed == self.pushed
+        """Exactly once: N items pushed, the same items committed once each (count, sum and
+        sum of squares of their numbers), and nothing left in the queue."""
+        return self.pushed[0] == self.n and self.consumed == self.pushed and not self.remaining
+
+    @property
+    def items_problem(self) -> str | None:
+        """What went wrong with the items, in words (None when :attr:`items_ok`)."""
+        if self.items_ok:
+            return None
+        problems = []
+        if self.pushed[0] != self.n:
+            problems.append(f"{self.pushed[0]:,} of {self.n:,} items pushed")
+        if self.consumed[0] != self.pushed[0]:
+            problems.append(f"{self.consumed[0]:,} of {self.pushed[0]:,} items committed")
+        elif self.consumed != self.pushed:
+            problems.append("the committed items are not the pushed ones (checksums differ)")
+        if self.remaining:
+            problems.append(f"{self.remaining:,} items left in the queue")
+        return ", ".join(problems)
 
     # -- client CPU: every process of the contender, both phases
     @property
@@ -246,6 +266,7 @@ class RunResult:
             "setup_commands": merge_counts(w.setup_commands for w in self.workers),
             "items_pushed": self.pushed[0],
             "items_consumed": self.consumed[0],
+            "items_remaining": self.remaining,
             "items_ok": self.items_ok,
             "workers": [asdict(w) for w in self.workers],
         }
