@@ -223,7 +223,7 @@ def parse_item_id(value: str) -> tuple[ObjectId, int]:
 class OpenBucket:
     """Items buffered for one bucket insert. ``batch`` is the shell's completion handle."""
 
-    __slots__ = ("id", "items", "nbytes", "mature", "opened", "slot", "batch")
+    __slots__ = ("id", "items", "nbytes", "mature", "opened", "slot", "batch", "urgent")
 
     def __init__(self, slot: int | None, opened: float, batch: Any) -> None:
         self.id = ObjectId()
@@ -233,6 +233,9 @@ class OpenBucket:
         self.opened = opened
         self.slot = slot
         self.batch = batch
+        # A durable push waits on it: written at the writer's next turn, not at its age
+        # limit. Pushes that arrive while the writer is busy join it (group commit).
+        self.urgent = False
 
     def __len__(self) -> int:
         return len(self.items)
@@ -334,8 +337,8 @@ class Packer:
         return runs, sealed
 
     def take_due(self, now: float) -> list[OpenBucket]:
-        """Seal and return the open buckets older than ``bucket_max_wait``."""
-        due = [ob for ob in self.open.values() if now - ob.opened >= self.max_wait]
+        """Seal and return the open buckets older than ``bucket_max_wait`` or urgent."""
+        due = [ob for ob in self.open.values() if ob.urgent or now - ob.opened >= self.max_wait]
         for ob in due:
             del self.open[ob.slot]
         return due
@@ -349,7 +352,7 @@ class Packer:
         """When the oldest open bucket reaches its age limit (None if none is open)."""
         if not self.open:
             return None
-        return min(ob.opened for ob in self.open.values()) + self.max_wait
+        return min(-1.0 if ob.urgent else ob.opened + self.max_wait for ob in self.open.values())
 
 
 # -- consume side: claims and held buckets -------------------------------------------

@@ -32,6 +32,26 @@ async def test_buckets_pack_by_count(bucket_flavour):
     assert sorted(d["n"] for d in col.find({}, {"n": 1})) == [5, 10, 10]
 
 
+async def test_durable_push_does_not_wait_for_the_bucket_age_limit(bucket_flavour):
+    """durable=True has its bucket written at once; the pushes that come while a write
+    is in flight share the next bucket (group commit), and every item is stored once."""
+    q = bucket_flavour.open(bucket_max_wait=3600)
+    col = bucket_flavour.sync_db[q.name]
+
+    # An hour's age limit: without the durable seal this would wait for the test timeout.
+    await resolve(q.push({"i": -1}, durable=True))
+    assert col.count_documents({}) == 1
+    if bucket_flavour.is_async:
+        await asyncio.wait_for(asyncio.gather(*(q.push({"i": i}, durable=True) for i in range(200))), 60)
+        # 200 concurrent durable pushes, one bucket per writer turn: far fewer than 200.
+        assert 2 <= col.count_documents({}) <= 6
+    else:
+        receipts = q.push_many([{"i": i} for i in range(200)], durable=True)
+        assert all(r.done() for r in receipts) and col.count_documents({}) == 2
+    stored = [it["p"]["i"] for d in col.find() for it in decode_items(d["items"])]
+    assert sorted(stored) == [-1, *range(200)]
+
+
 async def test_buckets_respect_max_bytes(bucket_flavour):
     """1,024 items of 20 KB: every one stored, no bucket over bucket_max_bytes."""
     limit = 1024 * 1024

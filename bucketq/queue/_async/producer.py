@@ -93,9 +93,18 @@ class AsyncProducer:
                 self._wake_writer()
             receipts = [AsyncReceipt(ob, k) for ob, first, count in runs for k in range(first, first + count)]
         if durable:
-            for r in receipts:
-                await r.wait()
+            await self._wait_stored(receipts)
         return receipts
+
+    async def _wait_stored(self, receipts: list[AsyncReceipt]) -> None:
+        """``durable=True``: have the writer take the receipts' buckets at its next turn
+        (not at ``bucket_max_wait``), then wait until they are stored."""
+        with self._mutex:
+            for r in receipts:
+                r._bucket.urgent = True
+        self._wake_writer()
+        for r in receipts:
+            await r.wait()
 
     def _add(self, item: bytes, at: float, now: float) -> AsyncReceipt:
         """Pack one encoded item (the hot path of ``push``: no await, so no coroutine).

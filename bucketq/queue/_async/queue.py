@@ -111,7 +111,7 @@ class AsyncQueue(AsyncProducer):
             await self._wait_for_space(len(item))
         receipt = self._add(item, at, now)
         if durable:
-            await receipt.wait()
+            await self._wait_stored([receipt])
         return receipt
 
     async def push_many(

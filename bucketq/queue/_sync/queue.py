@@ -113,7 +113,7 @@ class Queue(Producer):
             self._wait_for_space(len(item))
         receipt = self._add(item, at, now)
         if durable:
-            receipt.wait()
+            self._wait_stored([receipt])
         return receipt
 
     def push_many(
