@@ -8,14 +8,24 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import statistics
 
 import pytest
 from pymongo import MongoClient
 from rich.console import Console
 
-from bucketq.benchmark import CONTENDERS, element_sizes, payload, run
+from bucketq.benchmark import CONTENDERS, build_plan, element_sizes, payload, run
 from bucketq.benchmark._contenders import QUEUE_NAME
-from bucketq.benchmark._stats import checksum, next_check, share, spread
+from bucketq.benchmark._stats import (
+    RunResult,
+    WorkerReport,
+    checksum,
+    next_check,
+    rel_range,
+    share,
+    spread,
+    summarize,
+)
 from bucketq.cli import main
 from bucketq.errors import ConfigurationError
 
@@ -336,3 +346,90 @@ def test_consumers_that_stop_early_leave_items_and_fail_the_run(mongo_uri, tmp_p
         _bench_one(mongo_uri, path, "bucketq Queue")
     (r,) = json.loads(path.read_text())["runs"]
     assert r["items_consumed"] == 1_000 and r["items_remaining"] == 5 and not r["items_ok"]
+
+
+# -- --repeat -------------------------------------------------------------------------------
+
+
+def test_repeat_runs_each_group_k_times_interleaved_and_reports_medians(mongo_uri, tmp_path):
+    path = tmp_path / "bench.json"
+    console = Console(file=io.StringIO(), width=220)
+    run(
+        mongo_uri,
+        n=1_000,
+        procs=[1],
+        element_n=20,
+        contenders=["bucketq Queue (batches)", "per-element ElementQueue"],
+        json_path=str(path),
+        plots_dir=None,
+        console=console,
+        repeat=2,
+    )
+    data = json.loads(path.read_text())
+    assert data["settings"]["repeat"] == 2
+    # contenders interleaved within each repetition, per-element first
+    assert [(r["contender"], r["repeat"]) for r in data["runs"]] == [
+        (name, k)
+        for k in range(2)
+        for name in ("per-element ElementQueue", "bucketq Queue (batches)")
+    ]
+    assert all(r["items_ok"] for r in data["runs"])
+    medians = {m["contender"]: m for m in data["medians"]}
+    assert set(medians) == {"per-element ElementQueue", "bucketq Queue (batches)"}
+    for name, m in medians.items():
+        runs = [r for r in data["runs"] if r["contender"] == name]
+        assert m["repeats"] == 2 and m["items_ok"]
+        for key in ("push_per_s", "end_to_end_per_s", "cpu_us_per_item", "commands_per_1000_items"):
+            values = [r[key] for r in runs]
+            assert m["repetitions"][key]["values"] == values
+            assert m[key] == pytest.approx(statistics.median(values))
+            assert m["repetitions"][key]["range"] == pytest.approx(rel_range(values))
+        ratios = [r["end_to_end_vs_fastest_per_element"] for r in runs]
+        assert m["end_to_end_vs_fastest_per_element"] == pytest.approx(statistics.median(ratios))
+    text = console.file.getvalue()
+    assert "medians of 2 repetitions" in text and "range e2e / CPU" in text
+    assert any("ran 2 times" in n for n in data["notes"])
+
+
+def test_without_repeat_the_table_has_no_range_column(bench):
+    _, data, text, _ = bench
+    assert data["settings"]["repeat"] == 1 and "range e2e" not in text
+    assert all(m["repeats"] == 1 for m in data["medians"])
+
+
+def test_the_plan_repeats_each_group_in_a_row():
+    names = ["bucketq Queue", "per-element ElementQueue"]
+    plan = build_plan(names, [1_000, 10_000], [1], 50, repeat=2)
+    assert [(s.n, s.contender, s.repeat) for s in plan] == [
+        (25, "per-element ElementQueue", 0),
+        (1_000, "bucketq Queue", 0),
+        (25, "per-element ElementQueue", 1),
+        (1_000, "bucketq Queue", 1),
+        (50, "per-element ElementQueue", 0),
+        (10_000, "bucketq Queue", 0),
+        (50, "per-element ElementQueue", 1),
+        (10_000, "bucketq Queue", 1),
+    ]
+    with pytest.raises(ConfigurationError, match="repeat"):
+        build_plan(names, [1_000], [1], 50, repeat=0)
+
+
+def _result(repeat: int, e2e_s: float, cpu_s: float, remaining: int = 0) -> RunResult:
+    w = WorkerReport(0.0, e2e_s / 2, cpu_s / 2, e2e_s / 2, e2e_s, cpu_s / 2, 0.0, 2.0,
+                     checksum(range(100)), checksum(range(100)))  # fmt: skip
+    return RunResult("bucketq Queue", False, 100, 1, [w], 100, remaining, repeat)
+
+
+def test_medians_and_ranges_of_repetitions():
+    runs = [_result(0, 1.0, 0.001), _result(1, 2.0, 0.003), _result(2, 4.0, 0.002)]
+    (m,) = summarize(runs)
+    assert m.repeats == 3
+    assert m.e2e_rate == pytest.approx(50.0)  # 100, 50, 25 items/s
+    assert m.cpu_us_per_item == pytest.approx(20.0)  # 10, 30, 20 µs
+    assert m.range("cpu_us_per_item") == pytest.approx((30 - 10) / 20)
+    assert rel_range([5.0]) is None
+    assert m.items_ok
+    (bad,) = summarize([*runs, _result(3, 1.0, 0.001, remaining=2)])
+    assert not bad.items_ok and bad.items_problem == (
+        "1 of 4 repetitions: 2 items left in the queue"
+    )

@@ -6,11 +6,13 @@ producer processes until durable, then reserved and committed by P consumer proc
 until N are committed and the state is flushed. Reported: push/s, consume/s,
 end-to-end items/s, MongoDB commands per 1,000 items by command, client CPU µs per
 item next to the BSON floor, the spread of the cost per item across N and processes,
-the environment; a JSON file and PNG plots on request.
+the environment; a JSON file and PNG plots on request. With ``repeat`` K every (N,
+processes) group runs K times and the tables show medians with their range.
 
 Layout: ``_stats`` (the arithmetic, pure), ``_workload`` (payloads and the floor),
 ``_contenders`` (the queues behind one set of verbs), ``_worker`` (one producer/consumer
-process), ``_runner`` (the runs), ``_report`` (JSON, tables, notes), ``_plots`` (PNGs).
+process; its loop in ``_async/loop.py``, the sync twin generated), ``_runner`` (the runs),
+``_report`` (JSON, tables, notes), ``_plots`` (PNGs).
 """
 
 from ._contenders import CONTENDERS, Contender, Handle
@@ -25,7 +27,7 @@ from ._runner import (
     run,
     run_spec,
 )
-from ._stats import RunResult, WorkerReport, spread
+from ._stats import RunResult, RunSummary, WorkerReport, spread, summarize
 from ._workload import bson_floor_us, payload
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "Preset",
     "RunResult",
     "RunSpec",
+    "RunSummary",
     "WorkerReport",
     "bson_floor_us",
     "build_plan",
@@ -46,4 +49,5 @@ __all__ = [
     "run",
     "run_spec",
     "spread",
+    "summarize",
 ]

@@ -1,4 +1,5 @@
-"""PNG plots of a benchmark run (matplotlib, Agg backend, imported only here)."""
+"""PNG plots of a benchmark run (matplotlib, Agg backend, imported only here): one point
+per (contender, N, P), the median of its repetitions."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ._contenders import CONTENDERS
-from ._stats import RunResult
+from ._stats import RunSummary
 
 THROUGHPUT_PNG = "bucketq-bench-throughput.png"
 COST_PNG = "bucketq-bench-cost.png"
 
 
-def _series(results: Sequence[RunResult]) -> dict[tuple[str, int], list[RunResult]]:
+def _series(results: Sequence[RunSummary]) -> dict[tuple[str, int], list[RunSummary]]:
     """Runs per (contender, processes), by N."""
-    out: dict[tuple[str, int], list[RunResult]] = {}
+    out: dict[tuple[str, int], list[RunSummary]] = {}
     for r in results:
         out.setdefault((r.contender, r.procs), []).append(r)
     for runs in out.values():
@@ -23,7 +24,7 @@ def _series(results: Sequence[RunResult]) -> dict[tuple[str, int], list[RunResul
 
 
 def write_plots(
-    results: Sequence[RunResult], floor_us: float, directory: str | Path, title: str
+    results: Sequence[RunSummary], floor_us: float, directory: str | Path, title: str
 ) -> list[str]:
     """Throughput by contender and cost per item by N; returns the files written."""
     import matplotlib
@@ -44,7 +45,7 @@ def write_plots(
     # 1. Throughput by contender: push, consume, end-to-end at each contender's largest
     #    single-process run; and end-to-end items/s by N for every process count.
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 6), gridspec_kw={"width_ratios": [3, 2]})
-    head: dict[str, RunResult] = {}
+    head: dict[str, RunSummary] = {}
     for r in sorted(results, key=lambda r: contenders.index(r.contender)):
         cur = head.get(r.contender)
         if cur is None or (r.procs, -r.n) < (cur.procs, -cur.n):

@@ -1,5 +1,6 @@
 """What a run says: the JSON document with every figure and the environment, the notes
-that go with the figures, and the rich tables printed at the end."""
+that go with the figures, and the rich tables printed at the end (the medians of the
+repetitions, with their range, when each group ran more than once)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ from ._stats import (
     FLAT_WITHIN,
     MAIN_COMMANDS,
     RunResult,
-    fastest_per_element,
+    RunSummary,
     floor,
     main_columns,
     ratio,
     ratios_vs_per_element,
     scaling,
+    summarize,
+    vs_fastest_per_element,
 )
 from ._workload import payload
 
-SCHEMA = "bucketq-bench/2"
+SCHEMA = "bucketq-bench/3"
 
 
 def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str, Any]) -> list[str]:
@@ -57,9 +60,18 @@ def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str,
             "index, so wall-clock items/s falls as the collection grows (bigger N); the cost per item "
             "(client CPU µs, commands per 1,000 items) is what stays flat."
         )
+    repeat = settings.get("repeat", 1)
+    if repeat > 1:
+        out.append(
+            f"Every (N, P) group ran {repeat} times, each time on a fresh embedded server when the "
+            "benchmark started one, with its contenders interleaved in the same order; every figure "
+            "in the tables is the median of the repetitions, and 'range e2e / CPU' is (max - min) / "
+            "median of end-to-end items/s and of CPU µs/item. The JSON has every repetition's "
+            "figures ('runs') and the medians with each figure's values and range ('medians')."
+        )
     out.append(
         "vs per-element = end-to-end items/s over the fastest per-element contender's at the same P "
-        "('-' where none ran at that P)."
+        "in the same repetition ('-' where none ran at that P)."
     )
     out.append(
         "Client CPU = process CPU time (all threads) of every producer and consumer process of the "
@@ -110,15 +122,16 @@ def document(
     wall_s: float,
     plots: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Every figure and the environment, as written by ``--json``."""
+    """Every figure and the environment, as written by ``--json``: every repetition's run
+    (``runs``) and, per (contender, N, P), the medians over the repetitions (``medians``)."""
     floor_us = floor(results)
     runs = []
     for r in results:
         d = r.as_dict(floor_us)
         d["end_to_end_vs_per_element"] = ratios_vs_per_element(r, results)
-        best = fastest_per_element(results, r.procs)
-        d["end_to_end_vs_fastest_per_element"] = ratio(r.e2e_rate, best.e2e_rate) if best else None
+        d["end_to_end_vs_fastest_per_element"] = vs_fastest_per_element(r, results)
         runs.append(d)
+    summaries = summarize(results)
     p = payload(0)
     import json
 
@@ -136,7 +149,8 @@ def document(
         },
         "floor_us_per_item": floor_us,
         "runs": runs,
-        "scaling": scaling([r for r in results]),
+        "medians": [m.as_dict(floor_us) for m in summaries],
+        "scaling": scaling(summaries),
         "flat_within": FLAT_WITHIN,
         "notes": notes(results, env, settings),
         "plots": list(plots),
@@ -156,33 +170,49 @@ def _fmt_spread(s: float | None) -> str:
     return f"{100 * s:.0f}% ({mark})"
 
 
-def print_report(console: Any, results: Sequence[RunResult], doc: dict[str, Any]) -> None:
+def _fmt_range(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _items_back(r: RunSummary) -> str:
+    if r.items_ok:
+        return f"{r.n:,} ok"
+    return f"[red]{r.items_problem}[/]"
+
+
+def print_report(console: Any, results: Sequence[RunSummary], doc: dict[str, Any]) -> None:
+    """The tables: one row per (contender, N, P), the medians where groups were repeated."""
     from rich.table import Table
 
     floor_us = doc["floor_us_per_item"]
+    repeated = any(r.repeats > 1 for r in results)
     order = {name: i for i, name in enumerate(CONTENDERS)}
     shown = sorted(results, key=lambda r: (r.procs, r.group_n, r.per_element, order[r.contender]))
-    t = Table(
-        title="Lifecycle throughput and cost per item (P producer processes, then P consumer processes)"
+    title = (
+        "Lifecycle throughput and cost per item (P producer processes, then P consumer processes)"
     )
+    if repeated:
+        title += f"; medians of {max(r.repeats for r in results)} repetitions"
+    t = Table(title=title)
     for col in ("contender", "N", "P", "push/s", "consume/s", "end-to-end/s", "vs per-element",
-                "cmds/1k items", "CPU µs/item", "vs floor", "items back"):  # fmt: skip
+                "cmds/1k items", "CPU µs/item", "vs floor",
+                *(["range e2e / CPU"] if repeated else []), "items back"):  # fmt: skip
         t.add_column(col, justify="left" if col == "contender" else "right")
     for r in shown:
-        best = fastest_per_element(results, r.procs)
+        ranges = [f"{_fmt_range(r.range('e2e_rate'))} / {_fmt_range(r.range('cpu_us_per_item'))}"]
         t.add_row(
             r.contender, f"{r.n:,}", str(r.procs), f"{r.push_rate:,.0f}", f"{r.consume_rate:,.0f}",
-            f"{r.e2e_rate:,.0f}", _fmt_ratio(ratio(r.e2e_rate, best.e2e_rate) if best else None),
+            f"{r.e2e_rate:,.0f}", _fmt_ratio(r.vs_per_element),
             _fmt_num(r.commands_per_1000), _fmt_num(r.cpu_us_per_item), _fmt_ratio(ratio(r.cpu_us_per_item, floor_us)),
-            f"{r.n:,} ok" if r.items_ok else f"[red]{r.items_problem}[/]",
+            *(ranges if repeated else []), _items_back(r),
         )  # fmt: skip
     console.print(t)
 
     # Commands by name: every run when there are few, else each (contender, P) at its largest N.
     rows = list(shown)
     if len(rows) > 16:
-        top: dict[tuple[str, int], RunResult] = {}
-        for r in results:
+        top: dict[tuple[str, int], RunSummary] = {}
+        for r in shown:
             if (r.contender, r.procs) not in top or r.n > top[(r.contender, r.procs)].n:
                 top[(r.contender, r.procs)] = r
         rows = list(top.values())

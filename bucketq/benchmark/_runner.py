@@ -1,7 +1,7 @@
 """Runs the benchmark: every (contender, N, processes) run, in groups of one (N,
 processes), contender after contender on one server (an embedded server the benchmark
 started is replaced by a fresh one between groups once it is worn, see
-``FRESH_SERVER_AFTER``).
+``FRESH_SERVER_AFTER``); with ``repeat`` K, each group K times in a row.
 
 Each run gets its own database and P spawned worker processes (see ``_worker``); the
 parent only starts them, shows progress from their shared counters, collects their
@@ -18,7 +18,7 @@ import queue as queue_mod
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from pymongo import MongoClient
@@ -26,7 +26,7 @@ from pymongo.errors import PyMongoError
 
 from ..errors import ConfigurationError
 from ._contenders import CONTENDERS
-from ._stats import RunResult, WorkerReport, floor
+from ._stats import RunResult, WorkerReport, floor, summarize
 
 log = logging.getLogger("bucketq.benchmark")
 
@@ -41,6 +41,8 @@ class RunSpec:
     procs: int
     #: bucketq's N in the (N, processes) group this run belongs to.
     group_n: int = 0
+    #: Which repetition of its group this run is (0 .. K - 1).
+    repeat: int = 0
 
     @property
     def per_element(self) -> bool:
@@ -60,11 +62,15 @@ def build_plan(
     procs: Sequence[int],
     element_n: int,
     extra: Sequence[tuple[str, int, int]] = (),
+    repeat: int = 1,
 ) -> list[RunSpec]:
     """Groups of runs, one per (size, processes) and then one per extra (N, processes):
     in each, the per-element contenders first (at their smaller N, see
     :func:`element_sizes`; they are the ones a server slowed by big runs would wrong),
-    then bucketq's, in the order given. No run twice."""
+    then bucketq's, in the order given. No run twice; with ``repeat`` K, each group K times
+    in a row, the same runs in the same order each time."""
+    if repeat < 1:
+        raise ConfigurationError(f"repeat must be at least 1, not {repeat}.")
     small = element_sizes(sizes, element_n)
     groups: dict[tuple[int, int], list[str]] = {}
     for p in procs:
@@ -78,11 +84,13 @@ def build_plan(
         ordered = [c for c in names if CONTENDERS[c].per_element] + [
             c for c in names if not CONTENDERS[c].per_element
         ]
+        once: list[RunSpec] = []
         for name in ordered:
             size = small.get(n, n) if CONTENDERS[name].per_element else n
             spec = RunSpec(name, size, p, n)
-            if all((s.contender, s.n, s.procs) != (name, size, p) for s in plan):
-                plan.append(spec)
+            if all((s.contender, s.n, s.procs) != (name, size, p) for s in plan + once):
+                once.append(spec)
+        plan.extend(replace(s, repeat=k) for k in range(repeat) for s in once)
     return plan
 
 
@@ -184,6 +192,7 @@ def run_spec(
         [WorkerReport.from_dict(reports[i]) for i in range(spec.procs)],
         spec.group_n,
         remaining,
+        spec.repeat,
     )
 
 
@@ -354,12 +363,15 @@ def run(
     plots_dir: str | None = DEFAULT_PLOTS_DIR,
     console: Any = None,
     stall_timeout: float = DEFAULT_STALL_TIMEOUT,
+    repeat: int = 1,
 ) -> dict[str, Any]:
     """Run the benchmark, print its tables, write the JSON (``json_path``) and the plots
     (``plots_dir``; None for none). Returns the JSON document.
 
     ``quick`` or not picks the preset (QUICK / FULL); ``n`` (one size), ``sizes``,
     ``procs`` and ``element_n`` override it, and an override drops the preset's extra runs.
+    ``repeat`` K runs every (N, processes) group K times (a fresh embedded server each
+    time); the tables and plots show the median of each figure, the JSON every repetition.
     """
     import json
     import sys
@@ -386,17 +398,15 @@ def run(
     sizes = (n,) if n is not None else tuple(sizes or preset.sizes)
     procs = tuple(procs or preset.procs)
     element_n = element_n or preset.element_n
-    plan = build_plan(names, sizes, procs, element_n, () if overridden else preset.extra)
+    plan = build_plan(names, sizes, procs, element_n, () if overridden else preset.extra, repeat)
     settings = {
         "quick": quick,
+        "repeat": repeat,
         "sizes": list(sizes),
         "procs": list(procs),
         "element_n": element_n,
         "contenders": names,
-        "plan": [
-            {"contender": s.contender, "n": s.n, "procs": s.procs, "group_n": s.group_n}
-            for s in plan
-        ],
+        "plan": [asdict(s) for s in plan],
         "fresh_server_after_items": FRESH_SERVER_AFTER,
         "argv": sys.argv,
     }
@@ -411,7 +421,8 @@ def run(
         env = environment(server_uri, server.embedded is not None, names)
         element_ns = ", ".join(f"{s:,}" for s in sorted(element_sizes(sizes, element_n).values()))
         console.print(
-            f"[bold]bucketq bench[/]: {len(plan)} runs of {len(names)} contenders on "
+            f"[bold]bucketq bench[/]: {len(plan)} runs of {len(names)} contenders"
+            f"{f' ({repeat} repetitions of each group)' if repeat > 1 else ''} on "
             f"{env['server']['description']}; N = {', '.join(f'{s:,}' for s in sizes)} (per-element "
             f"{element_ns}), processes = {', '.join(map(str, sorted({s.procs for s in plan})))}"
         )
@@ -423,14 +434,17 @@ def run(
         )
         with Progress(*columns, console=console, transient=True) as bar:
             overall = bar.add_task("runs", total=len(plan))
-            group: tuple[int, int] | None = None
+            group: tuple[int, int, int] | None = None
             for spec in plan:
-                new_group = (spec.group_n, spec.procs) != group
-                group = (spec.group_n, spec.procs)
+                # a repetition of a group is a group of its own: on a fresh server
+                new_group = (spec.group_n, spec.procs, spec.repeat) != group
+                group = (spec.group_n, spec.procs, spec.repeat)
                 if server.due(new_group):
                     restarts.append({"before": asdict(spec), "after_items": server.items})
                     server_uri = server.restart()
                 label = f"{spec.contender} N={spec.n:,} P={spec.procs}"
+                if repeat > 1:
+                    label += f" #{spec.repeat + 1}"
                 pt = bar.add_task(f"{label}: push", total=spec.n)
                 ct = bar.add_task(f"{label}: consume", total=spec.n)
 
@@ -465,13 +479,14 @@ def run(
     settings["failed_runs"] = failed
     wall = time.monotonic() - t_start
     plots: list[str] = []
+    summaries = summarize(results)
     if plots_dir and results:
         from ._plots import write_plots
 
-        title = f"bucketq bench{' --quick' if quick else ''} on {env['server']['description']}"
-        plots = write_plots(results, floor(results), plots_dir, title)
+        title = f"bucketq bench{' --quick' if quick else ''}{f' --repeat {repeat}' if repeat > 1 else ''} on {env['server']['description']}"
+        plots = write_plots(summaries, floor(results), plots_dir, title)
     doc = document(results, env, settings, wall, plots)
-    print_report(console, results, doc)
+    print_report(console, summaries, doc)
     if plots:
         console.print(f"plots: {', '.join(plots)}")
     if json_path:
@@ -479,7 +494,7 @@ def run(
             json.dump(doc, f, indent=2, default=str)
         console.print(f"every figure: {json_path}")
     problems = [
-        f"{r.contender} (N={r.n:,}, P={r.procs}): "
+        f"{r.contender} (N={r.n:,}, P={r.procs}{f', repetition {r.repeat + 1}' if repeat > 1 else ''}): "
         f"items did not all come back exactly once ({r.items_problem})"
         for r in results
         if not r.items_ok

@@ -1,5 +1,6 @@
 """The arithmetic of the benchmark, written once: shares, checksums, rates, ratios,
-commands per 1,000 items, spreads, and one run's figures from its workers' reports.
+commands per 1,000 items, spreads, one run's figures from its workers' reports, and the
+medians of a run repeated K times.
 
 Pure: no pymongo, no processes, no clocks. Everything the runner, the report and the
 plots print comes from here.
@@ -7,8 +8,9 @@ plots print comes from here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from statistics import median
 from typing import Any
 
 #: Sent by every MongoDB client to open, watch and close connections: not queue work.
@@ -83,6 +85,15 @@ def spread(values: Iterable[float]) -> float | None:
     return max(vals) / min(vals) - 1.0
 
 
+def rel_range(values: Sequence[float]) -> float | None:
+    """(max - min) / median: how far apart K repetitions of one figure came out (0.06 = the
+    highest is 6% of the median above the lowest); None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    mid = median(values)
+    return (max(values) - min(values)) / mid if mid else None
+
+
 def merge_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for c in counts:
@@ -146,6 +157,8 @@ class RunResult:
     group_n: int = 0
     #: Items the queue still held after the consume phase (counted by the parent).
     remaining: int = 0
+    #: Which repetition of its group this run was (0 .. K - 1).
+    repeat: int = 0
 
     # -- times (the phase runs from the first worker's start to the last worker's end)
     @property
@@ -247,6 +260,7 @@ class RunResult:
             "per_element": self.per_element,
             "n": self.n,
             "group_n": self.group_n,
+            "repeat": self.repeat,
             "producers": self.procs,
             "consumers": self.procs,
             "push_s": self.push_s,
@@ -279,7 +293,140 @@ def _sum3(rows: Iterable[tuple[int, int, int]]) -> tuple[int, int, int]:
     return a, b, c
 
 
-def floor(results: Iterable[RunResult]) -> float:
+#: The figures of a run that a repeated run reports as medians: JSON name -> attribute.
+FIGURES = {
+    "push_per_s": "push_rate",
+    "consume_per_s": "consume_rate",
+    "end_to_end_per_s": "e2e_rate",
+    "cpu_us_per_item": "cpu_us_per_item",
+    "push_cpu_us_per_item": "push_cpu_us_per_item",
+    "consume_cpu_us_per_item": "consume_cpu_us_per_item",
+    "commands_per_1000_items": "commands_per_1000",
+}
+
+
+def _median_of(attr: str) -> Any:
+    def get(self: RunSummary) -> float:
+        return self.median(attr)
+
+    get.__doc__ = f"The median of the repetitions' ``{attr}``."
+    return property(get)
+
+
+@dataclass
+class RunSummary:
+    """One contender at one N with P processes over its K repetitions (K >= 1): the
+    figures a run has, each the median of its repetitions'; what the tables and plots show.
+    With K = 1 every figure is that one run's."""
+
+    runs: list[RunResult]
+    #: Median over the repetitions of the end-to-end rate over the fastest per-element
+    #: contender's in the same repetition at the same P (None where none ran).
+    vs_per_element: float | None = None
+
+    @property
+    def contender(self) -> str:
+        return self.runs[0].contender
+
+    @property
+    def per_element(self) -> bool:
+        return self.runs[0].per_element
+
+    @property
+    def n(self) -> int:
+        return self.runs[0].n
+
+    @property
+    def procs(self) -> int:
+        return self.runs[0].procs
+
+    @property
+    def group_n(self) -> int:
+        return self.runs[0].group_n
+
+    @property
+    def repeats(self) -> int:
+        return len(self.runs)
+
+    def values(self, attr: str) -> list[float]:
+        return [getattr(r, attr) for r in self.runs]
+
+    def median(self, attr: str) -> float:
+        return float(median(self.values(attr)))
+
+    def range(self, attr: str) -> float | None:
+        """:func:`rel_range` of one figure over the repetitions."""
+        return rel_range(self.values(attr))
+
+    push_rate = _median_of("push_rate")
+    consume_rate = _median_of("consume_rate")
+    e2e_rate = _median_of("e2e_rate")
+    cpu_us_per_item = _median_of("cpu_us_per_item")
+    push_cpu_us_per_item = _median_of("push_cpu_us_per_item")
+    consume_cpu_us_per_item = _median_of("consume_cpu_us_per_item")
+    commands_per_1000 = _median_of("commands_per_1000")
+
+    @property
+    def commands_per_1000_by_name(self) -> dict[str, float]:
+        names = sorted({k for r in self.runs for k in r.commands_per_1000_by_name})
+        return {
+            k: float(median(r.commands_per_1000_by_name.get(k, 0.0) for r in self.runs))
+            for k in names
+        }
+
+    @property
+    def floor_us(self) -> float:
+        return min(r.floor_us for r in self.runs)
+
+    @property
+    def items_ok(self) -> bool:
+        return all(r.items_ok for r in self.runs)
+
+    @property
+    def items_problem(self) -> str | None:
+        """The first failed repetition's problem (and how many failed), None when all passed."""
+        bad = [r for r in self.runs if not r.items_ok]
+        if not bad:
+            return None
+        first = bad[0].items_problem
+        return first if self.repeats == 1 else f"{len(bad)} of {self.repeats} repetitions: {first}"
+
+    def as_dict(self, floor_us: float) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "contender": self.contender,
+            "per_element": self.per_element,
+            "n": self.n,
+            "group_n": self.group_n,
+            "producers": self.procs,
+            "consumers": self.procs,
+            "repeats": self.repeats,
+        }
+        out.update({key: self.median(attr) for key, attr in FIGURES.items()})
+        out["cpu_vs_floor"] = ratio(self.cpu_us_per_item, floor_us)
+        out["commands_per_1000_items_by_name"] = self.commands_per_1000_by_name
+        out["end_to_end_vs_fastest_per_element"] = self.vs_per_element
+        out["items_ok"] = self.items_ok
+        out["items_remaining"] = [r.remaining for r in self.runs]
+        out["repetitions"] = {
+            key: {"values": self.values(attr), "range": self.range(attr)}
+            for key, attr in FIGURES.items()
+        }
+        return out
+
+
+def summarize(results: Sequence[RunResult]) -> list[RunSummary]:
+    """One :class:`RunSummary` per (contender, N, P), in the order they first ran."""
+    by: dict[tuple[str, int, int], list[RunResult]] = {}
+    for r in results:
+        by.setdefault((r.contender, r.n, r.procs), []).append(r)
+    out = []
+    for runs in by.values():
+        ratios = [x for x in (vs_fastest_per_element(r, results) for r in runs) if x is not None]
+        out.append(RunSummary(runs, float(median(ratios)) if ratios else None))
+    return out
+
+
+def floor(results: Iterable[RunResult | RunSummary]) -> float:
     """The BSON floor of a whole benchmark: the lowest any worker measured. A floor is a
     lower bound and noise (a core shared with the server, other load) only adds to it."""
     return min((r.floor_us for r in results), default=0.0)
@@ -291,21 +438,33 @@ def fastest_per_element(results: Iterable[RunResult], procs: int) -> RunResult |
     return max(peers, key=lambda r: r.e2e_rate, default=None)
 
 
+def vs_fastest_per_element(result: RunResult, results: Iterable[RunResult]) -> float | None:
+    """End-to-end rate of ``result`` over the fastest per-element run's of the same
+    repetition at the same processes (side by side on the same server)."""
+    best = fastest_per_element((r for r in results if r.repeat == result.repeat), result.procs)
+    return ratio(result.e2e_rate, best.e2e_rate) if best else None
+
+
 def ratios_vs_per_element(
     result: RunResult, results: Iterable[RunResult]
 ) -> dict[str, float | None]:
-    """End-to-end rate of ``result`` over each per-element contender's at the same processes."""
+    """End-to-end rate of ``result`` over each per-element contender's at the same processes
+    in the same repetition."""
     return {
         r.contender: ratio(result.e2e_rate, r.e2e_rate)
         for r in results
-        if r.per_element and r.procs == result.procs and r is not result
+        if r.per_element
+        and r.procs == result.procs
+        and r.repeat == result.repeat
+        and r is not result
     }
 
 
-def scaling(results: Iterable[RunResult]) -> dict[str, dict[str, Any]]:
+def scaling(results: Iterable[RunSummary]) -> dict[str, dict[str, Any]]:
     """Per contender: cost per item (CPU µs, commands per 1,000) over its runs at every N and
-    process count, with min, max, spread and whether it is flat within FLAT_WITHIN."""
-    by: dict[str, list[RunResult]] = {}
+    process count (medians where repeated), with min, max, spread and whether it is flat
+    within FLAT_WITHIN."""
+    by: dict[str, list[RunSummary]] = {}
     for r in sorted(results, key=lambda r: (r.procs, r.n)):
         by.setdefault(r.contender, []).append(r)
     out: dict[str, dict[str, Any]] = {}
