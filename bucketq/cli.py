@@ -31,6 +31,7 @@ def _bench(args: argparse.Namespace) -> int:
             procs=args.procs,
             element_n=args.element_n,
             contenders=names,
+            repeat=args.repeat,
             json_path=args.json,
             plots_dir=None if args.no_plots else (args.plots or DEFAULT_PLOTS_DIR),
         )
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--procs", type=_int_list, help="producer and consumer processes, e.g. 1,2,4")
     b.add_argument("--element-n", type=int, help="per-element N at the largest size (halved below)")
     b.add_argument("--contender", action="append", help="run only this contender (repeatable)")
+    b.add_argument("--repeat", type=int, default=1, metavar="K", help="run each (N, processes) group K times; the table shows medians and their range")
     b.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     b.add_argument("--plots", metavar="DIR", help="PNG plots go here (default: bench-results/)")
     b.add_argument("--no-plots", action="store_true", help="write no plots")

@@ -173,6 +173,11 @@ def test_cli_rejects_an_unknown_contender(capsys):
     assert "unknown contender" in capsys.readouterr().err
 
 
+def test_cli_passes_repeat_and_rejects_less_than_one(capsys):
+    assert main(["bench", "--repeat", "0", "--no-plots"]) == 1
+    assert "repeat must be at least 1" in capsys.readouterr().err
+
+
 def test_a_missing_peer_says_which_extra_to_install(monkeypatch):
     import importlib.util
     import sys
