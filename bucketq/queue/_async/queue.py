@@ -643,9 +643,13 @@ class AsyncQueue(AsyncProducer):
         self._closed = True
         for n in (self._fetch_wake, self._flush_wake, self._writer_wake, self._consumers, self._starved_wake):
             n.notify()
-        for w in (self._writer, self._fetcher, self._flusher, self._watcher):
+        for w in (self._writer, self._fetcher, self._flusher):
             if w is not None:
                 await w.join(5.0)
+        if self._watcher is not None:
+            # It only wakes the fetcher, and may sit in a change-stream read for up to
+            # 500 ms: don't wait for it (it ends when that read returns).
+            await self._watcher.join(0)
         if self._dlq is not None:
             await self._dlq.close()
         return report

@@ -1,0 +1,5 @@
+"""``python -m bucketq``: the same as the ``bucketq`` command."""
+
+from .cli import main
+
+raise SystemExit(main())
