@@ -633,6 +633,14 @@ def needs_renewal(b: HeldBucket, now: float, lease: float) -> bool:
     return b.until - now < lease * 2 / 3
 
 
+def serve_until(now: float, lease: float) -> float:
+    """Hand out a held bucket's items only while its lease runs past this: a third of the
+    lease is left for the commits to be flushed (which renews it) before another consumer
+    may take the bucket over. A renewed lease always has more; a claim that came back
+    late (a slow server) may have less, and then waits for the flusher's renewal."""
+    return now + lease / 3
+
+
 def dead_letter_headers(queue: str, msg_headers: dict | None, tries: int, reason: str, now: float) -> dict:
     h = dict(msg_headers or {})
     h.update({"x-source-queue": queue, "x-dead-at": to_datetime(now), "x-tries": tries, "x-reason": reason})

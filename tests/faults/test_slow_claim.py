@@ -4,6 +4,7 @@ the bucket before it has renewed the lease, and loses it if another consumer too
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -18,9 +19,11 @@ LEASE = 1.0
 BLOCK_MS = 1500  # the slow consumer's claim waits this long at the server: past its lease
 
 
-def _slow_consumer(db, mongo_uri, mongo_client, request, app: str) -> Queue:
-    """10 items in one bucket, and a consumer whose first claim waits BLOCK_MS at the
-    server (a failCommand failpoint on its client's appName): past its lease."""
+def _slow_consumer(db, mongo_uri, mongo_client, request, app: str, *, block_ms: int = BLOCK_MS,
+                   commands: tuple[str, ...] = ("findAndModify",), times: int = 0) -> Queue:  # fmt: skip
+    """10 items in one bucket, and a consumer whose first ``times`` (default: one per name)
+    commands named in ``commands`` wait ``block_ms`` at the server: a failCommand
+    failpoint on its client's appName."""
     q = Queue(db, "q", bucket_max_size=10, **FAST)
     for i in range(10):
         q.push({"i": i})
@@ -31,8 +34,8 @@ def _slow_consumer(db, mongo_uri, mongo_client, request, app: str) -> Queue:
         mongo_client.admin.command(
             "configureFailPoint",
             "failCommand",
-            mode={"times": 1},
-            data={"failCommands": ["findAndModify"], "appName": app, "blockConnection": True, "blockTimeMS": BLOCK_MS},
+            mode={"times": times or len(commands)},
+            data={"failCommands": list(commands), "appName": app, "blockConnection": True, "blockTimeMS": block_ms},
         )
     except OperationFailure as exc:  # a server given by URI, started without test commands
         pytest.skip(f"the server has no failpoints (start it with enableTestCommands): {exc}")
@@ -42,7 +45,8 @@ def _slow_consumer(db, mongo_uri, mongo_client, request, app: str) -> Queue:
 
 
 def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(db, mongo_uri, mongo_client, request):
-    slow = _slow_consumer(db, mongo_uri, mongo_client, request, "slow-claim")
+    # Its renewal is held up too, so the other consumer's claim surely comes first.
+    slow = _slow_consumer(db, mongo_uri, mongo_client, request, "slow-claim", commands=("findAndModify", "update"))
     assert slow.reserve(timeout=0.05) is None  # starts its fetcher; the claim is blocked
     deadline = time.time() + 10
     while slow.stats()["claims"] == 0:
@@ -57,7 +61,8 @@ def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(d
     assert sorted(m.payload["i"] for m in got) == list(range(10))
     assert other.stats()["takeovers"] == 1
 
-    served = [m.payload["i"] for m in iter(lambda: slow.reserve(timeout=1.0), None)]
+    # Past its held-up renewal (BLOCK_MS), which finds the bucket taken: a lease loss.
+    served = [m.payload["i"] for m in iter(lambda: slow.reserve(timeout=BLOCK_MS / 1000 + 1.0), None)]
     assert served == [], f"items {served} were served by two consumers at once"
     assert slow.stats()["lease_losses"] == 1
     assert other.commit_many(got) == 10
@@ -76,3 +81,32 @@ def test_a_late_claim_renews_its_lease_before_serving(db, mongo_uri, mongo_clien
     assert slow.commit_many(got) == 10
     slow.close()
     assert db["q"].count_documents({}) == 0
+
+
+def test_a_claim_that_comes_back_with_little_lease_left_renews_before_serving(db, mongo_uri, mongo_client, request):
+    """The claim returns with a fifth of its lease left, and the renewal is slow too.
+    Serving at once would hand out items whose commits cannot be flushed before the lease
+    runs out; the consumer that takes the bucket over then serves them again."""
+    block = LEASE * 0.8
+    # Three: the claim, the renewal, and the claim that follows if the bucket is served
+    # at once (which would otherwise take the second and let the renewal through).
+    slow = _slow_consumer(db, mongo_uri, mongo_client, request, "slow-claim-3",
+                          block_ms=int(block * 1000), commands=("findAndModify", "update"), times=3)  # fmt: skip
+    served: list[int] = []
+    t = threading.Thread(target=lambda: served.extend(m.payload["i"] for m in slow.reserve_many(10, timeout=3)))
+    t.start()
+    deadline = time.time() + 10
+    while slow.stats()["claims"] == 0:
+        assert time.time() < deadline, "the blocked claim never returned"
+        time.sleep(0.005)
+    # The claim was sent ~block ago, so its lease runs out in ~LEASE - block; the
+    # renewal, held up for block, lands after that. Claim in between.
+    time.sleep((LEASE - block) + (block - (LEASE - block)) / 3)
+    other = Queue(db, "q", **{**FAST, "lease": 30.0, "prefetch": 0})
+    request.addfinalizer(other.close)
+    got = other.reserve_many(10, timeout=5)
+    t.join()
+    both = set(served) & {m.payload["i"] for m in got}
+    assert not both, f"items {sorted(both)} were served by two consumers at once"
+    assert sorted(served + [m.payload["i"] for m in got]) == list(range(10))
+    assert other.commit_many(got) == len(got)

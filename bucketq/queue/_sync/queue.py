@@ -229,15 +229,17 @@ class Queue(Producer):
 
     def _take(self, now: float, max_items: int, out: list[core.Message]) -> bool:
         """Move up to ``max_items`` ready messages into ``out`` (mutex held). True when a
-        bucket's lease may have run out: our process was frozen or cut off from the
-        server, so nothing of it is handed out until the flusher renewed it or found it lost."""
+        bucket's lease is (nearly) out: our process was frozen or cut off from the server,
+        or its claim came back late, so nothing of it is handed out until the flusher
+        renewed it or found it lost."""
         ready = self._ready
         if self._paused:
             return False
+        limit = core.serve_until(now, self.options.lease)
         while ready and len(out) < max_items:
             msg = ready[0]
             b = msg.bucket
-            if b.until <= now and b.held:
+            if b.until <= limit and b.held:
                 return True
             ready.popleft()
             b.queued -= 1
