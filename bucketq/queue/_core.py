@@ -349,10 +349,11 @@ class Packer:
         return out
 
     def next_due(self) -> float | None:
-        """When the oldest open bucket reaches its age limit (None if none is open)."""
+        """When the first open bucket is due: its age limit, or at once (its opening time)
+        when urgent. None if none is open."""
         if not self.open:
             return None
-        return min(-1.0 if ob.urgent else ob.opened + self.max_wait for ob in self.open.values())
+        return min(ob.opened if ob.urgent else ob.opened + self.max_wait for ob in self.open.values())
 
 
 # -- consume side: claims and held buckets -------------------------------------------
