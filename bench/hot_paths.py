@@ -114,7 +114,9 @@ def main() -> None:
         print(f"  {name:<44} {us:6.2f} µs  {us / floor:5.2f}x floor")
     per_item = rows[2][1] + rows[5][1] + rows[6][1]
     batched = rows[3][1] + rows[5][1] + rows[7][1]
-    print(f"  {'lifecycle, one item at a time':<44} {per_item:6.2f} µs  {per_item / floor:5.2f}x floor")
+    print(
+        f"  {'lifecycle, one item at a time':<44} {per_item:6.2f} µs  {per_item / floor:5.2f}x floor"
+    )
     print(f"  {'lifecycle, in batches':<44} {batched:6.2f} µs  {batched / floor:5.2f}x floor")
     for q in opened:
         q._closed = True  # nothing to write: skip the exit-time close

@@ -50,7 +50,10 @@ def _server(args: argparse.Namespace) -> int:
 
     server = EmbeddedServer(args.data, port=args.port, standalone=args.standalone).start()
     print(server.uri, flush=True)
-    print(f"embedded server pid {server.pid}, data in {server.storage_path}; Ctrl-C stops it", file=sys.stderr)
+    print(
+        f"embedded server pid {server.pid}, data in {server.storage_path}; Ctrl-C stops it",
+        file=sys.stderr,
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -63,7 +66,9 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bucketq", description="A durable bucket-packing queue on MongoDB.")
+    p = argparse.ArgumentParser(
+        prog="bucketq", description="A durable bucket-packing queue on MongoDB."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser(
@@ -80,14 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--procs", type=_int_list, help="producer and consumer processes, e.g. 1,2,4")
     b.add_argument("--element-n", type=int, help="per-element N at the largest size (halved below)")
     b.add_argument("--contender", action="append", help="run only this contender (repeatable)")
-    b.add_argument("--repeat", type=int, default=1, metavar="K", help="run each (N, processes) group K times; the table shows medians and their range")
+    b.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run each (N, processes) group K times; the table shows medians and their range",
+    )
     b.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     b.add_argument("--plots", metavar="DIR", help="PNG plots go here (default: bench-results/)")
     b.add_argument("--no-plots", action="store_true", help="write no plots")
-    b.add_argument("--mongodb-uri", help=f"use this MongoDB (default: ${URI_ENV}, else the embedded server)")
+    b.add_argument(
+        "--mongodb-uri", help=f"use this MongoDB (default: ${URI_ENV}, else the embedded server)"
+    )
     b.set_defaults(func=_bench)
 
-    s = sub.add_parser("server", help="run the embedded MongoDB-wire server in the foreground, print its URI")
+    s = sub.add_parser(
+        "server", help="run the embedded MongoDB-wire server in the foreground, print its URI"
+    )
     s.add_argument("--port", type=int, default=27017)
     s.add_argument("--data", help="data directory (default: a temporary one, removed on exit)")
     s.add_argument("--standalone", action="store_true", help="faster writes, no change streams")

@@ -152,7 +152,9 @@ class EmbeddedServer:
         threading.Thread(target=pump, name="bucketq-embedded-log", daemon=True).start()
         if not ready.wait(self.startup_timeout) or not found:
             self.kill()
-            tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+            tail = (
+                self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+            )
             raise EmbeddedServerError(
                 f"The embedded server did not start within {self.startup_timeout:.0f} s. "
                 f"Its log ({self.log_path}) ends with:\n{tail}"

@@ -11,12 +11,15 @@ both flavours under the same names less ``Async``. CI runs ``--check`` (tests/te
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Every ``_async`` package below bucketq/ gets a generated ``_sync`` sibling.
-PAIRS = [(d, d.with_name("_sync")) for d in sorted((ROOT / "bucketq").rglob("_async")) if d.is_dir()]
+PAIRS = [
+    (d, d.with_name("_sync")) for d in sorted((ROOT / "bucketq").rglob("_async")) if d.is_dir()
+]
 
 # Order matters: longer patterns first.
 SUBS = [
@@ -46,6 +49,20 @@ def convert(text: str) -> str:
     return text
 
 
+def formatted(text: str, path: Path) -> str:
+    """``text`` as ``ruff format`` writes it, so formatting the repository never makes a twin stale."""
+    res = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--stdin-filename", str(path), "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if res.returncode != 0:
+        raise SystemExit(f"ruff format failed on the twin of {path}: {res.stderr.strip()}")
+    return res.stdout
+
+
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     stale = []
@@ -53,8 +70,9 @@ def main(argv: list[str]) -> int:
         dst_dir.mkdir(exist_ok=True)
         for src in sorted(src_dir.glob("*.py")):
             text = src.read_text()
-            out = (HEADER.format(src=src.relative_to(ROOT)) if text.strip() else "") + convert(text)
             dst = dst_dir / src.name
+            out = (HEADER.format(src=src.relative_to(ROOT)) if text.strip() else "") + convert(text)
+            out = formatted(out, dst)
             if check:
                 if not dst.exists() or dst.read_text() != out:
                     stale.append(str(dst.relative_to(ROOT)))

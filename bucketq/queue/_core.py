@@ -51,7 +51,12 @@ BUCKET_OVERHEAD = 512
 
 
 def _positive(name: str, value: float, *, zero: bool = False) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (value == 0 and not zero):
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or value < 0
+        or (value == 0 and not zero)
+    ):
         need = "zero or more" if zero else "greater than zero"
         raise ConfigurationError(f"{name} must be a number {need}; got {value!r}.")
 
@@ -91,7 +96,10 @@ class QueueOptions:
             raise ConfigurationError(
                 f"bucket_max_size must be a whole number from 1 to 65536; got {self.bucket_max_size!r}."
             )
-        if not isinstance(self.bucket_max_bytes, int) or not 1024 <= self.bucket_max_bytes <= HARD_MAX_BYTES:
+        if (
+            not isinstance(self.bucket_max_bytes, int)
+            or not 1024 <= self.bucket_max_bytes <= HARD_MAX_BYTES
+        ):
             raise ConfigurationError(
                 f"bucket_max_bytes must be from 1024 to {HARD_MAX_BYTES} (MongoDB's 16 MiB document "
                 f"limit less room for the bucket's fields); got {self.bucket_max_bytes!r}."
@@ -108,18 +116,33 @@ class QueueOptions:
                 f"({self.state_flush_period} s) so leases are renewed before they run out."
             )
         if not isinstance(self.prefetch, int) or self.prefetch < 0:
-            raise ConfigurationError(f"prefetch must be a whole number >= 0; got {self.prefetch!r}.")
-        if self.max_tries is not None and (not isinstance(self.max_tries, int) or self.max_tries < 1):
-            raise ConfigurationError(f"max_tries must be None or a whole number >= 1; got {self.max_tries!r}.")
-        if not isinstance(self.max_pending_bytes, int) or self.max_pending_bytes < self.bucket_max_bytes:
+            raise ConfigurationError(
+                f"prefetch must be a whole number >= 0; got {self.prefetch!r}."
+            )
+        if self.max_tries is not None and (
+            not isinstance(self.max_tries, int) or self.max_tries < 1
+        ):
+            raise ConfigurationError(
+                f"max_tries must be None or a whole number >= 1; got {self.max_tries!r}."
+            )
+        if (
+            not isinstance(self.max_pending_bytes, int)
+            or self.max_pending_bytes < self.bucket_max_bytes
+        ):
             raise ConfigurationError(
                 f"max_pending_bytes ({self.max_pending_bytes!r}) must be at least bucket_max_bytes "
                 f"({self.bucket_max_bytes})."
             )
         if self.pending_policy not in ("block", "raise"):
-            raise ConfigurationError(f'pending_policy must be "block" or "raise"; got {self.pending_policy!r}.')
-        if self.write_concern is not None and not isinstance(self.write_concern, WriteConcern | dict):
-            raise ConfigurationError("write_concern must be a pymongo WriteConcern or a dict like {'w': 'majority'}.")
+            raise ConfigurationError(
+                f'pending_policy must be "block" or "raise"; got {self.pending_policy!r}.'
+            )
+        if self.write_concern is not None and not isinstance(
+            self.write_concern, WriteConcern | dict
+        ):
+            raise ConfigurationError(
+                "write_concern must be a pymongo WriteConcern or a dict like {'w': 'majority'}."
+            )
 
     @classmethod
     def build(cls, **options: Any) -> QueueOptions:
@@ -155,7 +178,13 @@ def check_max_items(max_items: Any) -> int:
 
 
 def check_name(name: Any) -> str:
-    if not isinstance(name, str) or not name or "$" in name or "\0" in name or name.startswith("system."):
+    if (
+        not isinstance(name, str)
+        or not name
+        or "$" in name
+        or "\0" in name
+        or name.startswith("system.")
+    ):
         raise ConfigurationError(
             f"A queue name must be a non-empty string without '$' or NUL that does not start "
             f"with 'system.'; got {name!r}."
@@ -194,7 +223,9 @@ def retry_delay(tries: int, opts: QueueOptions) -> float:
     return opts.reject_delta_factor * tries + opts.reject_delta_base
 
 
-def backoff(attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random) -> float:
+def backoff(
+    attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random
+) -> float:
     """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
     return rng() * min(cap, base * (2 ** min(attempt, 32)))
 
@@ -282,7 +313,9 @@ class Packer:
                 f"(up to {HARD_MAX_BYTES})."
             )
 
-    def add(self, item: bytes, mature: float, now: float) -> tuple[OpenBucket, int, tuple[OpenBucket, ...]]:
+    def add(
+        self, item: bytes, mature: float, now: float
+    ) -> tuple[OpenBucket, int, tuple[OpenBucket, ...]]:
         """Add an encoded item; returns (its bucket, its index, the buckets this add sealed,
         oldest first)."""
         nbytes = len(item)
@@ -353,7 +386,9 @@ class Packer:
         when urgent. None if none is open."""
         if not self.open:
             return None
-        return min(ob.opened if ob.urgent else ob.opened + self.max_wait for ob in self.open.values())
+        return min(
+            ob.opened if ob.urgent else ob.opened + self.max_wait for ob in self.open.values()
+        )
 
 
 # -- consume side: claims and held buckets -------------------------------------------
@@ -399,7 +434,9 @@ class Message:
 
     __slots__ = ("bucket", "index", "payload", "headers", "tries", "_mature")
 
-    def __init__(self, bucket: Any, index: int, payload: Any, headers: dict | None, tries: int, mature: float) -> None:
+    def __init__(
+        self, bucket: Any, index: int, payload: Any, headers: dict | None, tries: int, mature: float
+    ) -> None:
         self.bucket = bucket
         self.index = index
         self.payload = payload
@@ -446,7 +483,9 @@ class HeldBucket:
         self.done = bytearray(raw_done) if raw_done else bytearray((self.n + 7) // 8)
         self.live: int = doc.get("live", self.n)
         self.tries: dict[int, int] = {int(k): v for k, v in (doc.get("tries") or {}).items()}
-        self.next: dict[int, float] = {int(k): from_datetime(v) for k, v in (doc.get("next") or {}).items()}
+        self.next: dict[int, float] = {
+            int(k): from_datetime(v) for k, v in (doc.get("next") or {}).items()
+        }
         self.items: list[dict[str, Any]] | None = None
         self.state: list[int] = []
         self.outstanding = 0  # reserved, not yet committed or rolled back
@@ -471,7 +510,9 @@ class HeldBucket:
         if len(self.items) != self.n:
             from ..errors import DecodeError
 
-            raise DecodeError(f"Bucket {self.id} says n={self.n} but holds {len(self.items)} items.")
+            raise DecodeError(
+                f"Bucket {self.id} says n={self.n} but holds {len(self.items)} items."
+            )
         state = [READY] * self.n
         self.state = state
         done = self.done
@@ -526,7 +567,9 @@ class HeldBucket:
             if max_tries is not None and t >= max_tries:
                 self.state[i] = RESERVED
                 self.outstanding += 1
-                self.dying.append((i, f"delivered {t} times without a commit (max_tries={max_tries})"))
+                self.dying.append(
+                    (i, f"delivered {t} times without a commit (max_tries={max_tries})")
+                )
                 continue
             it = items[i]
             self.state[i] = RESERVED
@@ -583,7 +626,11 @@ class HeldBucket:
 
     def stalled_items(self) -> list[int]:
         """Items handed out and neither committed nor rolled back (for auto-rollback)."""
-        return [i for i, st in enumerate(self.state) if st == RESERVED and not any(d == i for d, _ in self.dying)]
+        return [
+            i
+            for i, st in enumerate(self.state)
+            if st == RESERVED and not any(d == i for d, _ in self.dying)
+        ]
 
     def finished(self) -> bool:
         return self.live <= 0
@@ -595,14 +642,19 @@ class HeldBucket:
     def next_mature(self) -> float:
         """When the rest of this bucket may be delivered again (for a release): its
         earliest pending item; an item never rolled back is due at the bucket's mature."""
-        return min((self.next.get(i, self.mature) for i, s in enumerate(self.state) if s != DONE), default=self.mature)
+        return min(
+            (self.next.get(i, self.mature) for i, s in enumerate(self.state) if s != DONE),
+            default=self.mature,
+        )
 
 
 def fenced_filter(b: HeldBucket) -> dict[str, Any]:
     return {"_id": b.id, "lease.tok": b.token}
 
 
-def state_write(b: HeldBucket, now: float, lease: float, *, release: bool = False) -> UpdateOne | DeleteOne:
+def state_write(
+    b: HeldBucket, now: float, lease: float, *, release: bool = False
+) -> UpdateOne | DeleteOne:
     """The one fenced write that persists a held bucket's state.
 
     Finished buckets are deleted. Otherwise the done bitmap, live count, tries and
@@ -642,9 +694,18 @@ def serve_until(now: float, lease: float) -> float:
     return now + lease / 3
 
 
-def dead_letter_headers(queue: str, msg_headers: dict | None, tries: int, reason: str, now: float) -> dict:
+def dead_letter_headers(
+    queue: str, msg_headers: dict | None, tries: int, reason: str, now: float
+) -> dict:
     h = dict(msg_headers or {})
-    h.update({"x-source-queue": queue, "x-dead-at": to_datetime(now), "x-tries": tries, "x-reason": reason})
+    h.update(
+        {
+            "x-source-queue": queue,
+            "x-dead-at": to_datetime(now),
+            "x-tries": tries,
+            "x-reason": reason,
+        }
+    )
     return h
 
 
@@ -684,7 +745,10 @@ def ready_filter(now: float) -> dict[str, Any]:
 
 
 def sched_filter(now: float) -> dict[str, Any]:
-    return {"mature": {"$gt": to_datetime(now)}, "$or": [{"lease": None}, {"lease.until": {"$lte": to_datetime(now)}}]}
+    return {
+        "mature": {"$gt": to_datetime(now)},
+        "$or": [{"lease": None}, {"lease.until": {"$lte": to_datetime(now)}}],
+    }
 
 
 def leased_filter(now: float) -> dict[str, Any]:
@@ -729,7 +793,13 @@ class ElementRef:
 
 
 def element_document(payload: Any, headers: dict | None, mature: float) -> dict[str, Any]:
-    doc: dict[str, Any] = {"_id": ObjectId(), "mature": to_datetime(mature), "p": payload, "tries": 0, "lease": None}
+    doc: dict[str, Any] = {
+        "_id": ObjectId(),
+        "mature": to_datetime(mature),
+        "p": payload,
+        "tries": 0,
+        "lease": None,
+    }
     if headers:
         doc["h"] = headers
     return doc

@@ -29,8 +29,16 @@ def test_two_consumers_of_a_large_backlog_deliver_every_item_once(db, mongo_uri,
                       "--start", "0", "--count", str(n), "--batch", "1000", options=opts)  # fmt: skip
     assert push.wait() == 0
     consumers = [
-        run_worker("consume", mongo_uri, db.name, "q", tmp_path / f"consumed{k}.txt",
-                   "--idle", "20", options=opts)  # fmt: skip
+        run_worker(
+            "consume",
+            mongo_uri,
+            db.name,
+            "q",
+            tmp_path / f"consumed{k}.txt",
+            "--idle",
+            "20",
+            options=opts,
+        )  # fmt: skip
         for k in range(2)
     ]
     for p in consumers:

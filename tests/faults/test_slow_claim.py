@@ -35,7 +35,12 @@ def _slow_consumer(db, mongo_uri, mongo_client, request, app: str, *, block_ms: 
             "configureFailPoint",
             "failCommand",
             mode={"times": times or len(commands)},
-            data={"failCommands": list(commands), "appName": app, "blockConnection": True, "blockTimeMS": block_ms},
+            data={
+                "failCommands": list(commands),
+                "appName": app,
+                "blockConnection": True,
+                "blockTimeMS": block_ms,
+            },
         )
     except OperationFailure as exc:  # a server given by URI, started without test commands
         pytest.skip(f"the server has no failpoints (start it with enableTestCommands): {exc}")
@@ -44,9 +49,13 @@ def _slow_consumer(db, mongo_uri, mongo_client, request, app: str, *, block_ms: 
     return slow
 
 
-def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(db, mongo_uri, mongo_client, request):
+def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(
+    db, mongo_uri, mongo_client, request
+):
     # Its renewal is held up too, so the other consumer's claim surely comes first.
-    slow = _slow_consumer(db, mongo_uri, mongo_client, request, "slow-claim", commands=("findAndModify", "update"))
+    slow = _slow_consumer(
+        db, mongo_uri, mongo_client, request, "slow-claim", commands=("findAndModify", "update")
+    )
     assert slow.reserve(timeout=0.05) is None  # starts its fetcher; the claim is blocked
     deadline = time.time() + 10
     while slow.stats()["claims"] == 0:
@@ -62,7 +71,9 @@ def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(d
     assert other.stats()["takeovers"] == 1
 
     # Past its held-up renewal (BLOCK_MS), which finds the bucket taken: a lease loss.
-    served = [m.payload["i"] for m in iter(lambda: slow.reserve(timeout=BLOCK_MS / 1000 + 1.0), None)]
+    served = [
+        m.payload["i"] for m in iter(lambda: slow.reserve(timeout=BLOCK_MS / 1000 + 1.0), None)
+    ]
     assert served == [], f"items {served} were served by two consumers at once"
     assert slow.stats()["lease_losses"] == 1
     assert other.commit_many(got) == 10
@@ -83,7 +94,9 @@ def test_a_late_claim_renews_its_lease_before_serving(db, mongo_uri, mongo_clien
     assert db["q"].count_documents({}) == 0
 
 
-def test_a_claim_that_comes_back_with_little_lease_left_renews_before_serving(db, mongo_uri, mongo_client, request):
+def test_a_claim_that_comes_back_with_little_lease_left_renews_before_serving(
+    db, mongo_uri, mongo_client, request
+):
     """The claim returns with a fifth of its lease left, and the renewal is slow too.
     Serving at once would hand out items whose commits cannot be flushed before the lease
     runs out; the consumer that takes the bucket over then serves them again."""
@@ -93,7 +106,9 @@ def test_a_claim_that_comes_back_with_little_lease_left_renews_before_serving(db
     slow = _slow_consumer(db, mongo_uri, mongo_client, request, "slow-claim-3",
                           block_ms=int(block * 1000), commands=("findAndModify", "update"), times=3)  # fmt: skip
     served: list[int] = []
-    t = threading.Thread(target=lambda: served.extend(m.payload["i"] for m in slow.reserve_many(10, timeout=3)))
+    t = threading.Thread(
+        target=lambda: served.extend(m.payload["i"] for m in slow.reserve_many(10, timeout=3))
+    )
     t.start()
     deadline = time.time() + 10
     while slow.stats()["claims"] == 0:

@@ -42,7 +42,9 @@ async def test_durable_push_does_not_wait_for_the_bucket_age_limit(bucket_flavou
     await resolve(q.push({"i": -1}, durable=True))
     assert col.count_documents({}) == 1
     if bucket_flavour.is_async:
-        await asyncio.wait_for(asyncio.gather(*(q.push({"i": i}, durable=True) for i in range(200))), 60)
+        await asyncio.wait_for(
+            asyncio.gather(*(q.push({"i": i}, durable=True) for i in range(200))), 60
+        )
         # 200 concurrent durable pushes, one bucket per writer turn: far fewer than 200.
         assert 2 <= col.count_documents({}) <= 6
     else:
@@ -104,9 +106,10 @@ async def test_bucket_mature_is_latest_of_its_slot(bucket_flavour):
     docs = list(bucket_flavour.sync_db[q.name].find())
     # Same slot when the delays fall in one granularity step; never earlier than any item.
     for doc in docs:
-        assert doc["mature"].timestamp() >= t0 + max(
-            it["p"] for it in decode_items(doc["items"])
-        ) - 0.01
+        assert (
+            doc["mature"].timestamp()
+            >= t0 + max(it["p"] for it in decode_items(doc["items"])) - 0.01
+        )
 
 
 async def test_read_ahead_and_rest_released_by_drain(bucket_flavour):
@@ -201,7 +204,9 @@ async def test_lease_is_renewed_while_held(bucket_flavour):
 
 
 def _run(*args, **kw):
-    return subprocess.Popen([sys.executable, WORKERS, *args], stdout=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, WORKERS, *args], stdout=subprocess.PIPE, text=True, **kw
+    )
 
 
 def test_killed_consumer_items_come_back_with_a_try_counted(db, mongo_uri, tmp_path):

@@ -13,7 +13,9 @@ from bucketq.queue._codec import encode_item
 NOW = 1_700_000_000.0
 
 items = st.lists(
-    st.tuples(st.integers(min_value=0, max_value=3000), st.sampled_from([None, 0.0, 0.3, 1.7, 2.2, 9.9])),
+    st.tuples(
+        st.integers(min_value=0, max_value=3000), st.sampled_from([None, 0.0, 0.3, 1.7, 2.2, 9.9])
+    ),
     max_size=300,
 )
 
@@ -21,7 +23,9 @@ items = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(items, st.integers(min_value=1, max_value=40), st.sampled_from([2048, 4096, 16384]))
 def test_packer_never_loses_or_overfills(specs, max_size, max_bytes):
-    opts = core.QueueOptions(bucket_max_size=max_size, bucket_max_bytes=max_bytes, max_pending_bytes=1 << 26)
+    opts = core.QueueOptions(
+        bucket_max_size=max_size, bucket_max_bytes=max_bytes, max_pending_bytes=1 << 26
+    )
     packer = core.Packer(opts, object)
     sealed: list[core.OpenBucket] = []
     placed = []
@@ -58,7 +62,9 @@ def test_packer_never_loses_or_overfills(specs, max_size, max_bytes):
 def test_packer_add_many_packs_runs_like_single_adds(batches, delay, max_size, max_bytes):
     """push_many's packing: every item once, in order, at the index its run says; no
     bucket over its count or bytes; only full buckets are sealed."""
-    opts = core.QueueOptions(bucket_max_size=max_size, bucket_max_bytes=max_bytes, max_pending_bytes=1 << 26)
+    opts = core.QueueOptions(
+        bucket_max_size=max_size, bucket_max_bytes=max_bytes, max_pending_bytes=1 << 26
+    )
     cap = max_bytes - core.BUCKET_OVERHEAD
     packer = core.Packer(opts, object)
     sealed: list[core.OpenBucket] = []
@@ -92,7 +98,10 @@ def _held(n: int) -> core.HeldBucket:
     return core.HeldBucket(doc, ObjectId(), NOW, 30.0)
 
 
-ops = st.lists(st.tuples(st.sampled_from(["commit", "rollback", "rollback_later"]), st.integers(0, 63)), max_size=200)
+ops = st.lists(
+    st.tuples(st.sampled_from(["commit", "rollback", "rollback_later"]), st.integers(0, 63)),
+    max_size=200,
+)
 
 
 @settings(max_examples=150, deadline=None)

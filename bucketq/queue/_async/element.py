@@ -43,9 +43,13 @@ class AsyncElementQueue:
         self.options = opts = core.QueueOptions.build(**options)
         self.name = core.check_name(name)
         self.db = check_async_database(db)
-        self._col = db.get_collection(name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern())
+        self._col = db.get_collection(
+            name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
+        )
         self._dlq_col = db.get_collection(
-            opts.dead_letter_name(name), codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
+            opts.dead_letter_name(name),
+            codec_options=CODEC_OPTIONS,
+            write_concern=opts.get_write_concern(),
         )
         self._wake = AsyncNotifier()
         self._stats = core.new_stats()
@@ -140,7 +144,9 @@ class AsyncElementQueue:
                 wait = min(wait, remaining)
             await self._wake.wait(gen, wait)
 
-    async def reserve_many(self, max_items: int, timeout: float | None = None) -> list[core.Message]:
+    async def reserve_many(
+        self, max_items: int, timeout: float | None = None
+    ) -> list[core.Message]:
         """Up to ``max_items`` items: waits (up to ``timeout``) for the first, then claims
         what else is ready, one claim per item."""
         core.check_max_items(max_items)
@@ -158,19 +164,32 @@ class AsyncElementQueue:
         token = ObjectId()
         flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
         del upd["$inc"]
-        doc = await self._col.find_one_and_update(flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE)
+        doc = await self._col.find_one_and_update(
+            flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE
+        )
         if doc is None:
             return None
         tries = doc.get("tries", 0)
         if doc.get("lease") is not None:  # its previous holder's lease ran out
             tries += 1
             self._stats["takeovers"] += 1
-            await self._col.update_one({"_id": doc["_id"], "lease.tok": token}, {"$set": {"tries": tries}})
+            await self._col.update_one(
+                {"_id": doc["_id"], "lease.tok": token}, {"$set": {"tries": tries}}
+            )
         self._stats["reserved"] += 1
-        msg = core.Message(core.ElementRef(doc["_id"], token), 0, doc.get("p"), doc.get("h"), tries, core.from_datetime(doc["mature"]))
+        msg = core.Message(
+            core.ElementRef(doc["_id"], token),
+            0,
+            doc.get("p"),
+            doc.get("h"),
+            tries,
+            core.from_datetime(doc["mature"]),
+        )
         mt = self.options.max_tries
         if mt is not None and tries >= mt:
-            await self._dead_letter(msg, f"delivered {tries} times without a commit (max_tries={mt})")
+            await self._dead_letter(
+                msg, f"delivered {tries} times without a commit (max_tries={mt})"
+            )
             return await self._claim()
         return msg
 
@@ -192,7 +211,12 @@ class AsyncElementQueue:
         return n
 
     async def rollback(
-        self, msg: core.Message, delay: float | None = None, *, next_t: Any = None, reason: str | None = None
+        self,
+        msg: core.Message,
+        delay: float | None = None,
+        *,
+        next_t: Any = None,
+        reason: str | None = None,
     ) -> bool:
         """Release the item, delivered again not before ``delay`` (or ``next_t``); past
         ``max_tries`` it moves to the dead-letter collection."""
@@ -201,13 +225,17 @@ class AsyncElementQueue:
         mt = self.options.max_tries
         if mt is not None and tries >= mt:
             msg.tries = tries
-            return await self._dead_letter(msg, reason or f"rolled back {tries} times (max_tries={mt})")
+            return await self._dead_letter(
+                msg, reason or f"rolled back {tries} times (max_tries={mt})"
+            )
         if next_t is not None:
             not_before = core.mature_time(now, None, next_t)
         else:
             not_before = now + (core.retry_delay(tries, self.options) if delay is None else delay)
         ref = msg.bucket
-        res = await self._col.update_one({"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before))
+        res = await self._col.update_one(
+            {"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before)
+        )
         if res.matched_count:
             self._stats["rolled_back"] += 1
             self._wake.notify()
@@ -285,5 +313,7 @@ class AsyncElementQueue:
     async def remove(self, id: str) -> bool:
         oid, _ = core.parse_item_id(id)
         now = core.to_datetime(_now())
-        res = await self._col.delete_one({"_id": oid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]})
+        res = await self._col.delete_one(
+            {"_id": oid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]}
+        )
         return bool(res.deleted_count)

@@ -91,7 +91,11 @@ class AsyncProducer:
                 self._unwritten[ob.id] = ob
             if sealed or opened:
                 self._wake_writer()
-            receipts = [AsyncReceipt(ob, k) for ob, first, count in runs for k in range(first, first + count)]
+            receipts = [
+                AsyncReceipt(ob, k)
+                for ob, first, count in runs
+                for k in range(first, first + count)
+            ]
         if durable:
             await self._wait_stored(receipts)
         return receipts
@@ -143,7 +147,9 @@ class AsyncProducer:
 
     def _wake_writer(self) -> None:
         if self._writer is None:
-            self._writer = AsyncWorker(f"bucketq-{self._kind}-writer-{self.name}", self._writer_loop)
+            self._writer = AsyncWorker(
+                f"bucketq-{self._kind}-writer-{self.name}", self._writer_loop
+            )
         self._writer_wake.notify()
 
     async def _writer_loop(self) -> None:
@@ -158,7 +164,9 @@ class AsyncProducer:
                 try:
                     failed, error = await self._write(batch)
                 except Exception as exc:  # noqa: BLE001 - never leave receipts hanging
-                    log.exception("%s %s: writing %d buckets failed", self._kind, self.name, len(batch))
+                    log.exception(
+                        "%s %s: writing %d buckets failed", self._kind, self.name, len(batch)
+                    )
                     failed, error = {ob.id for ob in batch}, exc
                 self._settle(batch, failed, error)
                 continue
@@ -166,7 +174,9 @@ class AsyncProducer:
                 return
             await self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
 
-    def _settle(self, buckets: list[core.OpenBucket], failed: set[Any], error: BaseException | None) -> None:
+    def _settle(
+        self, buckets: list[core.OpenBucket], failed: set[Any], error: BaseException | None
+    ) -> None:
         """Resolve the receipts of written (or given-up) buckets and free their memory."""
         stored = []
         for ob in buckets:
@@ -174,7 +184,9 @@ class AsyncProducer:
             self._unwritten.pop(ob.id, None)
             if ob.id in failed:
                 self._stats["push_failed"] += len(ob)
-                log.error("%s %s: %d items were NOT stored: %s", self._kind, self.name, len(ob), error)
+                log.error(
+                    "%s %s: %d items were NOT stored: %s", self._kind, self.name, len(ob), error
+                )
                 ob.batch.resolve(error)
             else:
                 self._stats["buckets_written"] += 1
@@ -190,7 +202,9 @@ class AsyncProducer:
         return core.is_transient(exc) and _monotonic() - started < self._push_opts.retry_budget
 
     async def _backoff(self, attempt: int) -> None:
-        await async_sleep(core.backoff(attempt, self._push_opts.retry_base, self._push_opts.retry_cap))
+        await async_sleep(
+            core.backoff(attempt, self._push_opts.retry_base, self._push_opts.retry_cap)
+        )
 
     async def _flush_pushes(self) -> None:
         """Write every open bucket and wait until each is stored (or failed)."""

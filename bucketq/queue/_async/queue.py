@@ -46,7 +46,9 @@ class AsyncQueue(AsyncProducer):
         self.options = opts = core.QueueOptions.build(**options)
         self.name = core.check_name(name)
         self.db = check_async_database(db)
-        self._col = db.get_collection(name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern())
+        self._col = db.get_collection(
+            name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
+        )
         self._init_producer(opts, "queue")
         self._flush_lock = AsyncLock()
         self._ready: deque[core.Message] = deque()
@@ -85,11 +87,15 @@ class AsyncQueue(AsyncProducer):
             await self._col.create_index(core.CLAIM_SORT, name="mature_id")
         except PyMongoError as exc:
             self._setup_done = False
-            log.warning("queue %s: creating the claim index failed (%s); will retry", self.name, exc)
+            log.warning(
+                "queue %s: creating the claim index failed (%s); will retry", self.name, exc
+            )
 
     def _check_open(self) -> None:
         if self._closed or self._draining:
-            raise QueueClosed(f"Queue {self.name!r} is drained or closed; open a new Queue to go on.")
+            raise QueueClosed(
+                f"Queue {self.name!r} is drained or closed; open a new Queue to go on."
+            )
 
     # -- push ---------------------------------------------------------------------------
 
@@ -106,7 +112,9 @@ class AsyncQueue(AsyncProducer):
         self._check_open()
         item = encode_item(payload, headers)
         now = _now()
-        at = core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
+        at = (
+            core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
+        )
         if self._pending_bytes + len(item) > self.options.max_pending_bytes:
             await self._wait_for_space(len(item))
         receipt = self._add(item, at, now)
@@ -125,7 +133,11 @@ class AsyncQueue(AsyncProducer):
     ) -> list[AsyncReceipt]:
         """Push several items; all are encoded first, so one bad item stores none of them."""
         self._check_open()
-        at = core.mature_time(_now(), delay, mature) if delay is not None or mature is not None else None
+        at = (
+            core.mature_time(_now(), delay, mature)
+            if delay is not None or mature is not None
+            else None
+        )
         return await self._add_many(payloads, headers, at, durable)
 
     async def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
@@ -154,13 +166,17 @@ class AsyncQueue(AsyncProducer):
                     return set(docs), exc
                 attempt += 1
                 self._stats["insert_retries"] += 1
-                log.warning("queue %s: bucket insert failed (%s); retry %d", self.name, exc, attempt)
+                log.warning(
+                    "queue %s: bucket insert failed (%s); retry %d", self.name, exc, attempt
+                )
                 await self._backoff(attempt)
         return set(), None
 
     def _written(self, buckets: list[core.OpenBucket], now: float) -> None:
         for ob in buckets:
-            if ob.mature > now and (self._next_local_mature is None or ob.mature < self._next_local_mature):
+            if ob.mature > now and (
+                self._next_local_mature is None or ob.mature < self._next_local_mature
+            ):
                 self._next_local_mature = ob.mature
         self._fetch_wake.notify()
 
@@ -189,7 +205,9 @@ class AsyncQueue(AsyncProducer):
         got = await self._reserve(1, timeout)
         return got[0] if got else None
 
-    async def reserve_many(self, max_items: int, timeout: float | None = None) -> list[core.Message]:
+    async def reserve_many(
+        self, max_items: int, timeout: float | None = None
+    ) -> list[core.Message]:
         """Up to ``max_items`` items at once: waits (up to ``timeout``) for the first, then
         takes what else is ready without waiting. Empty on timeout or once drained."""
         return await self._reserve(core.check_max_items(max_items), timeout)
@@ -278,7 +296,12 @@ class AsyncQueue(AsyncProducer):
         return len(done)
 
     async def rollback(
-        self, msg: core.Message, delay: float | None = None, *, next_t: Any = None, reason: str | None = None
+        self,
+        msg: core.Message,
+        delay: float | None = None,
+        *,
+        next_t: Any = None,
+        reason: str | None = None,
     ) -> bool:
         """Give the item back: delivered again not before ``delay`` seconds (or ``next_t``),
         by default ``reject_delta_factor * tries + reject_delta_base``; past ``max_tries``
@@ -292,9 +315,16 @@ class AsyncQueue(AsyncProducer):
         b = msg.bucket
         max_tries = self.options.max_tries
         with self._mutex:
-            if max_tries is not None and tries >= max_tries and b.state[msg.index] == core.RESERVED and not b.lost:
+            if (
+                max_tries is not None
+                and tries >= max_tries
+                and b.state[msg.index] == core.RESERVED
+                and not b.lost
+            ):
                 b.tries[msg.index] = tries
-                b.dying.append((msg.index, reason or f"rolled back {tries} times (max_tries={max_tries})"))
+                b.dying.append(
+                    (msg.index, reason or f"rolled back {tries} times (max_tries={max_tries})")
+                )
                 self._stats["rolled_back"] += 1
                 self._flush_wake.notify()
                 return True
@@ -335,7 +365,9 @@ class AsyncQueue(AsyncProducer):
             except PyMongoError as exc:
                 idle_attempt += 1
                 log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
-                await self._fetch_wake.wait(gen, core.backoff(idle_attempt, 0.1, self.options.poll_interval) + 0.05)
+                await self._fetch_wake.wait(
+                    gen, core.backoff(idle_attempt, 0.1, self.options.poll_interval) + 0.05
+                )
                 continue
             if got:
                 idle_attempt = 0
@@ -402,7 +434,9 @@ class AsyncQueue(AsyncProducer):
                 if not old.lost:
                     old.lost = True
                     self._stats["lease_losses"] += 1
-                    log.warning("queue %s: lost the lease of bucket %s; dropping it", self.name, old.id)
+                    log.warning(
+                        "queue %s: lost the lease of bucket %s; dropping it", self.name, old.id
+                    )
                 self._drop(old)
                 return False
 
@@ -496,14 +530,22 @@ class AsyncQueue(AsyncProducer):
             lost: set[ObjectId] = set()
             if done < len(writes):
                 ids = [b.id for b, _ in targets]
-                now_docs = {d["_id"]: d async for d in self._col.find({"_id": {"$in": ids}}, {"lease": 1})}
-                lost = {b.id for b, kind in targets if core.lost_after_flush(kind, b.token, now_docs.get(b.id))}
+                now_docs = {
+                    d["_id"]: d async for d in self._col.find({"_id": {"$in": ids}}, {"lease": 1})
+                }
+                lost = {
+                    b.id
+                    for b, kind in targets
+                    if core.lost_after_flush(kind, b.token, now_docs.get(b.id))
+                }
             with self._mutex:
                 for b, kind in targets:
                     if b.id in lost:
                         b.lost = True
                         self._stats["lease_losses"] += 1
-                        log.warning("queue %s: lost the lease of bucket %s; dropping it", self.name, b.id)
+                        log.warning(
+                            "queue %s: lost the lease of bucket %s; dropping it", self.name, b.id
+                        )
                         self._drop(b)
                     elif kind == "delete":
                         self._drop(b)
@@ -546,13 +588,19 @@ class AsyncQueue(AsyncProducer):
             if i not in queued:
                 b.rollback(i, now, now)
                 self._stats["rolled_back"] += 1
-                log.warning("queue %s: item %s was reserved and never committed; rolled back", self.name, core.item_id(b.id, i))
+                log.warning(
+                    "queue %s: item %s was reserved and never committed; rolled back",
+                    self.name,
+                    core.item_id(b.id, i),
+                )
         self._requeue_due(now)
 
     async def _dead_letter(self) -> None:
         """Move over-tried items to the dead-letter queue: insert there first (durably),
         then mark them consumed here, so the worst case is a duplicate, never a loss."""
-        dying = [(b, i, reason) for b in list(self._held.values()) if not b.lost for i, reason in b.dying]
+        dying = [
+            (b, i, reason) for b in list(self._held.values()) if not b.lost for i, reason in b.dying
+        ]
         if not dying:
             return
         if self._dlq is None:
@@ -565,7 +613,9 @@ class AsyncQueue(AsyncProducer):
         receipts = []
         for b, i, reason in dying:
             it = b.items[i] if b.items is not None else {}
-            headers = core.dead_letter_headers(self.name, it.get("h"), b.tries.get(i, 0), reason, now)
+            headers = core.dead_letter_headers(
+                self.name, it.get("h"), b.tries.get(i, 0), reason, now
+            )
             receipts.append(await self._dlq.push(it.get("p"), headers=headers))
         await self._dlq.flush()
         for r in receipts:
@@ -643,7 +693,13 @@ class AsyncQueue(AsyncProducer):
             return self._drain_report or {}
         report = await self.drain()
         self._closed = True
-        for n in (self._fetch_wake, self._flush_wake, self._writer_wake, self._consumers, self._starved_wake):
+        for n in (
+            self._fetch_wake,
+            self._flush_wake,
+            self._writer_wake,
+            self._consumers,
+            self._starved_wake,
+        ):
             n.notify()
         for w in (self._writer, self._fetcher, self._flusher):
             if w is not None:

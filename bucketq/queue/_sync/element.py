@@ -45,9 +45,13 @@ class ElementQueue:
         self.options = opts = core.QueueOptions.build(**options)
         self.name = core.check_name(name)
         self.db = check_database(db)
-        self._col = db.get_collection(name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern())
+        self._col = db.get_collection(
+            name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
+        )
         self._dlq_col = db.get_collection(
-            opts.dead_letter_name(name), codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
+            opts.dead_letter_name(name),
+            codec_options=CODEC_OPTIONS,
+            write_concern=opts.get_write_concern(),
         )
         self._wake = Notifier()
         self._stats = core.new_stats()
@@ -160,16 +164,27 @@ class ElementQueue:
         token = ObjectId()
         flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
         del upd["$inc"]
-        doc = self._col.find_one_and_update(flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE)
+        doc = self._col.find_one_and_update(
+            flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE
+        )
         if doc is None:
             return None
         tries = doc.get("tries", 0)
         if doc.get("lease") is not None:  # its previous holder's lease ran out
             tries += 1
             self._stats["takeovers"] += 1
-            self._col.update_one({"_id": doc["_id"], "lease.tok": token}, {"$set": {"tries": tries}})
+            self._col.update_one(
+                {"_id": doc["_id"], "lease.tok": token}, {"$set": {"tries": tries}}
+            )
         self._stats["reserved"] += 1
-        msg = core.Message(core.ElementRef(doc["_id"], token), 0, doc.get("p"), doc.get("h"), tries, core.from_datetime(doc["mature"]))
+        msg = core.Message(
+            core.ElementRef(doc["_id"], token),
+            0,
+            doc.get("p"),
+            doc.get("h"),
+            tries,
+            core.from_datetime(doc["mature"]),
+        )
         mt = self.options.max_tries
         if mt is not None and tries >= mt:
             self._dead_letter(msg, f"delivered {tries} times without a commit (max_tries={mt})")
@@ -194,7 +209,12 @@ class ElementQueue:
         return n
 
     def rollback(
-        self, msg: core.Message, delay: float | None = None, *, next_t: Any = None, reason: str | None = None
+        self,
+        msg: core.Message,
+        delay: float | None = None,
+        *,
+        next_t: Any = None,
+        reason: str | None = None,
     ) -> bool:
         """Release the item, delivered again not before ``delay`` (or ``next_t``); past
         ``max_tries`` it moves to the dead-letter collection."""
@@ -209,7 +229,9 @@ class ElementQueue:
         else:
             not_before = now + (core.retry_delay(tries, self.options) if delay is None else delay)
         ref = msg.bucket
-        res = self._col.update_one({"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before))
+        res = self._col.update_one(
+            {"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before)
+        )
         if res.matched_count:
             self._stats["rolled_back"] += 1
             self._wake.notify()
@@ -287,5 +309,7 @@ class ElementQueue:
     def remove(self, id: str) -> bool:
         oid, _ = core.parse_item_id(id)
         now = core.to_datetime(_now())
-        res = self._col.delete_one({"_id": oid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]})
+        res = self._col.delete_one(
+            {"_id": oid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]}
+        )
         return bool(res.deleted_count)

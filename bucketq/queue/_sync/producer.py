@@ -93,7 +93,9 @@ class Producer:
                 self._unwritten[ob.id] = ob
             if sealed or opened:
                 self._wake_writer()
-            receipts = [Receipt(ob, k) for ob, first, count in runs for k in range(first, first + count)]
+            receipts = [
+                Receipt(ob, k) for ob, first, count in runs for k in range(first, first + count)
+            ]
         if durable:
             self._wait_stored(receipts)
         return receipts
@@ -160,7 +162,9 @@ class Producer:
                 try:
                     failed, error = self._write(batch)
                 except Exception as exc:  # noqa: BLE001 - never leave receipts hanging
-                    log.exception("%s %s: writing %d buckets failed", self._kind, self.name, len(batch))
+                    log.exception(
+                        "%s %s: writing %d buckets failed", self._kind, self.name, len(batch)
+                    )
                     failed, error = {ob.id for ob in batch}, exc
                 self._settle(batch, failed, error)
                 continue
@@ -168,7 +172,9 @@ class Producer:
                 return
             self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
 
-    def _settle(self, buckets: list[core.OpenBucket], failed: set[Any], error: BaseException | None) -> None:
+    def _settle(
+        self, buckets: list[core.OpenBucket], failed: set[Any], error: BaseException | None
+    ) -> None:
         """Resolve the receipts of written (or given-up) buckets and free their memory."""
         stored = []
         for ob in buckets:
@@ -176,7 +182,9 @@ class Producer:
             self._unwritten.pop(ob.id, None)
             if ob.id in failed:
                 self._stats["push_failed"] += len(ob)
-                log.error("%s %s: %d items were NOT stored: %s", self._kind, self.name, len(ob), error)
+                log.error(
+                    "%s %s: %d items were NOT stored: %s", self._kind, self.name, len(ob), error
+                )
                 ob.batch.resolve(error)
             else:
                 self._stats["buckets_written"] += 1

@@ -96,7 +96,9 @@ class AsyncStreamQueue(AsyncProducer):
         except DuplicateKeyError:
             pass
 
-    async def _write(self, buckets: list[qcore.OpenBucket]) -> tuple[set[Any], BaseException | None]:
+    async def _write(
+        self, buckets: list[qcore.OpenBucket]
+    ) -> tuple[set[Any], BaseException | None]:
         """Number sealed buckets in seal order and write them; a number whose hole was
         closed meanwhile (a tombstone owns it) is given up and the bucket renumbered."""
         started = _monotonic()
@@ -139,7 +141,9 @@ class AsyncStreamQueue(AsyncProducer):
                     return {ob.id for ob in todo}, exc
                 attempt += 1
                 self._stats["insert_retries"] += 1
-                log.warning("stream %s: bucket insert failed (%s); retry %d", self.name, exc, attempt)
+                log.warning(
+                    "stream %s: bucket insert failed (%s); retry %d", self.name, exc, attempt
+                )
                 await self._backoff(attempt)
         return set(), None
 

@@ -141,7 +141,9 @@ class StreamQueue(Producer):
                     return {ob.id for ob in todo}, exc
                 attempt += 1
                 self._stats["insert_retries"] += 1
-                log.warning("stream %s: bucket insert failed (%s); retry %d", self.name, exc, attempt)
+                log.warning(
+                    "stream %s: bucket insert failed (%s); retry %d", self.name, exc, attempt
+                )
                 self._backoff(attempt)
         return set(), None
 
@@ -149,9 +151,7 @@ class StreamQueue(Producer):
         """Of the numbers an insert found taken, those taken by someone else (a tombstone)."""
         if not dups:
             return []
-        owners = {
-            d["_id"]: d.get("w") for d in self._col.find({"_id": {"$in": dups}}, {"w": 1})
-        }
+        owners = {d["_id"]: d.get("w") for d in self._col.find({"_id": {"$in": dups}}, {"w": 1})}
         # A number whose document is gone was ours and is consumed already (tombstones
         # outlive any producer's retry budget: tombstone_ttl >= retry_budget).
         return [s for s in dups if s in owners and owners[s] != by_seq[s].id]
