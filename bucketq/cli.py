@@ -99,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--mongodb-uri", help=f"use this MongoDB (default: ${URI_ENV}, else the embedded server)"
     )
     b.set_defaults(func=_bench)
+    # `bucketq bench` alone is the queue benchmark above; `bucketq bench NAME` runs another
+    # benchmark, each adding its subcommand here with its own options.
+    bench_sub = b.add_subparsers(
+        dest="bench_command", required=False, title="other benchmarks", metavar="BENCHMARK"
+    )
+    from .benchmark.ingest.cli import add_parser as add_ingest_bench
+
+    add_ingest_bench(bench_sub)
 
     s = sub.add_parser(
         "server", help="run the embedded MongoDB-wire server in the foreground, print its URI"

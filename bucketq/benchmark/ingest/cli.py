@@ -1,0 +1,53 @@
+"""The ``bucketq bench ingest`` subcommand: its options and the call into the runner."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ...embedded import URI_ENV
+
+#: The modes, in the order they run and are shown.
+MODES = ("off", "memory", "redis", "bucketq", "passthrough")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "ingest",
+        help="latency of `bucketq serve`'s POST /api/v1/ingest, buffer off and per transport",
+        description=(
+            "Open-loop load on POST /api/v1/ingest: requests at a constant arrival rate, each "
+            "latency measured from its scheduled send time. One `bucketq serve` process per "
+            "mode (buffer off, memory, redis, bucketq, passthrough), each with fresh "
+            "collections on the same MongoDB server."
+        ),
+    )
+    p.add_argument("--quick", action="store_true", help="30 s per mode instead of 180 s")
+    p.add_argument("--rate", type=float, help="requests per second (default 100)")
+    p.add_argument("--duration", type=float, help="seconds of load per mode (default 180)")
+    p.add_argument("--batch", type=int, help="log records per request (default 10)")
+    p.add_argument(
+        "--mode",
+        action="append",
+        choices=MODES,
+        help="run only this mode (repeatable; default: all of them)",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also double the rate from --rate until p95 passes 1 s or errors appear, per mode",
+    )
+    p.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
+    p.add_argument("--plots", metavar="DIR", help="the PNG goes here (default: bench-results/)")
+    p.add_argument("--no-plots", action="store_true", help="write no plot")
+    p.add_argument(
+        "--mongodb-uri", help=f"use this MongoDB (default: ${URI_ENV}, else the embedded server)"
+    )
+    p.add_argument("--redis-url", help="Redis for the redis mode (default: $REDIS_URL)")
+    p.set_defaults(func=run_from_args)
+    return p
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    print("bucketq bench ingest: not available yet", file=sys.stderr)
+    return 1
