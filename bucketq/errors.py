@@ -14,6 +14,7 @@
     ├── LeaseLost                   another consumer owns the bucket now
     │   └── Fenced                  an older stream consumer epoch was fenced off
     ├── AckOutOfOrder               a stream ack is not the next delivered seq
+    ├── OperationTimeout            MongoDB did not answer an operation within its deadline
     ├── EmbeddedServerError         the embedded MongoDB-wire server did not start
     └── TransportError              a reservoir transport failed
         ├── TransportTimeout
@@ -73,6 +74,12 @@ class Fenced(LeaseLost):
 
 class AckOutOfOrder(BucketQError, ValueError):
     """A stream ack named a sequence number that is not the next one delivered and unacked."""
+
+
+class OperationTimeout(BucketQError, TimeoutError):
+    """MongoDB did not answer within the operation's deadline (the server is unreachable,
+    frozen or stalled); the queue's ``health()`` says since when. Nothing is lost: retry
+    once the server answers."""
 
 
 class EmbeddedServerError(BucketQError):
