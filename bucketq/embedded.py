@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from .errors import EmbeddedServerError
 
@@ -167,10 +168,11 @@ class EmbeddedServer:
         deadline = time.monotonic() + self.startup_timeout
         while True:
             try:
+                client: MongoClient[dict[str, Any]]
                 with MongoClient(self.uri, serverSelectionTimeoutMS=1000) as client:
                     client.admin.command("ping")
                 return
-            except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
+            except Exception as exc:  # any failure means "not yet"
                 if time.monotonic() > deadline or not self.running():
                     raise EmbeddedServerError(
                         f"The embedded server on {self.uri} does not answer ping: {exc}"

@@ -31,9 +31,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from pymongo import MongoClient  # noqa: E402
+from pymongo import MongoClient
 
-from bucketq import Queue  # noqa: E402
+from bucketq import Queue
 
 
 def main() -> None:

@@ -19,7 +19,9 @@ from ..errors import DecodeError, PayloadNotEncodable
 
 __all__ = ["encode_item", "decode_items", "CODEC_OPTIONS"]
 
-CODEC_OPTIONS = bson.CodecOptions(tz_aware=True, tzinfo=bson.tz_util.utc)
+CODEC_OPTIONS: bson.CodecOptions[dict[str, Any]] = bson.CodecOptions(
+    tz_aware=True, tzinfo=bson.tz_util.utc
+)
 
 _encode = bson.encode
 _decode_all = bson.decode_all

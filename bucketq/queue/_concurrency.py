@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from ..errors import PushFailed
@@ -137,7 +137,7 @@ class AsyncReceipt:
 class AsyncWorker:
     """A background task that logs (and survives) nothing: its loop handles its errors."""
 
-    def __init__(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, name: str, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self.name = name
         self._task = asyncio.get_running_loop().create_task(fn(), name=name)
 
@@ -259,5 +259,5 @@ def _close_open_queues() -> None:
     for q in list(_open_queues):
         try:
             q.close()
-        except Exception:  # noqa: BLE001 - exiting anyway; say what was lost
+        except Exception:  # exiting anyway; say what was lost
             log.exception("closing queue %r at exit failed", getattr(q, "name", q))

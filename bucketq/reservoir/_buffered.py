@@ -310,7 +310,7 @@ class BufferedReservoir(Reservoir):
                 log.warning("shard %d: dequeue failed (%s); retrying", shard, exc)
                 await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
                 continue
-            except Exception:  # noqa: BLE001 - a consumer must not die
+            except Exception:  # a consumer must not die
                 attempt += 1
                 log.exception("shard %d: dequeue failed", shard)
                 await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
@@ -323,7 +323,7 @@ class BufferedReservoir(Reservoir):
                 continue
             try:
                 await self._flush(shard, deliveries)
-            except Exception:  # noqa: BLE001 - unsettled deliveries come back; keep consuming
+            except Exception:  # unsettled deliveries come back; keep consuming
                 log.exception(
                     "shard %d: flushing %d records failed; they will be delivered again",
                     shard,

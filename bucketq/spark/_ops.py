@@ -83,11 +83,12 @@ class Options:
 
     def __init__(self, raw: dict[str, str]) -> None:
         opts = {str(k).lower(): str(v) for k, v in raw.items()}
-        self.uri = opts.get("uri") or os.environ.get(URI_ENV)
-        if not self.uri:
+        uri = opts.get("uri") or os.environ.get(URI_ENV)
+        if not uri:
             raise ConfigurationError(
                 f'The bucketq data source needs a MongoDB URI: .option("uri", "mongodb://...") or ${URI_ENV}.'
             )
+        self.uri: str = uri
         self.database = opts.get("database") or DEFAULT_DATABASE
         queue = opts.get("queue")
         if not queue:
@@ -323,6 +324,7 @@ class StreamSource:
         """Acknowledge through ``end`` (fenced) and delete what is acknowledged."""
         if self.epoch is None:
             self.open()
+        assert self.epoch is not None  # open() sets it
         m = meta_col(self.o)
         res = m.update_one(score.ack_filter(self.epoch), score.ack_update(end))
         if not res.matched_count:

@@ -111,6 +111,7 @@ def push_logs(uri: str, database: str, queue: str, records: list[dict[str, Any]]
     from ..stream import StreamQueue
 
     t = time.perf_counter()
+    client: MongoClient[dict[str, Any]]
     with MongoClient(uri) as client:
         q = StreamQueue(client[database], queue)
         q.push_many(records)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pymongo import AsyncMongoClient  # noqa: E402
+from pymongo import AsyncMongoClient
 
-from bucketq.reservoir import (  # noqa: E402
+from bucketq.reservoir import (
     BufferConfig,
     BufferedReservoir,
     MongoReservoir,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import spark_session  # noqa: E402
+from conftest import spark_session
 
 
 def start(spark, mode, uri, db, queue, out, checkpoint):

@@ -250,7 +250,7 @@ class AsyncElementQueue:
         dead["_id"] = ref.id  # the same id: a repeated move is a duplicate-key no-op
         try:
             await self._dlq_col.insert_one(dead)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             from pymongo.errors import DuplicateKeyError
 
             if not isinstance(exc, DuplicateKeyError):

@@ -163,7 +163,7 @@ class AsyncProducer:
             if batch:
                 try:
                     failed, error = await self._write(batch)
-                except Exception as exc:  # noqa: BLE001 - never leave receipts hanging
+                except Exception as exc:  # never leave receipts hanging
                     log.exception(
                         "%s %s: writing %d buckets failed", self._kind, self.name, len(batch)
                     )

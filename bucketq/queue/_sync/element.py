@@ -246,7 +246,7 @@ class ElementQueue:
         dead["_id"] = ref.id  # the same id: a repeated move is a duplicate-key no-op
         try:
             self._dlq_col.insert_one(dead)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             from pymongo.errors import DuplicateKeyError
 
             if not isinstance(exc, DuplicateKeyError):

@@ -161,7 +161,7 @@ class Producer:
             if batch:
                 try:
                     failed, error = self._write(batch)
-                except Exception as exc:  # noqa: BLE001 - never leave receipts hanging
+                except Exception as exc:  # never leave receipts hanging
                     log.exception(
                         "%s %s: writing %d buckets failed", self._kind, self.name, len(batch)
                     )

@@ -486,7 +486,7 @@ class Queue(Producer):
                 self._flush_state()
             except PyMongoError as exc:
                 log.warning("queue %s: state flush failed (%s); will retry", self.name, exc)
-            except Exception:  # noqa: BLE001 - never let the flusher die
+            except Exception:  # never let the flusher die
                 log.exception("queue %s: state flush failed", self.name)
 
     def _flush_state(self, *, release_all: bool = False) -> None:
