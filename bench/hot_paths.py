@@ -11,7 +11,7 @@ the best of several repetitions) to compare two versions of the code:
 - fetch: decoding claimed buckets and making their messages (``HeldBucket``);
 - reserve+commit / reserve_many+commit_many: handing messages out and marking them done.
 
-The floor is ``bson.encode`` + ``bson.decode`` of each payload, as in BENCHMARKS.md.
+The floor is ``bson.encode`` + ``bson.decode`` of each payload (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""BENCHMARKS.md question 6: items/s from a stream-mode queue into Parquet through the
+"""Items/s from a stream-mode queue into Parquet through the
 ``bucketq`` Spark data source on local[2].
 
     python bench/spark_bench.py                 # 100,000 items

@@ -1,5 +1,5 @@
 """``bucketq bench``: bucketq against the per-element queue and the Python peers that
-store one document per message, interleaved in one run on one server (BENCHMARKS.md).
+store one document per message, interleaved in one run on one server (docs/performance.md).
 
 Per contender and per (N, processes): N items of ~100-byte payloads pushed by P
 producer processes until durable, then reserved and committed by P consumer processes

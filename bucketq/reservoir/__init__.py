@@ -1,5 +1,5 @@
 """The reservoir buffer: an optional decorator between a log-ingestion API and its
-storage engine (DESIGN.md section 4).
+storage engine (docs/reservoir.md).
 
 ::
 
