@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .spark.pipeline import DESCRIPTION, add_arguments, run_from_args
 
     add_dlq_parser(sub)
+    from .server.cli import add_parsers as add_server_parsers
+
+    add_server_parsers(sub)
     pl = sub.add_parser(
         "pipeline",
         help="stream log records from a stream-mode queue into Parquet with Spark (needs bucketq[spark])",

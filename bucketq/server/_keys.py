@@ -1,0 +1,148 @@
+"""API keys: ``bq_`` + 64 hex characters, stored only as their SHA-256.
+
+The pure part makes keys, hashes them and builds the documents; :class:`KeyCache`
+resolves a key to its project with a lookup cached for at most ``key_cache_ms``
+(so a revoked key stops working within a second); the ``*_key(s)`` functions are the
+synchronous admin operations behind ``bucketq keys``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ..errors import ConfigurationError
+
+#: The collection holding the keys (in the service's database).
+KEYS_COLLECTION = "api_keys"
+KEY_PREFIX = "bq_"
+#: Characters of a key shown by ``keys list`` and accepted by ``keys revoke``.
+SHOWN = len(KEY_PREFIX) + 8
+_KEY = re.compile(r"^bq_[0-9a-f]{64}$")
+_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_hex(32)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def looks_like_key(key: str) -> bool:
+    return bool(_KEY.match(key))
+
+
+def check_project(project: str) -> str:
+    if not isinstance(project, str) or not _PROJECT.match(project):
+        raise ConfigurationError(
+            f"project must be 1-100 letters, digits, '.', '_' or '-' (starting with a letter or digit); got {project!r}."
+        )
+    return project
+
+
+def key_document(key: str, project: str, name: str = "") -> dict[str, Any]:
+    return {
+        "_id": hash_key(key),
+        "prefix": key[:SHOWN],
+        "project": check_project(project),
+        "name": name,
+        "created_at": datetime.now(UTC),
+        "revoked_at": None,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    project: str
+    prefix: str
+    revoked: bool
+
+
+class KeyCache:
+    """Resolve a presented key to :class:`KeyInfo` (or None when unknown), reading the
+    ``api_keys`` collection of a pymongo ``AsyncDatabase`` at most once per ``ttl``
+    seconds per key."""
+
+    def __init__(
+        self, db: Any, *, ttl: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.col = db.get_collection(KEYS_COLLECTION)
+        self.ttl = ttl
+        self.clock = clock
+        self._cache: dict[str, tuple[float, KeyInfo | None]] = {}
+
+    async def lookup(self, key: str) -> KeyInfo | None:
+        if not looks_like_key(key):
+            return None
+        h = hash_key(key)
+        now = self.clock()
+        hit = self._cache.get(h)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        doc = await self.col.find_one({"_id": h}, {"project": 1, "prefix": 1, "revoked_at": 1})
+        info = (
+            None
+            if doc is None
+            else KeyInfo(doc["project"], doc.get("prefix", ""), doc.get("revoked_at") is not None)
+        )
+        if self.ttl > 0:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[h] = (now, info)
+        return info
+
+
+# -- admin (synchronous pymongo, for the command line) ------------------------------------
+
+
+def create_key(db: Any, project: str, name: str = "") -> str:
+    """Store a new key for ``project`` and return it (the only time it is seen in clear)."""
+    key = new_key()
+    db.get_collection(KEYS_COLLECTION).insert_one(key_document(key, project, name))
+    return key
+
+
+def list_keys(db: Any, project: str | None = None) -> list[dict[str, Any]]:
+    flt = {} if project is None else {"project": project}
+    return list(
+        db.get_collection(KEYS_COLLECTION)
+        .find(
+            flt, {"_id": 0, "prefix": 1, "project": 1, "name": 1, "created_at": 1, "revoked_at": 1}
+        )
+        .sort("created_at", 1)
+    )
+
+
+def revoke_key(db: Any, given: str) -> dict[str, Any]:
+    """Revoke the one key whose shown prefix starts with ``given`` (or which is ``given``).
+    Raises ConfigurationError when none or several match."""
+    given = given.strip()
+    col = db.get_collection(KEYS_COLLECTION)
+    if looks_like_key(given):
+        matches = list(col.find({"_id": hash_key(given)}))
+    else:
+        if len(given) < len(KEY_PREFIX) + 4 or not given.startswith(KEY_PREFIX):
+            raise ConfigurationError(
+                f"KEY_PREFIX must be the start of a key as `bucketq keys list` shows it "
+                f"(at least {len(KEY_PREFIX) + 4} characters, e.g. bq_1a2b); got {given!r}."
+            )
+        matches = list(col.find({"prefix": {"$regex": "^" + re.escape(given[:SHOWN])}}))
+    if not matches:
+        raise ConfigurationError(f"No key starts with {given!r}; see `bucketq keys list`.")
+    if len(matches) > 1:
+        raise ConfigurationError(
+            f"{len(matches)} keys start with {given!r}; give more characters of the key."
+        )
+    doc = matches[0]
+    if doc.get("revoked_at") is None:
+        doc["revoked_at"] = datetime.now(UTC)
+        col.update_one({"_id": doc["_id"]}, {"$set": {"revoked_at": doc["revoked_at"]}})
+    return {k: doc.get(k) for k in ("prefix", "project", "name", "revoked_at")}

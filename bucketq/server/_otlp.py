@@ -1,0 +1,267 @@
+"""OTLP/HTTP: decode export requests (protobuf or OTLP JSON) and map them onto the
+service's records; encode the answers. Pure: no I/O.
+
+Mapping: resource ``service.name`` -> ``service``; the other resource attributes ->
+``metadata.resource``; severity number (or text) -> ``level``; body -> ``message``
+(a non-string body as JSON); attributes -> ``metadata`` (spans: ``attributes``);
+trace and span ids -> lower-case hex. A record that cannot be mapped (an id of the wrong
+length) is rejected and counted in the answer's ``partial_success``.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import zlib
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+#: google.rpc.Code values used in error answers.
+INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE, INTERNAL = 3, 8, 16, 14, 13
+HTTP_TO_RPC = {400: INVALID_ARGUMENT, 401: UNAUTHENTICATED, 413: RESOURCE_EXHAUSTED,
+               415: INVALID_ARGUMENT, 422: INVALID_ARGUMENT, 429: RESOURCE_EXHAUSTED,
+               500: INTERNAL, 503: UNAVAILABLE}  # fmt: skip
+_ID_KEYS = {"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"}
+_SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
+_STATUS = ("unset", "ok", "error")
+_SEVERITY = ((4, "trace"), (8, "debug"), (12, "info"), (16, "warn"), (20, "error"), (24, "fatal"))
+_TEXT_LEVELS = {"trace", "debug", "info", "warn", "warning", "error", "fatal", "critical"}
+
+
+class OtlpError(ValueError):
+    """The request cannot be decoded (HTTP 400) or is of an unsupported type (415)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def media_type(content_type: str | None) -> str | None:
+    """``PROTOBUF`` or ``JSON`` for a Content-Type header, else None."""
+    base = (content_type or "").split(";")[0].strip().lower()
+    if base in (PROTOBUF, "application/protobuf"):
+        return PROTOBUF
+    if base == JSON:
+        return JSON
+    return None
+
+
+def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """Undo ``Content-Encoding`` (gzip, deflate or none); more than ``limit`` bytes
+    decompressed raises OverflowError."""
+    enc = (encoding or "identity").strip().lower()
+    if enc in ("", "identity"):
+        return body
+    if enc not in ("gzip", "deflate"):
+        raise OtlpError(f"Content-Encoding {encoding!r} is not supported; use gzip or none.", 415)
+    d = zlib.decompressobj(wbits=31 if enc == "gzip" else 15)
+    try:
+        out = d.decompress(body, limit + 1)
+    except (zlib.error, gzip.BadGzipFile) as exc:
+        raise OtlpError(f"The body is not valid {enc}: {exc}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise OverflowError(limit)
+    return out
+
+
+def _hex_to_b64(node: Any, path: str = "") -> Any:
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            if k in _ID_KEYS and isinstance(v, str):
+                try:
+                    out[k] = base64.b64encode(bytes.fromhex(v)).decode()
+                except ValueError:
+                    raise OtlpError(f"{path}{k} must be a hex string; got {v[:80]!r}") from None
+            else:
+                out[k] = _hex_to_b64(v, f"{path}{k}.")
+        return out
+    if isinstance(node, list):
+        return [_hex_to_b64(v, path) for v in node]
+    return node
+
+
+def decode(kind: str, body: bytes, mtype: str) -> Message:
+    """The export request of ``kind`` ("logs" or "traces") from ``body``."""
+    cls = (
+        logs_service_pb2.ExportLogsServiceRequest
+        if kind == "logs"
+        else trace_service_pb2.ExportTraceServiceRequest
+    )
+    msg = cls()
+    if mtype == PROTOBUF:
+        try:
+            msg.ParseFromString(body)
+        except (DecodeError, RuntimeWarning, ValueError) as exc:
+            raise OtlpError(
+                f"The body is not a valid OTLP protobuf {cls.__name__}: {exc}"
+            ) from None
+        return msg
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise OtlpError(f"The body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise OtlpError(f"The body must be a JSON object ({cls.__name__}).")
+    try:
+        json_format.ParseDict(_hex_to_b64(data), msg, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise OtlpError(f"The body is not a valid OTLP JSON {cls.__name__}: {exc}") from None
+    return msg
+
+
+def _value(v: Any) -> Any:
+    which = v.WhichOneof("value")
+    if which is None:
+        return None
+    if which == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return _attrs(v.kvlist_value.values)
+    if which == "bytes_value":
+        return v.bytes_value.hex()
+    return getattr(v, which)
+
+
+def _attrs(kvs: Any) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in kvs if kv.key}
+
+
+def _time(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / 1e9, UTC)
+
+
+def _level(number: int, text: str) -> str:
+    if number > 0:
+        for top, name in _SEVERITY:
+            if number <= top:
+                return name
+        return "fatal"
+    t = text.strip().lower()
+    return t if t in _TEXT_LEVELS else "info"
+
+
+def _resource(resource: Any) -> tuple[str, dict[str, Any]]:
+    attrs = _attrs(resource.attributes)
+    service = attrs.pop("service.name", None)
+    return (str(service) if service else "unknown"), attrs
+
+
+def log_records(msg: Any, project: str, now: datetime) -> tuple[list[dict[str, Any]], int, str]:
+    """(records, rejected, why) for an ExportLogsServiceRequest."""
+    out: list[dict[str, Any]] = []
+    rejected = 0
+    why = ""
+    for rl in msg.resource_logs:
+        service, res = _resource(rl.resource)
+        for sl in rl.scope_logs:
+            for lr in sl.log_records:
+                if len(lr.trace_id) not in (0, 16) or len(lr.span_id) not in (0, 8):
+                    rejected += 1
+                    why = why or "trace_id must be 16 bytes and span_id 8 bytes"
+                    continue
+                ns = lr.time_unix_nano or lr.observed_time_unix_nano
+                body = _value(lr.body) if lr.HasField("body") else None
+                meta = _attrs(lr.attributes)
+                if res:
+                    meta["resource"] = res
+                if sl.scope.name:
+                    meta["scope"] = sl.scope.name
+                rec: dict[str, Any] = {
+                    "project_id": project,
+                    "time": _time(ns) if ns else now,
+                    "service": service,
+                    "level": _level(lr.severity_number, lr.severity_text),
+                    "message": body
+                    if isinstance(body, str)
+                    else ("" if body is None else json.dumps(body, default=str)),
+                }
+                if meta:
+                    rec["metadata"] = meta
+                if lr.trace_id:
+                    rec["trace_id"] = lr.trace_id.hex()
+                if lr.span_id:
+                    rec["span_id"] = lr.span_id.hex()
+                out.append(rec)
+    return out, rejected, why
+
+
+def span_records(msg: Any, project: str, now: datetime) -> tuple[list[dict[str, Any]], int, str]:
+    """(records, rejected, why) for an ExportTraceServiceRequest."""
+    out: list[dict[str, Any]] = []
+    rejected = 0
+    why = ""
+    for rs in msg.resource_spans:
+        service, res = _resource(rs.resource)
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                if len(sp.trace_id) != 16 or len(sp.span_id) != 8:
+                    rejected += 1
+                    why = why or "a span needs a 16-byte trace_id and an 8-byte span_id"
+                    continue
+                attrs = _attrs(sp.attributes)
+                if res:
+                    attrs["resource"] = res
+                start = _time(sp.start_time_unix_nano) if sp.start_time_unix_nano else now
+                rec: dict[str, Any] = {
+                    "project_id": project,
+                    "trace_id": sp.trace_id.hex(),
+                    "span_id": sp.span_id.hex(),
+                    "service": service,
+                    "name": sp.name or "unnamed",
+                    "kind": _SPAN_KINDS[sp.kind]
+                    if 0 <= sp.kind < len(_SPAN_KINDS)
+                    else "unspecified",
+                    "start_time": start,
+                    "status": {
+                        "code": _STATUS[sp.status.code] if 0 <= sp.status.code < 3 else "unset",
+                        **({"message": sp.status.message} if sp.status.message else {}),
+                    },
+                }
+                if sp.parent_span_id:
+                    rec["parent_span_id"] = sp.parent_span_id.hex()
+                if sp.end_time_unix_nano:
+                    rec["end_time"] = _time(sp.end_time_unix_nano)
+                    rec["duration_ms"] = (sp.end_time_unix_nano - sp.start_time_unix_nano) / 1e6
+                if attrs:
+                    rec["attributes"] = attrs
+                out.append(rec)
+    return out, rejected, why
+
+
+def success(kind: str, rejected: int, why: str, mtype: str) -> bytes:
+    """The export response: ``partial_success`` only when something was rejected."""
+    if kind == "logs":
+        resp: Any = logs_service_pb2.ExportLogsServiceResponse()
+        if rejected:
+            resp.partial_success.rejected_log_records = rejected
+    else:
+        resp = trace_service_pb2.ExportTraceServiceResponse()
+        if rejected:
+            resp.partial_success.rejected_spans = rejected
+    if rejected:
+        resp.partial_success.error_message = why
+    return encode(resp, mtype)
+
+
+def status(http_status: int, message: str, mtype: str) -> bytes:
+    """A google.rpc.Status body for an error answer."""
+    return encode(
+        status_pb2.Status(code=HTTP_TO_RPC.get(http_status, INVALID_ARGUMENT), message=message),
+        mtype,
+    )
+
+
+def encode(msg: Message, mtype: str) -> bytes:
+    if mtype == PROTOBUF:
+        return msg.SerializeToString()
+    return json.dumps(json_format.MessageToDict(msg)).encode()

@@ -1,0 +1,103 @@
+"""``bucketq serve``: storage (a MongoDB URI, or the embedded server started for it),
+then the app under uvicorn on one bound socket. uvicorn handles SIGTERM/SIGINT: it
+stops accepting, lets in-flight requests finish, then the app's lifespan stops the
+buffer within ``RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS`` and logs its report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from ..embedded import EmbeddedServer
+from ..reservoir import from_env as buffer_from_env
+from ._config import ServerConfig, from_env
+
+log = logging.getLogger("bucketq.server")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+URI_FILE = "serve.uri"
+
+
+def state_dir() -> Path:
+    """Where ``bucketq serve`` keeps its embedded server's data and URI file."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
+    return Path(base) / "bucketq"
+
+
+def embedded_uri() -> str | None:
+    """The URI a running ``bucketq serve`` with embedded storage wrote, if any."""
+    path = state_dir() / URI_FILE
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    config: ServerConfig | None = None,
+    data: str | None = None,
+    log_level: str = "info",
+) -> int:
+    """Run the service until SIGTERM/SIGINT; returns the exit code."""
+    import uvicorn
+
+    from ._app import create_app
+
+    cfg = config or from_env()
+    bcfg = buffer_from_env()
+    embedded: EmbeddedServer | None = None
+    uri_file: Path | None = None
+    sock = bind(host, port)  # fail on a busy port before starting anything
+    try:
+        if not cfg.mongodb_uri:
+            data_dir = Path(data) if data else state_dir() / "serve-data"
+            embedded = EmbeddedServer(data_dir).start()
+            log.warning(
+                "no BUCKETQ_MONGODB_URI: started the embedded MongoDB server at %s (data in %s)",
+                embedded.uri,
+                data_dir,
+            )
+            uri_file = state_dir() / URI_FILE
+            uri_file.parent.mkdir(parents=True, exist_ok=True)
+            uri_file.write_text(embedded.uri + "\n")
+            cfg = cfg.with_(mongodb_uri=embedded.uri)
+            if bcfg.transport == "bucketq" and not bcfg.mongodb_uri:
+                bcfg = bcfg.with_(mongodb_uri=embedded.uri)
+        app = create_app(cfg, buffer_config=bcfg)
+        bound = sock.getsockname()
+        app.state.listen_url = f"http://{host}:{bound[1]}"
+        uv: Any = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            log_level=log_level,
+            timeout_graceful_shutdown=max(1, bcfg.graceful_shutdown_ms // 1000),
+            lifespan="on",
+        )
+        server = uvicorn.Server(uv)
+        server.run(sockets=[sock])
+        return 0 if server.started else 1
+    finally:
+        sock.close()
+        if embedded is not None:
+            embedded.stop(keep_data=True)
+            if uri_file is not None:
+                uri_file.unlink(missing_ok=True)

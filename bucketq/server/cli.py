@@ -1,0 +1,149 @@
+"""``bucketq serve`` and ``bucketq keys create|list|revoke``.
+
+``add_parsers(subparsers)`` adds both commands to the ``bucketq`` command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from ..errors import BucketQError
+from ._config import DEFAULT_DATABASE
+from ._run import DEFAULT_HOST, DEFAULT_PORT
+
+EXTRA = "bucketq[server]"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import google.rpc  # noqa: F401
+        import opentelemetry.proto  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(f"bucketq serve needs {exc.name}: pip install '{EXTRA}'", file=sys.stderr)
+        return 2
+    from ._config import from_env
+    from ._run import serve
+
+    _setup_logging(args.log_level)
+    try:
+        cfg = from_env(mongodb_uri=args.mongodb_uri, database=args.database)
+        return serve(host=args.host, port=args.port, config=cfg, data=args.data,
+                     log_level=args.log_level)  # fmt: skip
+    except (BucketQError, OSError) as exc:
+        print(f"bucketq serve: {exc}", file=sys.stderr)
+        return 1
+
+
+def _keys_db(args: argparse.Namespace) -> tuple[Any, Any]:
+    from pymongo import MongoClient
+
+    from ._config import from_env
+    from ._run import embedded_uri
+
+    cfg = from_env(mongodb_uri=args.mongodb_uri, database=args.database)
+    uri = cfg.mongodb_uri or embedded_uri()
+    if not uri:
+        raise BucketQError(
+            "No MongoDB to keep keys in: set BUCKETQ_MONGODB_URI (or --mongodb-uri), "
+            "or start `bucketq serve` (its embedded server) first."
+        )
+    client: Any = MongoClient(uri, serverSelectionTimeoutMS=cfg.mongodb_timeout_ms, tz_aware=True)
+    db = client[cfg.database] if cfg.database else client.get_default_database(DEFAULT_DATABASE)
+    return client, db
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from pymongo.errors import PyMongoError
+
+    from . import _keys as keys
+
+    try:
+        client, db = _keys_db(args)
+        try:
+            if args.keys_command == "create":
+                key = keys.create_key(db, args.project, args.name or "")
+                print(f"created a key for project {args.project!r} (database {db.name!r}); "
+                      "it is shown only now:", file=sys.stderr)  # fmt: skip
+                print(key, flush=True)
+            elif args.keys_command == "list":
+                rows = keys.list_keys(db, args.project)
+                print(f"{'KEY':<14} {'PROJECT':<20} {'CREATED':<20} {'REVOKED':<20} NAME")
+                for r in rows:
+                    created = f"{r['created_at']:%Y-%m-%d %H:%M:%S}" if r.get("created_at") else ""
+                    revoked = f"{r['revoked_at']:%Y-%m-%d %H:%M:%S}" if r.get("revoked_at") else "-"
+                    print(
+                        f"{r['prefix'] + '...':<14} {r['project']:<20} {created:<20} {revoked:<20} {r.get('name', '')}"
+                    )
+            else:
+                r = keys.revoke_key(db, args.key_prefix)
+                print(f"revoked {r['prefix']}... of project {r['project']!r}")
+        finally:
+            client.close()
+    except PyMongoError as exc:
+        print(f"bucketq keys: MongoDB failed: {exc}", file=sys.stderr)
+        return 1
+    except BucketQError as exc:
+        print(f"bucketq keys: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _db_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mongodb-uri", help="MongoDB URI (default: $BUCKETQ_MONGODB_URI)")
+    p.add_argument("--database",
+                   help=f"database (default: $BUCKETQ_DATABASE, else the URI's, else {DEFAULT_DATABASE})")  # fmt: skip
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``serve`` and ``keys`` to the ``bucketq`` sub-parsers."""
+    s = sub.add_parser(
+        "serve",
+        help=f"run the log ingestion HTTP API (LogTide-shaped and OTLP) (needs {EXTRA})",
+        description="Serve POST /api/v1/ingest, OTLP/HTTP /v1/logs and /v1/traces, GET /api/v1/logs, "
+        "/metrics, /health, /ready. Storage: $BUCKETQ_MONGODB_URI, else the embedded server. "
+        "The buffer: RESERVOIR_BUFFER_* (off by default). See docs/server.md.",
+    )
+    s.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
+    s.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)"
+    )
+    _db_options(s)
+    s.add_argument(
+        "--data",
+        help="embedded server's data directory (default: ~/.local/share/bucketq/serve-data)",
+    )
+    s.add_argument("--log-level", default=os.environ.get("BUCKETQ_LOG_LEVEL", "info"),
+                   choices=("debug", "info", "warning", "error"))  # fmt: skip
+    s.set_defaults(func=_serve)
+
+    k = sub.add_parser("keys", help="create, list or revoke ingest API keys")
+    ks = k.add_subparsers(dest="keys_command", required=True, metavar="{create,list,revoke}")
+    c = ks.add_parser("create", help="create a key for a project; prints it alone on the last line")
+    c.add_argument("--project", required=True, help="the project the key reads and writes")
+    c.add_argument("--name", help="a label shown by `keys list`")
+    _db_options(c)
+    c.set_defaults(func=_keys)
+    ls = ks.add_parser("list", help="list keys (prefix, project, created, revoked)")
+    ls.add_argument("--project", help="only this project's keys")
+    _db_options(ls)
+    ls.set_defaults(func=_keys)
+    r = ks.add_parser("revoke", help="revoke a key; it fails within a second")
+    r.add_argument(
+        "key_prefix", metavar="KEY_PREFIX", help="the key, or its start as `keys list` shows it"
+    )
+    _db_options(r)
+    r.set_defaults(func=_keys)

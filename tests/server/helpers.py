@@ -1,0 +1,121 @@
+"""A real ``bucketq serve`` process on loopback, for the service's tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+_LISTENING = re.compile(r"listening on (http://[0-9.]+:\d+)")
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Poll ``check`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        time.sleep(0.05)
+
+
+class Serve:
+    """``python -m bucketq serve --port 0`` with ``env`` added; its log goes to ``log``."""
+
+    def __init__(self, mongo_uri: str, database: str, log: Path, **env: str) -> None:
+        self.mongo_uri = mongo_uri
+        self.database = database
+        self.log = log
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "BUCKETQ_MONGODB_URI": mongo_uri,
+            "BUCKETQ_DATABASE": database,
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self._offset = 0
+
+    def start(self, timeout: float = 60.0) -> Serve:
+        self._offset = self.log.stat().st_size if self.log.exists() else 0
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bucketq", "serve", "--port", "0"],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+            )
+
+        def listening() -> str | None:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(
+                    f"bucketq serve exited ({self.proc.returncode}):\n{self.output()}"
+                )
+            m = _LISTENING.search(self.output())
+            return m.group(1) if m else None
+
+        self.url = wait_until(listening, timeout, "bucketq serve to listen")
+        return self
+
+    def output(self) -> str:
+        return self.log.read_bytes()[self._offset :].decode(errors="replace")
+
+    def client(self, key: str | None = None, **kw: Any) -> httpx.Client:
+        headers = {"X-API-Key": key} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0, **kw)
+
+    def terminate(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.proc = None
+        return code
+
+
+def create_key(serve: Serve, project: str) -> str:
+    """A key made with the command line, as a user would."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bucketq", "keys", "create", "--project", project],
+        env=serve.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=ROOT,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def log_batch(n: int, *, service: str = "api", prefix: str = "m", **extra: Any) -> dict[str, Any]:
+    return {
+        "logs": [
+            {
+                "time": "2024-05-01T10:00:00Z",
+                "service": service,
+                "level": "info",
+                "message": f"{prefix}-{i}",
+                **extra,
+            }
+            for i in range(n)
+        ]
+    }

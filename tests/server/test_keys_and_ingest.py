@@ -1,0 +1,200 @@
+"""API keys and the JSON ingest API of a running ``bucketq serve``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import uuid
+
+from pymongo import MongoClient
+
+from .helpers import ROOT, Serve, create_key, log_batch, wait_until
+
+
+def _project() -> str:
+    return f"p-{uuid.uuid4().hex[:8]}"
+
+
+def _stored(mongo_client: MongoClient, db: str, project: str) -> int:
+    return mongo_client[db]["logs"].count_documents({"project_id": project})
+
+
+def _keys_cli(serve: Serve, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bucketq", "keys", *args], env=serve.env,
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+
+
+def test_key_lifecycle_from_the_command_line(serve: Serve, mongo_client: MongoClient) -> None:
+    project = _project()
+    key = create_key(serve, project)
+    assert key.startswith("bq_") and len(key) == 67
+    stored = mongo_client[serve.database]["api_keys"].find_one({"project": project})
+    assert stored["_id"] == hashlib.sha256(key.encode()).hexdigest()
+    assert key not in json.dumps(stored, default=str)  # never in clear
+
+    with serve.client(key) as c:
+        r = c.post("/api/v1/ingest", json=log_batch(3))
+        assert r.status_code == 200, r.text
+        assert r.json()["received"] == 3
+    with serve.client() as c:  # the same key as a bearer token
+        r = c.get("/api/v1/logs", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200 and len(r.json()["logs"]) == 3
+
+    listed = _keys_cli(serve, "list", "--project", project)
+    assert listed.returncode == 0, listed.stderr
+    assert key[:11] in listed.stdout and key not in listed.stdout
+
+    revoked = _keys_cli(serve, "revoke", key[:11])
+    assert revoked.returncode == 0, revoked.stderr
+    with serve.client(key) as c:
+        wait_until(lambda: c.post("/api/v1/ingest", json=log_batch(1)).status_code == 401,
+                   timeout=5, what="the revoked key to be refused")  # fmt: skip
+        r = c.get("/api/v1/logs")
+        assert r.status_code == 401 and "revoked" in r.json()["message"]
+    assert _stored(mongo_client, serve.database, project) == 3
+
+    unknown = _keys_cli(serve, "revoke", "bq_00000000")
+    assert unknown.returncode == 1 and "No key" in unknown.stderr
+
+
+def test_missing_or_unknown_key_is_401(serve: Serve) -> None:
+    with serve.client() as c:
+        for headers in ({}, {"X-API-Key": "nope"}, {"X-API-Key": "bq_" + "0" * 64},
+                        {"Authorization": "Bearer bq_" + "1" * 64}, {"Authorization": "Basic eDp5"}):  # fmt: skip
+            r = c.post("/api/v1/ingest", json=log_batch(1), headers=headers)
+            assert r.status_code == 401, (headers, r.text)
+            assert r.json()["error"] == "Unauthorized"
+            assert c.get("/api/v1/logs", headers=headers).status_code == 401
+
+
+def test_a_key_reads_and_writes_only_its_project(
+    serve: Serve, keys, mongo_client: MongoClient
+) -> None:
+    a, b = _project(), _project()
+    ka, kb = keys(a), keys(b)
+    with serve.client(ka) as c:
+        # A project named in the body is ignored: the key decides.
+        r = c.post("/api/v1/ingest", json={"logs": [{**log_batch(1)["logs"][0], "project_id": b}]})
+        assert r.status_code == 200, r.text
+        r = c.post("/api/v1/ingest", json=log_batch(2), params={"project_id": b})
+        assert r.status_code == 200
+    assert _stored(mongo_client, serve.database, a) == 3
+    assert _stored(mongo_client, serve.database, b) == 0
+    with serve.client(kb) as c:
+        assert c.get("/api/v1/logs").json()["logs"] == []
+        assert c.post("/api/v1/ingest", json=log_batch(1)).status_code == 200
+    with serve.client(ka) as c:
+        assert len(c.get("/api/v1/logs", params={"limit": 1000}).json()["logs"]) == 3
+
+
+def test_validation_names_the_field_and_index_and_stores_nothing(
+    serve: Serve, keys, mongo_client: MongoClient
+) -> None:
+    project = _project()
+    good = log_batch(1)["logs"][0]
+    cases = [
+        ("level", "loud", 422),
+        ("time", "yesterday", 422),
+        ("service", "", 422),
+        ("service", "x" * 101, 422),
+        ("message", "", 422),
+        ("message", 12, 422),
+        ("metadata", [1, 2], 422),
+        ("span_id", "not-hex", 422),
+    ]
+    with serve.client(keys(project)) as c:
+        for field, value, code in cases:
+            body = {"logs": [good, good, {**good, field: value}]}
+            r = c.post("/api/v1/ingest", json=body)
+            assert r.status_code == code, (field, r.text)
+            err = r.json()
+            assert err["error"] == "Validation error"
+            assert err["details"][0]["index"] == 2, err
+            assert err["details"][0]["field"] == f"logs[2].{field}", err
+            assert f"logs[2].{field}" in err["message"]
+        missing = {k: v for k, v in good.items() if k != "message"}
+        r = c.post("/api/v1/ingest", json={"logs": [missing]})
+        assert r.status_code == 422 and r.json()["details"][0]["field"] == "logs[0].message"
+        for body in ({"logs": []}, {"records": [good]}, [good], "text"):
+            assert c.post("/api/v1/ingest", json=body).status_code == 422, body
+        # Upper-case levels are accepted and stored lower case.
+        assert (
+            c.post("/api/v1/ingest", json={"logs": [{**good, "level": "WARN"}]}).status_code == 200
+        )
+    assert mongo_client[serve.database]["logs"].distinct("level", {"project_id": project}) == [
+        "warn"
+    ]
+
+
+def test_malformed_bodies_are_400_with_a_request_id(
+    serve: Serve, keys, mongo_client: MongoClient
+) -> None:
+    project = _project()
+    with serve.client(keys(project)) as c:
+        for raw in (b'{"logs": [', b"\xff\xfe\x00", b"nan", b'{"logs": [{"time": NaN}]'):
+            r = c.post("/api/v1/ingest", content=raw, headers={"Content-Type": "application/json"})
+            assert r.status_code in (400, 422), (raw, r.text)
+            assert r.json()["request_id"] == r.headers["x-request-id"]
+        r = c.post("/api/v1/ingest", content=b'{"logs": [', headers={"X-Request-ID": "abc-123"})
+        assert r.status_code == 400 and r.json()["error"] == "Malformed JSON"
+        assert r.headers["x-request-id"] == "abc-123"
+        # curl -d sends a form content type: still read as JSON.
+        r = c.post("/api/v1/ingest", content=json.dumps(log_batch(1)),
+                   headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+        assert r.status_code == 200, r.text
+    assert _stored(mongo_client, serve.database, project) == 1
+
+
+def test_size_limits_are_413(serve: Serve, keys, mongo_client: MongoClient) -> None:
+    project = _project()
+    with serve.client(keys(project)) as c:
+        big = log_batch(1, prefix="x" * (6 * 1024 * 1024))
+        r = c.post("/api/v1/ingest", json=big)
+        assert r.status_code == 413 and "BUCKETQ_MAX_BODY_BYTES" in r.json()["message"]
+
+        def chunks():  # no Content-Length: the limit holds while streaming
+            yield b'{"logs": [{"time": "2024-05-01T10:00:00Z", "service": "a", "level": "info", "message": "'
+            for _ in range(6):
+                yield b"y" * (1024 * 1024)
+            yield b'"}]}'
+
+        r = c.post("/api/v1/ingest", content=chunks(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 413
+        r = c.post("/api/v1/ingest", json=log_batch(1001))
+        assert r.status_code == 413 and "BUCKETQ_MAX_RECORDS" in r.json()["message"]
+        assert c.post("/api/v1/ingest", json=log_batch(1000)).status_code == 200
+    assert _stored(mongo_client, serve.database, project) == 1000
+
+
+def test_spans_and_metrics(serve: Serve, keys, mongo_client: MongoClient) -> None:
+    project = _project()
+    db = mongo_client[serve.database]
+    span = {"trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7ad6b7169203331",
+            "service": "api", "name": "GET /", "kind": "SERVER",
+            "start_time": "2024-05-01T10:00:00Z", "end_time": "2024-05-01T10:00:00.250Z",
+            "status": {"code": "ok"}, "attributes": {"http.status_code": 200}}  # fmt: skip
+    metric = {"time": "2024-05-01T10:00:00Z", "service": "api", "name": "rps", "value": 12.5,
+              "labels": {"route": "/"}}  # fmt: skip
+    with serve.client(keys(project)) as c:
+        r = c.post("/api/v1/ingest/spans", json={"spans": [span, span]})
+        assert r.status_code == 200 and r.json()["received"] == 2, r.text
+        r = c.post("/api/v1/ingest/metrics", json={"metrics": [metric]})
+        assert r.status_code == 200, r.text
+        r = c.post("/api/v1/ingest/spans", json={"spans": [span, {**span, "trace_id": "zz"}]})
+        assert r.status_code == 422 and r.json()["details"][0]["field"] == "spans[1].trace_id"
+        r = c.post("/api/v1/ingest/metrics", json={"metrics": [{**metric, "value": "high"}]})
+        assert r.status_code == 422 and r.json()["details"][0]["index"] == 0
+    spans = list(db["spans"].find({"project_id": project}))
+    assert len(spans) == 2 and spans[0]["kind"] == "server" and spans[0]["duration_ms"] == 250
+    assert db["metrics"].count_documents({"project_id": project, "value": 12.5}) == 1
+
+
+def test_health_and_metrics(serve: Serve) -> None:
+    with serve.client() as c:
+        assert c.get("/health").json()["status"] == "ok"
+        assert c.get("/ready").status_code == 200
+        text = c.get("/metrics").text
+    assert 'bucketq_http_requests_total{method="GET",route="/health",status="200"}' in text
+    assert "bucketq_http_request_duration_seconds_bucket" in text
