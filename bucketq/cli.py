@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .server.cli import add_parsers as add_server_parsers
 
     add_server_parsers(sub)
+    from .quarantine_cli import add_quarantine_parser
+
+    add_quarantine_parser(sub)
     pl = sub.add_parser(
         "pipeline",
         help="stream log records from a stream-mode queue into Parquet with Spark (needs bucketq[spark])",

@@ -8,6 +8,7 @@
     │   ├── PayloadNotEncodable     not BSON-encodable
     │   └── PayloadTooLarge         can never fit in a bucket
     ├── DecodeError                 a stored bucket cannot be decoded
+    │   └── DamagedBucket           a stored bucket is damaged; names it and why
     ├── QueueClosed                 the queue was drained or closed
     ├── QueueFull                   max_pending_bytes reached with pending_policy="raise"
     ├── PushFailed                  a bucket insert failed after its retry budget
@@ -50,6 +51,24 @@ class PayloadTooLarge(PayloadError):
 
 class DecodeError(BucketQError):
     """A stored bucket or item cannot be decoded."""
+
+
+class DamagedBucket(DecodeError):
+    """A stored bucket is damaged (its items do not decode, their count is not the
+    bucket's, a field is missing or ill-typed). ``reason`` says what; ``bucket_id``
+    (a bucket queue) or ``seq`` (a stream) says which, when known.
+
+    A bucket queue sets such a bucket aside by itself (see ``Queue.quarantined()``);
+    a stream consumer raises this so the gap in the order is never silent: call
+    ``consumer.quarantine(seq)`` to set the bucket aside and go on."""
+
+    def __init__(
+        self, message: str, *, reason: str = "", bucket_id: object = None, seq: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+        self.bucket_id = bucket_id
+        self.seq = seq
 
 
 class QueueClosed(BucketQError):

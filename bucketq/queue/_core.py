@@ -21,8 +21,9 @@ from bson import ObjectId
 from pymongo import DeleteOne, UpdateOne
 from pymongo.write_concern import WriteConcern
 
-from ..errors import ConfigurationError, PayloadTooLarge
+from ..errors import ConfigurationError, DamagedBucket, DecodeError, PayloadTooLarge
 from ._codec import decode_items
+from ._damage import bucket_damage, check_items
 
 # -- options ------------------------------------------------------------------
 
@@ -287,6 +288,16 @@ class OpenBucket:
         return doc
 
 
+def recovered_bucket(bucket_id: ObjectId, items: list[bytes], now: float) -> OpenBucket:
+    """A sealed bucket of items recovered from a quarantined one, due now."""
+    ob = OpenBucket(None, now, None)
+    ob.id = bucket_id
+    ob.items = list(items)
+    ob.nbytes = sum(len(it) for it in items)
+    ob.mature = now
+    return ob
+
+
 class Packer:
     """Groups pushed items into open buckets by mature slot and seals them by count,
     bytes or age.
@@ -475,6 +486,13 @@ class HeldBucket:
     )  # fmt: skip
 
     def __init__(self, doc: dict[str, Any], token: ObjectId, now: float, lease: float) -> None:
+        """Raises :class:`~bucketq.errors.DamagedBucket` for a document that cannot be
+        served (see ``_damage``); nothing else for any document with an ``_id``."""
+        damage = bucket_damage(doc)
+        if damage is not None:
+            raise DamagedBucket(
+                f"Bucket {doc['_id']} is damaged: {damage}.", reason=damage, bucket_id=doc["_id"]
+            )
         self.id: ObjectId = doc["_id"]
         self.token = token
         self.n: int = doc["n"]
@@ -506,13 +524,15 @@ class HeldBucket:
         self._load(doc["items"], now)
 
     def _load(self, blob: bytes, now: float) -> None:
-        self.items = decode_items(blob)
-        if len(self.items) != self.n:
-            from ..errors import DecodeError
-
-            raise DecodeError(
-                f"Bucket {self.id} says n={self.n} but holds {len(self.items)} items."
-            )
+        try:
+            self.items = decode_items(blob)
+            check_items(self.items, self.n, f"Bucket {self.id}")
+        except DamagedBucket as exc:
+            raise DamagedBucket(str(exc), reason=exc.reason, bucket_id=self.id) from exc
+        except DecodeError as exc:
+            raise DamagedBucket(
+                f"Bucket {self.id} is damaged: {exc}", reason=str(exc), bucket_id=self.id
+            ) from exc
         state = [READY] * self.n
         self.state = state
         done = self.done
@@ -770,7 +790,7 @@ def new_stats() -> dict[str, int]:
         (
             "pushed", "buckets_written", "insert_retries", "push_failed", "reserved", "committed",
             "rolled_back", "dead_lettered", "lease_losses", "claims", "takeovers", "state_flushes",
-            "released", "reclaims",
+            "released", "reclaims", "quarantined", "loop_errors",
         ),
         0,
     )  # fmt: skip

@@ -24,7 +24,7 @@ from typing import Any
 from bson import ObjectId
 from pymongo.write_concern import WriteConcern
 
-from ..errors import AckOutOfOrder, ConfigurationError
+from ..errors import AckOutOfOrder, ConfigurationError, DamagedBucket, DecodeError
 from ..queue._codec import decode_items
 from ..queue._core import (
     DEFAULT_BUCKET_MAX_BYTES,
@@ -38,6 +38,7 @@ from ..queue._core import (
     from_datetime,
     to_datetime,
 )
+from ..queue._damage import check_items
 
 __all__ = [
     "AckOutOfOrder",
@@ -246,12 +247,54 @@ def is_staged(doc: dict[str, Any]) -> bool:
     return "stg" in doc
 
 
-def to_batch(doc: dict[str, Any]) -> StreamBatch:
-    items = decode_items(doc["items"])
+def bucket_damage(doc: dict[str, Any]) -> str | None:
+    """Why a stream bucket (not a tombstone, not staged) cannot be delivered (None: its
+    fields are sound; the items binary is checked when decoded)."""
+    n = doc.get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return f"its item count n is {n!r}, not a whole number >= 1"
+    if not isinstance(doc.get("items"), bytes):
+        return f"its items field is {type(doc.get('items')).__name__}, not binary"
     at = doc.get("at")
-    return StreamBatch(
-        int(doc["_id"]), [it["p"] for it in items], [it.get("h") for it in items], at
+    if at is not None and not isinstance(at, datetime):
+        return f"its at field is {type(at).__name__}, not a date"
+    return None
+
+
+def damaged_message(name: str, seq: int, reason: str) -> str:
+    return (
+        f"Stream {name!r}: the bucket at seq {seq} is damaged ({reason}); it is not delivered "
+        f"and the consumer does not go past it. Call consumer.quarantine({seq}) to set it aside "
+        "in the quarantine collection and go on (`bucketq quarantine list|requeue|remove "
+        "--stream` then shows it, re-queues what can be recovered at the end of the stream, "
+        "or removes it)."
     )
+
+
+def to_batch(doc: dict[str, Any], name: str = "") -> StreamBatch:
+    """The bucket as delivered; raises :class:`DamagedBucket` (naming its seq) if it
+    cannot be."""
+    seq = int(doc["_id"])
+    reason = bucket_damage(doc)
+    if reason is None:
+        try:
+            items = decode_items(doc["items"])
+            check_items(items, doc["n"], f"seq {seq}")
+        except DamagedBucket as exc:
+            reason = exc.reason
+        except DecodeError as exc:
+            reason = str(exc)
+    if reason is not None:
+        raise DamagedBucket(damaged_message(name, seq, reason), reason=reason, seq=seq)
+    return StreamBatch(seq, [it["p"] for it in items], [it.get("h") for it in items], doc.get("at"))
+
+
+def quarantined_tombstone(now: float) -> dict[str, Any]:
+    """Turn a damaged bucket (kept in quarantine) into a tombstone the consumer passes."""
+    return {
+        "$set": {"hole": True, "at": to_datetime(now), "quarantined": True},
+        "$unset": {"items": "", "n": "", "w": "", "stg": ""},
+    }
 
 
 # -- the in-order scan -----------------------------------------------------------------

@@ -15,7 +15,7 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 
-from ...errors import QueueClosed
+from ...errors import DamagedBucket, PushFailed, QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
 from .._concurrency import (
@@ -28,6 +28,7 @@ from .._concurrency import (
 )
 from .._db import check_async_database
 from .producer import AsyncProducer
+from .quarantine import AsyncQuarantine
 
 log = logging.getLogger("bucketq.queue")
 
@@ -72,6 +73,7 @@ class AsyncQueue(AsyncProducer):
         self._flusher: AsyncWorker | None = None
         self._watcher: AsyncWorker | None = None
         self._dlq: AsyncQueue | None = None
+        self._quarantine = AsyncQuarantine(db, name, opts.get_write_concern())
         async_register_exit(self)
 
     def __repr__(self) -> str:
@@ -399,7 +401,11 @@ class AsyncQueue(AsyncProducer):
         # when the answer came: a claim slower than the lease holds an expired lease.
         if doc["_id"] in self._held and await self._reclaim(doc, token, now):
             return True
-        b = core.HeldBucket(doc, token, now, self.options.lease)
+        try:
+            b = core.HeldBucket(doc, token, now, self.options.lease)
+        except DamagedBucket as exc:
+            await self._set_aside(doc, token, exc)
+            return True
         if b.takeover:
             self._stats["takeovers"] += 1
         if self._draining or self._closed:
@@ -416,6 +422,20 @@ class AsyncQueue(AsyncProducer):
         if b.dying or not msgs:
             self._flush_wake.notify()
         return True
+
+    async def _set_aside(self, doc: dict[str, Any], token: ObjectId, exc: DamagedBucket) -> None:
+        """Quarantine a damaged bucket we claimed: keep it there first, then delete it
+        here (fenced by our claim), so it is never lost and never claimed again."""
+        await self._quarantine.put(doc, exc.reason, self.options.owner)
+        await self._col.delete_one({"_id": doc["_id"], "lease.tok": token})
+        self._stats["quarantined"] += 1
+        log.error(
+            "queue %s: bucket %s is damaged (%s); moved it to %s",
+            self.name,
+            doc["_id"],
+            exc.reason,
+            self._quarantine.name,
+        )
 
     async def _reclaim(self, doc: dict[str, Any], token: ObjectId, sent: float) -> bool:
         """We claimed a bucket we still hold. Keep our state under the new lease if nobody
@@ -767,6 +787,31 @@ class AsyncQueue(AsyncProducer):
         s["held_buckets"] = len(self._held)
         s["ready_in_memory"] = len(self._ready)
         return s
+
+    # -- quarantine ----------------------------------------------------------------------------
+
+    async def quarantined(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Damaged buckets set aside (in ``<name>.quarantine``), oldest first: ``id``,
+        ``reason``, ``at``, ``n``, how many items are ``recoverable`` and how many ``lost``."""
+        return await self._quarantine.summaries(limit)
+
+    async def requeue_quarantined(self, bucket_id: Any = None) -> dict[str, int]:
+        """Put what can be recovered of quarantined buckets (one, or all) back in the
+        queue as new buckets. Returns counts: ``buckets``, ``items`` re-queued, items
+        ``lost``, buckets ``kept`` in quarantine because some of their items are lost."""
+        return await self._quarantine.requeue(self._put_recovered, bucket_id)
+
+    async def remove_quarantined(self, bucket_id: Any = None) -> int:
+        """Delete quarantined buckets (one, or all) for good; returns how many."""
+        return await self._quarantine.remove(bucket_id)
+
+    async def _put_recovered(self, bucket_id: ObjectId, items: list[bytes]) -> None:
+        now = _now()
+        ob = core.recovered_bucket(bucket_id, items, now)
+        failed, error = await self._write([ob])
+        if failed:
+            raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error
+        self._written([ob], now)
 
     async def remove(self, id: str) -> bool:
         """Remove a stored item whose bucket no consumer holds. True if it was removed."""

@@ -14,7 +14,7 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 
-from ...errors import Fenced, QueueClosed
+from ...errors import ConfigurationError, DamagedBucket, Fenced, PushFailed, QueueClosed
 from ...queue import _core as qcore
 from ...queue._codec import CODEC_OPTIONS
 from ...queue._concurrency import (
@@ -24,6 +24,7 @@ from ...queue._concurrency import (
 )
 from ...queue._db import check_async_database
 from ...queue._producer import AsyncProducer
+from ...queue._quarantine import AsyncQuarantine
 from .. import _core as core
 
 log = logging.getLogger("bucketq.stream")
@@ -53,8 +54,10 @@ class AsyncStreamQueue(AsyncProducer):
         self._init_producer(opts.packer, "stream")
         self._closed = False
         self._stats = dict.fromkeys(
-            ("pushed", "buckets_written", "insert_retries", "push_failed", "renumbered"), 0
-        )
+            ("pushed", "buckets_written", "insert_retries", "push_failed", "renumbered",
+             "quarantined", "loop_errors"), 0,
+        )  # fmt: skip
+        self._quarantine = AsyncQuarantine(db, name, wc)
         async_register_exit(self)
 
     def __repr__(self) -> str:
@@ -200,6 +203,27 @@ class AsyncStreamQueue(AsyncProducer):
     def stats(self) -> dict[str, int]:
         return dict(self._stats)
 
+    # -- quarantine --------------------------------------------------------------------------
+
+    async def quarantined(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Damaged buckets set aside by ``consumer.quarantine(seq)``, oldest first
+        (``id`` is the seq they had)."""
+        return await self._quarantine.summaries(limit)
+
+    async def requeue_quarantined(self, bucket_id: Any = None) -> dict[str, int]:
+        """Append what can be recovered of quarantined buckets (one seq, or all) to the
+        stream as new buckets: they get new seqs, after everything pushed before."""
+        return await self._quarantine.requeue(self._put_recovered, bucket_id)
+
+    async def remove_quarantined(self, bucket_id: Any = None) -> int:
+        """Delete quarantined buckets (one seq, or all) for good; returns how many."""
+        return await self._quarantine.remove(bucket_id)
+
+    async def _put_recovered(self, writer: Any, items: list[bytes]) -> None:
+        failed, error = await self._write([qcore.recovered_bucket(writer, items, _now())])
+        if failed:
+            raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error
+
     async def close(self) -> None:
         """Write what is buffered, stop the writer. Idempotent; the client stays open."""
         if self._closed:
@@ -234,6 +258,7 @@ class AsyncStreamConsumer:
         self._delivered: list[int] = []
         self._clock = core.HoleClock(stream.options.hole_grace, stream.options.stage_timeout)
         self._closed = False
+        self._damaged: DamagedBucket | None = None
         self.holes_closed = 0
 
     def __repr__(self) -> str:
@@ -263,6 +288,9 @@ class AsyncStreamConsumer:
             fresh = True
             if self._buffer:
                 continue
+            if self._damaged is not None:
+                d = self._damaged
+                raise DamagedBucket(str(d), reason=d.reason, seq=d.seq)
             if wait <= 0:
                 idle = 0
                 continue
@@ -294,10 +322,17 @@ class AsyncStreamConsumer:
         )
         docs = await cur.to_list()
         res = core.scan(self.cursor, docs, int(meta.get("next", 0)))
+        self._damaged = None
         for d in res.ready:
-            self.cursor = d["_id"]
             if not core.is_tombstone(d):
-                self._buffer.append(core.to_batch(d))
+                try:
+                    self._buffer.append(core.to_batch(d, self.stream.name))
+                except DamagedBucket as exc:
+                    # Never past it silently: deliver what came before, then raise.
+                    self._damaged = exc
+                    log.error("%s", exc)
+                    return 0.0
+            self.cursor = d["_id"]
         self._clock.passed(self.cursor)
         if res.ready or res.blocked is None:
             return 0.0 if res.ready else opts.poll_interval
@@ -324,6 +359,41 @@ class AsyncStreamConsumer:
         self.holes_closed += 1
         log.warning("stream %s: closed %s seq %d after its grace period", self.stream.name,
                     "hole" if kind == "missing" else "stale staged bucket", seq)  # fmt: skip
+
+    async def quarantine(self, seq: int) -> bool:
+        """Set aside the damaged bucket at ``seq`` (see :class:`~bucketq.errors.DamagedBucket`):
+        it is kept in ``<stream>.quarantine`` and its seq closed like a hole, so the next
+        :meth:`next_batch` goes on after it. False if it is not there any more. Raises
+        :class:`~bucketq.errors.ConfigurationError` for a bucket that is not damaged."""
+        if self._closed:
+            raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq <= self.cursor:
+            raise ConfigurationError(
+                f"quarantine() takes the seq of a damaged bucket not yet delivered (after "
+                f"{self.cursor}); got {seq!r}."
+            )
+        await self._check_epoch()
+        doc = await self.stream._col.find_one({"_id": seq})
+        if doc is None or core.is_tombstone(doc) or core.is_staged(doc):
+            return False
+        try:
+            core.to_batch(doc, self.stream.name)
+        except DamagedBucket as exc:
+            reason = exc.reason
+        else:
+            raise ConfigurationError(
+                f"The bucket at seq {seq} of stream {self.stream.name!r} is not damaged; "
+                "only a damaged bucket can be quarantined."
+            )
+        await self.stream._quarantine.put(doc, reason, f"epoch {self.epoch}")
+        await self.stream._col.update_one(
+            {"_id": seq, "hole": {"$exists": False}}, core.quarantined_tombstone(_now())
+        )
+        self.stream._stats["quarantined"] += 1
+        self._damaged = None
+        log.error("stream %s: moved the damaged bucket at seq %d to %s (%s)",
+                  self.stream.name, seq, self.stream._quarantine.name, reason)  # fmt: skip
+        return True
 
     async def ack(self, seq: int) -> None:
         """Acknowledge the next unacknowledged bucket; it is deleted."""
