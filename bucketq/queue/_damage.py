@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 import bson
 
@@ -39,7 +39,7 @@ def quarantine_name(queue: str) -> str:
     return queue + QUARANTINE_SUFFIX
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -144,8 +144,8 @@ def recover(bucket: dict[str, Any]) -> Recovery:
     """The recoverable items of a quarantined bucket document."""
     blob = bucket.get("items")
     found = _walk(blob) if isinstance(blob, bytes) else []
-    n = bucket.get("n")
-    n = n if _is_int(n) and n >= 0 else len(found)
+    stored_n = bucket.get("n")
+    n = stored_n if _is_int(stored_n) and stored_n >= 0 else len(found)
     done = bucket.get("done")
     if isinstance(done, bytes) and len(done) == (n + 7) // 8:
         consumed = {i for i in range(n) if done[i >> 3] & (1 << (i & 7))}

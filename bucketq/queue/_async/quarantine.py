@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from bson import ObjectId
@@ -27,8 +27,9 @@ log = logging.getLogger("bucketq.queue")
 
 _now = time.time
 
-#: Stores recovered items (encoded, in order) as one new bucket with the given id.
-Put = Callable[[ObjectId, list[bytes]], Awaitable[None]]
+#: Stores recovered items (encoded, in order) as one new bucket with the given id
+#: (a coroutine function in the async flavour).
+Put = Callable[[ObjectId, list[bytes]], Any]
 
 
 def parse_bucket_id(value: Any) -> Any:
