@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .quarantine_cli import add_quarantine_parser
 
     add_quarantine_parser(sub)
+    from .sdk._replay import add_sdk_parser
+
+    add_sdk_parser(sub)
     pl = sub.add_parser(
         "pipeline",
         help="stream log records from a stream-mode queue into Parquet with Spark (needs bucketq[spark])",

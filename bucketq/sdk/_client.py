@@ -1,0 +1,117 @@
+"""The public faces: :class:`IngestHandler` (a ``logging.Handler``) and :class:`Client`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ._options import LOGGER_NAME, make_config
+from ._processor import Processor, acquire, release, sdk_thread
+from ._record import from_fields, from_log_record
+
+_SDK_PREFIX = LOGGER_NAME + "."
+
+
+class Client:
+    """A lower-level client: ``log(level, message, **fields)`` queues one record and
+    returns at once (True: queued; False: the queue was full and it went to the spill).
+
+    ``fields`` become the record's metadata, except ``trace_id``, ``span_id`` and
+    ``service``, which are top-level fields of the ingest API. Clients with equal
+    arguments share one processor (queue, threads, connections, spill).
+    """
+
+    def __init__(self, url: str, api_key: str, **options: Any) -> None:
+        self._processor = acquire(make_config(url, api_key, **options))
+        self._service = self._processor.cfg.service
+        self._released = False
+
+    @property
+    def processor(self) -> Processor:
+        return self._processor
+
+    def log(self, level: str | int, message: object, **fields: Any) -> bool:
+        return self._processor.submit(
+            from_fields(time.time(), level, message, self._service, fields)
+        )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` s (default ``shutdown_timeout``) for every queued record
+        to be sent or spilled; True when nothing is pending."""
+        return self._processor.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (``timeout``, default ``shutdown_timeout``) and let go of the processor;
+        the last user of a configuration stops it and spills what is left. Idempotent."""
+        if self._released:
+            return True
+        self._released = True
+        return release(self._processor, timeout)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this configuration: queued, queue_full, sent, retried, to_fallback,
+        spilled, replayed, refused, lost (by reason), pending, fill_percentage, ..."""
+        return self._processor.stats()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class IngestHandler(logging.Handler):
+    """A ``logging.Handler`` that sends records to ``bucketq serve`` without blocking.
+
+    ``IngestHandler(url, api_key, **options)``; usable from ``dictConfig`` (``"class":
+    "bucketq.sdk.IngestHandler"`` with the options as keys). ``extra=`` fields go to the
+    record's metadata (``trace_id``/``span_id``/``service`` to the top level), exception
+    info to ``metadata["exception"]``, the logger's name to ``metadata["logger"]``.
+    Records of the ``bucketq.sdk`` logger and of the SDK's own threads are ignored.
+    """
+
+    def __init__(self, url: str, api_key: str, level: int | str = logging.NOTSET,
+                 **options: Any) -> None:  # fmt: skip
+        super().__init__(level)
+        self._processor = acquire(make_config(url, api_key, **options))
+        self._service = self._processor.cfg.service
+        self._released = False
+
+    @property
+    def processor(self) -> Processor:
+        return self._processor
+
+    def handle(self, record: logging.LogRecord) -> Any:
+        # emit is thread-safe on its own: skip Handler.handle's lock (one less wait).
+        rv = self.filter(record)
+        if rv:
+            if isinstance(rv, logging.LogRecord):
+                record = rv
+            self.emit(record)
+        return rv
+
+    def emit(self, record: logging.LogRecord) -> None:
+        name = record.name
+        if name == LOGGER_NAME or name.startswith(_SDK_PREFIX):
+            return
+        if getattr(sdk_thread, "active", False):
+            return
+        try:
+            item = from_log_record(record, self._service)
+        except Exception:  # noqa: BLE001 - the logging contract: report, never raise
+            self.handleError(record)
+            return
+        self._processor.submit(item)
+
+    def flush(self) -> None:
+        self._processor.flush()
+
+    def close(self) -> None:
+        if not self._released:
+            self._released = True
+            release(self._processor)
+        super().close()
+
+    def stats(self) -> dict[str, Any]:
+        return self._processor.stats()

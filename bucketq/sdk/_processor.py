@@ -1,0 +1,590 @@
+"""The processor: one per configuration, owning its queue, threads, HTTP pools and spill.
+
+::
+
+    caller ──submit──▶ SafeQueue ──get_batch──▶ worker threads ──POST──▶ primary
+       │ full           ▲  writeback               │ down          └──▶ fallback
+       ▼                │                          ▼ both down / refused
+     Spill ◀────────────┴──────────────────────── Spill ──replay (primary back)──▶ primary
+
+    monitor thread: starts the drain worker at 90% fill, flushes the spill, starts replays
+    health thread:  probes an endpoint marked down every health_interval
+
+Nothing is shared between processors: :func:`acquire` returns the one processor of a
+:class:`~bucketq.sdk._options.Config` (creating it on first use), and two configurations
+never share a queue, thread, connection or spill file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from ._options import DRAIN_BATCH_SIZE, DRAIN_START_PERCENT, DRAIN_STOP_PERCENT, LOGGER_NAME, Config
+from ._policy import DOWN, OK, REFUSED, RETRY, Outcome, should_start_drain, should_stop_drain
+from ._queue import SafeQueue
+from ._record import Item, to_wire
+from ._spill import Spill
+from ._transport import Sender
+
+log = logging.getLogger(LOGGER_NAME)
+
+#: set in every thread the SDK runs, so the handler ignores what they log (urllib3...)
+sdk_thread = threading.local()
+
+_MONITOR_TICK = 0.1
+
+
+class Endpoint:
+    """Health of one server: up, or down since a connection failure until a probe
+    answers; paused until a Retry-After has passed."""
+
+    def __init__(self, name: str, ingest_url: str, base_url: str, api_key: str) -> None:
+        self.name = name
+        self.ingest_url = ingest_url
+        self.base_url = base_url
+        self.api_key = api_key
+        self.up = True
+        self.paused_until = 0.0
+        self.reason = ""
+        self.downs = 0
+
+    def available(self, now: float) -> bool:
+        return self.up and now >= self.paused_until
+
+    def mark_down(self, reason: str) -> bool:
+        was = self.up
+        self.up, self.reason = False, reason
+        if was:
+            self.downs += 1
+        return was
+
+    def mark_up(self) -> bool:
+        was = self.up
+        self.up, self.reason = True, ""
+        return not was
+
+    def pause(self, seconds: float, reason: str) -> None:
+        self.paused_until = max(self.paused_until, time.monotonic() + seconds)
+        self.reason = reason
+
+
+class Processor:
+    """Queue + workers + drain + health + spill of one configuration. Use :func:`acquire`."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._init_state()
+        self._users = 0
+        self._closed = False
+        self._start()
+
+    # -- setup -------------------------------------------------------------------------
+    def _init_state(self) -> None:
+        cfg = self.cfg
+        self.queue = SafeQueue(cfg.queue_size, notify_every=cfg.batch_size,
+                               high_water=DRAIN_START_PERCENT)  # fmt: skip
+        self.spill = Spill(
+            cfg.spill_path(),
+            max_bytes=cfg.spill_max_bytes,
+            segment_bytes=cfg.spill_segment_bytes,
+            meta={"url": cfg.url, "fallback_url": cfg.fallback_url, "service": cfg.service},
+        )
+        self.primary = Endpoint("primary", cfg.ingest_url, cfg.base_url, cfg.api_key)
+        self.fallback = (
+            None
+            if cfg.fallback_url is None
+            else Endpoint(
+                "fallback",
+                cfg.fallback_ingest_url or "",
+                cfg.fallback_base_url or "",
+                cfg.fallback_api_key or cfg.api_key,
+            )  # fmt: skip
+        )
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._accepting = True
+        self._inflight: dict[int, list[Item]] = {}
+        self._handling = 0
+        self._tokens = itertools.count()
+        self._threads: list[threading.Thread] = []
+        self._drain_thread: threading.Thread | None = None
+        self._replay_thread: threading.Thread | None = None
+        self._replay_wanted = self.spill.has_segments()
+        self._spill_gen = 0
+        self._pid = os.getpid()
+        self._warned: dict[str, float] = {}
+        self.counters = {
+            "sent": 0,
+            "retried": 0,
+            "to_fallback": 0,
+            "replayed": 0,
+            "refused": 0,
+            "drains": 0,
+            "worker_errors": 0,
+        }
+        self._lost: dict[str, int] = {}
+        self.last_error = ""
+
+    def _start(self) -> None:
+        for i in range(self.cfg.workers):
+            self._spawn(self._worker_loop, f"worker-{i}")
+        self._spawn(self._monitor_loop, "monitor")
+        self._spawn(self._health_loop, "health")
+
+    def _spawn(self, target: Any, name: str) -> threading.Thread:
+        t = threading.Thread(target=self._run, args=(target,), daemon=True,
+                             name=f"bucketq-sdk-{name}")  # fmt: skip
+        self._threads.append(t)
+        t.start()
+        return t
+
+    def _run(self, target: Any) -> None:
+        sdk_thread.active = True
+        target()
+
+    # -- the caller's side -------------------------------------------------------------
+    def submit(self, item: Item) -> bool:
+        """Queue ``item``; never waits. False: the queue was full (or the processor closed)
+        and the record went to the spill instead."""
+        if self._accepting and self.queue.add(item):
+            return True
+        self._spill_items([item], "queue full" if self._accepting else "closed",
+                          retry=True, flush=False)  # fmt: skip
+        return False
+
+    # -- counters ----------------------------------------------------------------------
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[name] += n
+
+    def _lose(self, reason: str, n: int) -> None:
+        with self._lock:
+            self._lost[reason] = self._lost.get(reason, 0) + n
+
+    def _warn(self, key: str, msg: str, *args: Any, every: float = 30.0) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(key, -1e9) >= every:
+            self._warned[key] = now
+            log.warning(msg, *args)
+
+    # -- spilling ----------------------------------------------------------------------
+    def _spill_items(self, items: list[Item], reason: str, *, retry: bool,
+                     flush: bool = True) -> None:  # fmt: skip
+        try:
+            records = [to_wire(i) for i in items]
+        except Exception as exc:  # noqa: BLE001 - a record that cannot be converted
+            self._lose("unconvertible", len(items))
+            log.error("could not convert %d record(s) for the spill: %r", len(items), exc)
+            return
+        self.spill.append(records, reason, retry=retry, flush=flush)
+        if retry:
+            self._spill_gen += 1
+        self._warn(
+            "spill:" + reason.split(":")[0],
+            "records go to the spill in %s (%s); they are replayed when %s",
+            self.spill.directory,
+            reason,
+            "the primary answers"
+            if retry
+            else "you run `bucketq sdk replay` after fixing the cause",
+        )
+
+    # -- in-flight batches -------------------------------------------------------------
+    def _register(self, items: list[Item]) -> int:
+        token = next(self._tokens)
+        with self._lock:
+            self._inflight[token] = items
+        return token
+
+    def _claim(self, token: int) -> bool:
+        """Take a batch out of flight to handle its outcome; False when close() took it.
+        A claimed batch still counts as pending until :meth:`_handled`."""
+        with self._lock:
+            if self._inflight.pop(token, None) is None:
+                return False
+            self._handling += 1
+            return True
+
+    def _handled(self) -> None:
+        with self._lock:
+            self._handling -= 1
+
+    # -- sending -----------------------------------------------------------------------
+    def _route(self, *, drain: bool) -> Endpoint | None:
+        now = time.monotonic()
+        p, fb = self.primary, self.fallback
+        if drain:
+            if fb is not None and fb.available(now):
+                return fb
+            return p if p.available(now) else None
+        if p.available(now):
+            return p
+        if fb is not None and fb.available(now):
+            return fb
+        return None
+
+    def _paused_wait(self) -> float:
+        """Seconds until an endpoint that is up but paused (Retry-After) may be used."""
+        now = time.monotonic()
+        waits = [e.paused_until - now for e in (self.primary, self.fallback)
+                 if e is not None and e.up and e.paused_until > now]  # fmt: skip
+        return min(waits) if waits else 0.0
+
+    def _send_items(self, sender: Sender, items: list[Item], *, drain: bool) -> str:
+        token = self._register(items)
+        try:
+            return self._deliver(sender, items, drain=drain, token=token)
+        except BaseException as exc:
+            if self._claim(token):
+                try:
+                    self._spill_items(items, f"SDK error: {exc!r}", retry=True)
+                finally:
+                    self._handled()
+            raise
+
+    def _deliver(self, sender: Sender, items: list[Item], *, drain: bool, token: int) -> str:
+        target = self._route(drain=drain)
+        if target is None:
+            if self._claim(token):
+                try:
+                    reasons = "; ".join(f"{e.name}: {e.reason}"
+                                        for e in (self.primary, self.fallback) if e is not None)  # fmt: skip
+                    self._spill_items(items, f"unreachable ({reasons})", retry=True)
+                finally:
+                    self._handled()
+            return DOWN
+        records = [to_wire(i) for i in items]
+        outcome = sender.post(target.ingest_url, target.api_key, records)
+        if not self._claim(token):
+            return outcome.kind  # close() took this batch to the spill meanwhile
+        try:
+            self._handle(target, items, outcome)
+        finally:
+            self._handled()
+        return outcome.kind
+
+    def _handle(self, target: Endpoint, items: list[Item], outcome: Outcome) -> None:
+        n = len(items)
+        if outcome.kind == OK:
+            self._count("sent" if target is self.primary else "to_fallback", n)
+            return
+        self.last_error = f"{target.name}: {outcome.reason}"
+        if outcome.kind == REFUSED:
+            self._count("refused", n)
+            log.warning("the %s server refused %d record(s) (%s); they are in the spill",
+                        target.name, n, outcome.reason)  # fmt: skip
+            self._spill_items(items, outcome.reason, retry=False)
+            return
+        if outcome.kind == RETRY:
+            target.pause(outcome.retry_after, outcome.reason)
+            self._warn("retry:" + target.name, "the %s server asked to wait %.1f s (%s)",
+                       target.name, outcome.retry_after, outcome.reason)  # fmt: skip
+        elif target.mark_down(outcome.reason):
+            log.warning("the %s server at %s is down (%s); %s", target.name, target.base_url,
+                        outcome.reason,
+                        "sending to the fallback" if target is self.primary and self.fallback
+                        else "records go to the spill until it answers")  # fmt: skip
+        self._requeue(items, outcome)
+
+    def _requeue(self, items: list[Item], outcome: Outcome) -> None:
+        """Back through the writeback if some endpoint can take them now or after a pause;
+        to the spill if none can (both down) or the writeback is full."""
+        reachable = any(e is not None and e.up for e in (self.primary, self.fallback))
+        if not reachable or self._stop.is_set():
+            self._spill_items(items, f"unreachable ({outcome.reason})", retry=True)
+            return
+        self._count("retried", len(items))
+        rest = self.queue.writeback_batch(items)
+        if rest:
+            self._spill_items(rest, "writeback full", retry=True)
+
+    # -- threads -----------------------------------------------------------------------
+    def _worker_loop(self) -> None:
+        sender = Sender(self.cfg)
+        cfg = self.cfg
+        try:
+            while not self._stop.is_set():
+                try:
+                    wait = self._paused_wait()
+                    if wait > 0 and self._route(drain=False) is None:
+                        self._stop.wait(min(wait, 0.5))
+                        continue
+                    batch = self.queue.get_batch(cfg.batch_size, timeout=0.25,
+                                                 fill_wait=cfg.batch_wait)  # fmt: skip
+                    if batch:
+                        self._send_items(sender, batch, drain=False)
+                except Exception:
+                    self._count("worker_errors")
+                    log.exception("bucketq.sdk worker error; going on")
+                    self._stop.wait(0.1)
+        finally:
+            sender.close()
+
+    def _monitor_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.queue.high.wait(_MONITOR_TICK):
+                    self.queue.high.clear()
+                    self._maybe_drain()
+                self.spill.flush()
+                if (
+                    self._replay_wanted
+                    and self.primary.available(time.monotonic())
+                    and (self._replay_thread is None or not self._replay_thread.is_alive())
+                    and not self._stop.is_set()
+                ):
+                    self._replay_wanted = False
+                    self._replay_thread = self._spawn(self._replay, "replay")
+            except Exception:
+                self._count("worker_errors")
+                log.exception("bucketq.sdk monitor error; going on")
+                self._stop.wait(0.1)
+
+    def _maybe_drain(self) -> None:
+        running = self._drain_thread is not None and self._drain_thread.is_alive()
+        if should_start_drain(self.queue.fill_percentage(), DRAIN_START_PERCENT, running):
+            self._count("drains")
+            self._drain_thread = self._spawn(self._drain_loop, "drain")
+
+    def _drain_loop(self) -> None:
+        sender = Sender(self.cfg)
+        try:
+            while not self._stop.is_set():
+                if should_stop_drain(self.queue.fill_percentage(), DRAIN_STOP_PERCENT):
+                    break
+                batch = self.queue.get_batch(DRAIN_BATCH_SIZE)
+                if not batch:
+                    break
+                if self._send_items(sender, batch, drain=True) != OK:
+                    break
+        except Exception:
+            self._count("worker_errors")
+            log.exception("bucketq.sdk drain worker error")
+        finally:
+            sender.close()
+
+    def _health_loop(self) -> None:
+        sender = Sender(self.cfg)
+        interval = self.cfg.health_interval
+        try:
+            while not self._stop.wait(min(interval, 0.1)):
+                try:
+                    for ep in (self.primary, self.fallback):
+                        if ep is None or ep.up:
+                            continue
+                        last = getattr(ep, "_probed", 0.0)
+                        if time.monotonic() - last < interval:
+                            continue
+                        ep._probed = time.monotonic()  # type: ignore[attr-defined]
+                        if sender.probe(ep.base_url) and ep.mark_up():
+                            log.warning("the %s server at %s answers again", ep.name,
+                                        ep.base_url)  # fmt: skip
+                            if ep is self.primary:
+                                self._replay_wanted = True
+                except Exception:
+                    self._count("worker_errors")
+                    log.exception("bucketq.sdk health probe error; going on")
+        finally:
+            sender.close()
+
+    def _replay(self) -> None:
+        sender = Sender(self.cfg)
+        p = self.primary
+        gen = self._spill_gen
+
+        def send(records: list[dict[str, Any]]) -> Outcome:
+            if not p.available(time.monotonic()):
+                return Outcome(DOWN, 0, "primary unavailable")
+            out = sender.post(p.ingest_url, p.api_key, records)
+            if out.kind == DOWN:
+                p.mark_down(out.reason)
+            elif out.kind == RETRY:
+                p.pause(out.retry_after, out.reason)
+            return out
+
+        try:
+            result = self.spill.replay(send, batch_size=self.cfg.batch_size,
+                                       should_stop=self._stop.is_set)  # fmt: skip
+            self._count("replayed", result.sent)
+            if result.sent:
+                log.info("replayed %d spilled record(s) to %s", result.sent, p.base_url)
+            if result.stopped or result.skipped_segments or self._spill_gen != gen:
+                # Went away again, or someone was still writing: try again when it is up.
+                self._replay_wanted = True
+                self._stop.wait(0.5)
+        except Exception:
+            self._count("worker_errors")
+            self._replay_wanted = True
+            log.exception("bucketq.sdk replay error; will try again")
+            self._stop.wait(1.0)
+        finally:
+            sender.close()
+
+    # -- flush / close -----------------------------------------------------------------
+    def pending(self) -> int:
+        return len(self.queue) + len(self._inflight) + self._handling
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued was handled (sent, or spilled), at most ``timeout``
+        seconds (default ``shutdown_timeout``); True when nothing is pending."""
+        if self.pending() == 0:
+            self.spill.flush()
+            return True
+        timeout = self.cfg.shutdown_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        self.queue.urgent = True
+        self.queue.wake_all()
+        try:
+            while self.pending() > 0:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
+        finally:
+            self.queue.urgent = False
+        self.spill.flush()
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush with ``timeout`` (default ``shutdown_timeout``), spill what is left, stop the
+        threads. True when everything was sent (nothing spilled by the close). Idempotent."""
+        if self._closed:
+            return True
+        done = self.flush(timeout)
+        self._accepting = False
+        self._stop.set()
+        self.queue.wake_all()
+        left = self.queue.take_all()
+        with self._lock:
+            inflight = [i for items in self._inflight.values() for i in items]
+            self._inflight.clear()
+        if left or inflight:
+            self._spill_items(left + inflight, "shutdown: not sent within shutdown_timeout",
+                              retry=True)  # fmt: skip
+        me = threading.current_thread()
+        end = time.monotonic() + 1.0
+        for t in self._threads:
+            if t is not me and t.is_alive():
+                t.join(max(0.0, end - time.monotonic()))
+        late = self.queue.take_all()
+        if late:
+            self._spill_items(late, "closed", retry=True)
+        self.spill.close()
+        self._closed = True
+        _forget(self)
+        return done and not left and not inflight
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            c = dict(self.counters)
+            lost = dict(self._lost)
+        for k, v in self.spill.lost.items():
+            lost[k] = lost.get(k, 0) + v
+        return {
+            "queued": self.queue.added,
+            "queue_full": self.queue.refused,
+            "sent": c["sent"],
+            "retried": c["retried"],
+            "to_fallback": c["to_fallback"],
+            "spilled": self.spill.written,
+            "replayed": c["replayed"],
+            "refused": c["refused"],
+            "lost": lost,
+            "lost_total": sum(lost.values()),
+            "pending": self.pending(),
+            "fill_percentage": self.queue.fill_percentage(),
+            "primary_up": self.primary.up,
+            "fallback_up": None if self.fallback is None else self.fallback.up,
+            "drains": c["drains"],
+            "worker_errors": c["worker_errors"],
+            "damaged": self.spill.damaged,
+            "last_error": self.last_error,
+            "spill_dir": str(self.spill.directory),
+        }
+
+    # -- sharing -----------------------------------------------------------------------
+    def _after_fork_in_child(self) -> None:
+        # The parent's threads do not exist here and its locks may be held: start afresh.
+        # What the parent had queued stays the parent's (sending it here would duplicate it).
+        if self.spill._file is not None:
+            try:
+                self.spill._file.close()
+            except OSError:
+                pass
+        self._init_state()
+        self._start()
+
+
+_registry: dict[tuple, Processor] = {}
+_registry_lock = threading.Lock()
+
+
+def acquire(cfg: Config) -> Processor:
+    """The processor of ``cfg`` (started on first use), with one more user counted."""
+    key = cfg.key()
+    with _registry_lock:
+        proc = _registry.get(key)
+        if proc is None or proc.closed:
+            proc = Processor(cfg)
+            _registry[key] = proc
+        proc._users += 1
+        return proc
+
+
+def release(proc: Processor, timeout: float | None = None) -> bool:
+    """One user fewer; the last one closes the processor (flushing with ``timeout``)."""
+    with _registry_lock:
+        proc._users -= 1
+        last = proc._users <= 0
+    if last:
+        return proc.close(timeout)
+    return proc.flush(timeout)
+
+
+def _forget(proc: Processor) -> None:
+    with _registry_lock:
+        key = proc.cfg.key()
+        if _registry.get(key) is proc:
+            del _registry[key]
+
+
+def processors() -> list[Processor]:
+    with _registry_lock:
+        return list(_registry.values())
+
+
+def close_all(timeout: float | None = None) -> None:
+    """Close every processor (the exit hook); each flushes for at most its own
+    ``shutdown_timeout`` and all of them together for at most the largest one."""
+    procs = processors()
+    if not procs:
+        return
+    budget = max(p.cfg.shutdown_timeout for p in procs) if timeout is None else timeout
+    deadline = time.monotonic() + budget
+    for p in procs:
+        try:
+            left = max(0.0, min(p.cfg.shutdown_timeout, deadline - time.monotonic()))
+            p.close(left)
+        except Exception:
+            log.exception("bucketq.sdk: closing a processor at exit failed")
+
+
+def _after_fork() -> None:
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    for p in list(_registry.values()):
+        p._after_fork_in_child()
+
+
+atexit.register(close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)

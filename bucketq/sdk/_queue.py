@@ -1,0 +1,142 @@
+"""SafeQueue: the bounded in-memory queue between the caller's thread and the senders.
+
+``add`` never waits for room: it returns False when the queue is full, and the caller
+spills the record instead. Senders take batches; a batch that could not be sent goes
+back through :meth:`SafeQueue.writeback_batch` into a separate writeback buffer that is
+served first, so fill can exceed 100% while room is being made. Only ``threading``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from ._options import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, DRAIN_START_PERCENT
+
+
+class SafeQueue:
+    """A bounded, thread-safe queue whose ``add`` never blocks.
+
+    - ``add(item)`` -> True when queued, False when the queue holds ``maxsize`` items.
+    - ``get(timeout)`` -> one item (writeback first), or None after ``timeout`` seconds
+      (None: wait for ever; 0: do not wait).
+    - ``get_batch(n, timeout=0, fill_wait=0)`` -> up to ``n`` items (writeback first); waits
+      up to ``timeout`` for the first one, then up to ``fill_wait`` for ``n``.
+    - ``writeback_batch(items)`` -> the items that did not fit in the writeback buffer
+      (``writeback_size``, default ``maxsize``); the rest are served before anything else.
+    - ``fill_percentage()`` -> (queued + writeback) / maxsize * 100; may exceed 100.
+    - ``high`` is an Event set once fill reaches ``high_water`` percent (the drain
+      worker's signal); whoever handles it clears it.
+    """
+
+    def __init__(
+        self,
+        maxsize: int = DEFAULT_QUEUE_SIZE,
+        *,
+        writeback_size: int | None = None,
+        high_water: float = DRAIN_START_PERCENT,
+        notify_every: int = DEFAULT_BATCH_SIZE,
+    ) -> None:
+        if maxsize < 1:
+            raise ValueError("maxsize must be >= 1")
+        self._maxsize = maxsize
+        self._wb_size = maxsize if writeback_size is None else writeback_size
+        self._items: deque[Any] = deque()
+        self._wb: deque[Any] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._high_mark = max(1, int(maxsize * high_water / 100.0 + 0.999999))
+        self._notify_every = max(1, notify_every)
+        self.high = threading.Event()
+        self.added = 0
+        self.refused = 0
+        #: set while someone flushes: batches are taken without waiting for them to fill
+        self.urgent = False
+
+    @property
+    def maxsize(self) -> int:
+        return self._maxsize
+
+    def __len__(self) -> int:
+        return len(self._items) + len(self._wb)
+
+    def fill_percentage(self) -> float:
+        return (len(self._items) + len(self._wb)) * 100.0 / self._maxsize
+
+    def add(self, item: Any) -> bool:
+        with self._cond:
+            n = len(self._items)
+            if n >= self._maxsize:
+                self.refused += 1
+                return False
+            self._items.append(item)
+            self.added += 1
+            n += 1
+            if n == 1 or n == self._notify_every:
+                self._cond.notify_all()
+            if n + len(self._wb) >= self._high_mark and not self.high.is_set():
+                self.high.set()
+        return True
+
+    def _pop(self) -> Any:
+        return self._wb.popleft() if self._wb else self._items.popleft()
+
+    def get(self, timeout: float | None = None) -> Any:
+        with self._cond:
+            if not self._wait(lambda: bool(self._items or self._wb), timeout):
+                return None
+            return self._pop()
+
+    def _wait(self, ready: Any, timeout: float | None) -> bool:
+        if ready():
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        return self._cond.wait_for(ready, timeout)
+
+    def get_batch(self, n: int, *, timeout: float = 0.0, fill_wait: float = 0.0) -> list[Any]:
+        with self._cond:
+            if not self._wait(lambda: bool(self._items or self._wb), timeout):
+                return []
+            if fill_wait > 0 and len(self._items) + len(self._wb) < n:
+                deadline = time.monotonic() + fill_wait
+                while len(self._items) + len(self._wb) < n and not self.urgent:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._cond.wait(left):
+                        break
+            out: list[Any] = []
+            wb, items = self._wb, self._items
+            while len(out) < n and wb:
+                out.append(wb.popleft())
+            while len(out) < n and items:
+                out.append(items.popleft())
+            return out
+
+    def writeback_batch(self, items: Iterable[Any]) -> list[Any]:
+        """Put ``items`` back to be served first; return those that did not fit."""
+        items = list(items)
+        with self._cond:
+            room = max(0, self._wb_size - len(self._wb))
+            kept, rest = items[:room], items[room:]
+            # Older than anything in the writeback already? No: these were taken after it
+            # was served, so they go after it (order of first arrival is kept per sender).
+            self._wb.extend(kept)
+            if kept:
+                self._cond.notify_all()
+                if len(self._items) + len(self._wb) >= self._high_mark:
+                    self.high.set()
+        return rest
+
+    def take_all(self) -> list[Any]:
+        """Everything queued (writeback first), removed; for shutdown."""
+        with self._cond:
+            out = list(self._wb) + list(self._items)
+            self._wb.clear()
+            self._items.clear()
+            return out
+
+    def wake_all(self) -> None:
+        with self._cond:
+            self._cond.notify_all()

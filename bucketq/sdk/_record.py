@@ -1,0 +1,154 @@
+"""Records: what the caller's thread keeps (cheap), and the wire form the server takes.
+
+Pure: no I/O. The caller's thread builds a :data:`Item` tuple (the message formatted, the
+``extra=`` fields collected, an exception formatted to text); a sender thread turns it
+into the JSON object of ``POST /api/v1/ingest`` with :func:`to_wire`.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from ..errors import ConfigurationError
+
+#: (created, level, message, service, metadata or None, trace_id or None, span_id or None)
+Item = tuple[float, str, str, str, dict[str, Any] | None, str | None, str | None]
+
+LEVELS = ("debug", "info", "warn", "error", "critical")
+_LEVEL_ALIASES = {
+    "debug": "debug",
+    "info": "info",
+    "warn": "warn",
+    "warning": "warn",
+    "error": "error",
+    "critical": "critical",
+    "fatal": "critical",
+}
+
+# The attributes every LogRecord has; everything else on a record came from ``extra=``.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+_TOP_LEVEL = ("trace_id", "span_id", "service")
+
+
+def wire_level(levelno: int) -> str:
+    """The server's level for a stdlib level number (custom levels round down)."""
+    if levelno >= logging.CRITICAL:
+        return "critical"
+    if levelno >= logging.ERROR:
+        return "error"
+    if levelno >= logging.WARNING:
+        return "warn"
+    if levelno >= logging.INFO:
+        return "info"
+    return "debug"
+
+
+def level_name(level: object) -> str:
+    """Normalise ``Client.log``'s level: a stdlib number or a name (``warning`` → ``warn``)."""
+    if isinstance(level, int) and not isinstance(level, bool):
+        return wire_level(level)
+    if isinstance(level, str):
+        name = _LEVEL_ALIASES.get(level.lower())
+        if name is not None:
+            return name
+    raise ConfigurationError(
+        f"level must be one of {', '.join(LEVELS)} (or a logging level number); got {level!r}."
+    )
+
+
+def format_exception(exc_info: Any) -> dict[str, str]:
+    """``{"type", "message", "traceback"}`` for a ``sys.exc_info()`` triple."""
+    etype, value, tb = exc_info
+    return {
+        "type": getattr(etype, "__qualname__", str(etype)),
+        "message": str(value),
+        "traceback": "".join(traceback.format_exception(etype, value, tb)).rstrip("\n"),
+    }
+
+
+def from_log_record(record: logging.LogRecord, service: str) -> Item:
+    """The :data:`Item` of a stdlib record: ``extra=`` fields become metadata (``trace_id``,
+    ``span_id`` and ``service`` go to the top level), exception info goes to
+    ``metadata["exception"]``, the logger's name to ``metadata["logger"]``."""
+    meta: dict[str, Any] = {"logger": record.name}
+    trace_id = span_id = None
+    d = record.__dict__
+    if len(d) > len(_STANDARD) - 3:
+        for k, v in d.items():
+            if k not in _STANDARD:
+                if k == "trace_id":
+                    trace_id = None if v is None else str(v)
+                elif k == "span_id":
+                    span_id = None if v is None else str(v)
+                elif k == "service":
+                    if isinstance(v, str) and 0 < len(v) <= 100:
+                        service = v
+                else:
+                    meta[k] = v
+    if record.exc_info and record.exc_info[0] is not None:
+        meta["exception"] = format_exception(record.exc_info)
+    elif record.exc_text:
+        meta["exception"] = {"traceback": record.exc_text}
+    if record.stack_info:
+        meta["stack"] = record.stack_info
+    return (record.created, wire_level(record.levelno), record.getMessage() or "(empty)",
+            service, meta, trace_id, span_id)  # fmt: skip
+
+
+def from_fields(
+    created: float, level: object, message: object, service: str, fields: dict[str, Any]
+) -> Item:
+    """The :data:`Item` of ``Client.log(level, message, **fields)``."""
+    lvl = level_name(level)
+    text = str(message) or "(empty)"
+    trace_id = fields.pop("trace_id", None)
+    span_id = fields.pop("span_id", None)
+    svc = fields.pop("service", None)
+    if isinstance(svc, str) and 0 < len(svc) <= 100:
+        service = svc
+    return (created, lvl, text, service, fields or None,
+            None if trace_id is None else str(trace_id),
+            None if span_id is None else str(span_id))  # fmt: skip
+
+
+def iso_time(created: float) -> str:
+    return datetime.fromtimestamp(created, UTC).isoformat(timespec="microseconds")
+
+
+def to_wire(item: Item) -> dict[str, Any]:
+    """The JSON object of one log in ``POST /api/v1/ingest``'s ``logs`` array."""
+    created, level, message, service, meta, trace_id, span_id = item
+    out: dict[str, Any] = {
+        "time": iso_time(created),
+        "service": service,
+        "level": level,
+        "message": message,
+    }
+    if meta:
+        out["metadata"] = meta
+    if trace_id is not None:
+        out["trace_id"] = trace_id
+    if span_id is not None:
+        out["span_id"] = span_id
+    return out
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps(default=...)``: what JSON cannot carry is sent as its text, never dropped."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - a broken __str__ still leaves a trace
+        return f"<unprintable {type(value).__qualname__}>"

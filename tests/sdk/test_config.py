@@ -1,0 +1,144 @@
+"""One processor per configuration; options validated with errors that name them;
+records built from logging calls (extra -> metadata, exception -> a field)."""
+
+from __future__ import annotations
+
+import logging
+import logging.config
+import sys
+
+import pytest
+
+from bucketq.errors import ConfigurationError
+from bucketq.sdk import Client, IngestHandler, classify, make_config
+from bucketq.sdk._policy import parse_retry_after
+from bucketq.sdk._record import from_log_record, to_wire
+
+from .helpers import dead_port
+
+
+def test_same_configuration_same_processor_other_configuration_nothing_shared(tmp_path):
+    url = f"http://127.0.0.1:{dead_port()}"
+    a = Client(url, "k1", spill_dir=tmp_path)
+    b = Client(url + "/api/v1/ingest", "k1", spill_dir=tmp_path)
+    h = IngestHandler(url, "k1", spill_dir=tmp_path)
+    c = Client(url, "k2", spill_dir=tmp_path)
+    d = Client(url, "k1", spill_dir=tmp_path, queue_size=10)
+    assert a.processor is b.processor is h.processor
+    procs = [a.processor, c.processor, d.processor]
+    assert len({id(p) for p in procs}) == 3
+    assert len({id(p.queue) for p in procs}) == 3
+    assert len({p.spill.directory for p in procs}) == 3
+    threads = [set(p._threads) for p in procs]
+    assert not (threads[0] & threads[1]) and not (threads[0] & threads[2])
+    # The last user closes the shared processor; the others keep it running.
+    a.close(0)
+    b.close(0)
+    assert not h.processor.closed
+    h.close()
+    assert a.processor.closed
+    assert Client(url, "k1", spill_dir=tmp_path).processor is not a.processor
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"url": "ftp://x", "api_key": "k"}, "url"),
+        ({"url": "http://h", "api_key": ""}, "api_key"),
+        ({"url": "http://h", "api_key": "k", "queue_size": 0}, "queue_size"),
+        ({"url": "http://h", "api_key": "k", "workers": 1.5}, "workers"),
+        ({"url": "http://h", "api_key": "k", "batch_wait": float("nan")}, "batch_wait"),
+        ({"url": "http://h", "api_key": "k", "timeout": -1}, "timeout"),
+        ({"url": "http://h", "api_key": "k", "fallback_url": "http://h"}, "fallback_url"),
+        ({"url": "http://h", "api_key": "k", "bogus": 1}, "bogus"),
+        ({"url": "http://h", "api_key": "k", "service": ""}, "service"),
+        ({"url": "http://h", "api_key": "k", "spill_segment_bytes": 10, "spill_max_bytes": 5},
+         "spill_segment_bytes"),
+    ],
+)  # fmt: skip
+def test_bad_options_name_the_argument(kwargs, names):
+    with pytest.raises(ConfigurationError, match=names):
+        make_config(**kwargs)
+
+
+def test_client_log_rejects_an_unknown_level(tmp_path):
+    c = Client(f"http://127.0.0.1:{dead_port()}", "k", spill_dir=tmp_path)
+    with pytest.raises(ConfigurationError, match="level"):
+        c.log("loud", "x")
+    assert c.stats()["queued"] == 0
+
+
+def test_log_record_to_wire_extra_exception_trace():
+    logger = logging.getLogger("app.payments")
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    h = Keep()
+    logger.addHandler(h)
+    try:
+        logger.warning("paid %s", 12, extra={"order": "A1", "trace_id": "ab" * 16,
+                                             "span_id": "cd" * 8})  # fmt: skip
+        try:
+            1 / 0  # noqa: B018
+        except ZeroDivisionError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(h)
+    w = to_wire(from_log_record(records[0], "svc"))
+    assert w["level"] == "warn" and w["message"] == "paid 12" and w["service"] == "svc"
+    assert w["metadata"] == {"logger": "app.payments", "order": "A1"}
+    assert (w["trace_id"], w["span_id"]) == ("ab" * 16, "cd" * 8)
+    assert w["time"].endswith("+00:00")
+    e = to_wire(from_log_record(records[1], "svc"))
+    assert e["level"] == "error"
+    assert e["metadata"]["exception"]["type"] == "ZeroDivisionError"
+    assert "1 / 0" in e["metadata"]["exception"]["traceback"]
+
+
+def test_dict_config_builds_the_handler(tmp_path):
+    url = f"http://127.0.0.1:{dead_port()}"
+    logging.config.dictConfig({
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"ingest": {"class": "bucketq.sdk.IngestHandler", "url": url,
+                                "api_key": "k", "spill_dir": str(tmp_path),
+                                "service": "dc", "level": "INFO"}},
+        "loggers": {"dc.test": {"handlers": ["ingest"], "level": "DEBUG"}},
+    })  # fmt: skip
+    lg = logging.getLogger("dc.test")
+    (h,) = lg.handlers
+    try:
+        assert isinstance(h, IngestHandler) and h.processor.cfg.service == "dc"
+        lg.debug("below the handler's level")
+        lg.info("kept")
+        assert h.stats()["queued"] == 1
+    finally:
+        lg.removeHandler(h)
+        h.close()
+
+
+def test_classify_statuses_and_retry_after():
+    kw = {"now": 1000.0, "backoff": 1.0, "max_retry_after": 60.0}
+    assert classify(200, None, b"{}", **kw).kind == "ok"
+    r = classify(429, "7", b"", **kw)
+    assert (r.kind, r.retry_after) == ("retry", 7.0)
+    assert classify(503, None, b"", **kw).retry_after == 1.0
+    assert classify(503, "100000", b"", **kw).retry_after == 60.0
+    bad = classify(400, None, b'{"error":"Validation error","details":[{"field":"logs.0"}]}', **kw)
+    assert bad.kind == "refused" and "Validation error" in bad.reason and "logs.0" in bad.reason
+    assert classify(401, None, b"no", **kw).reason == "HTTP 401: no"
+    assert classify(500, None, b"", **kw).kind == "refused"
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 0.0) > 0
+    assert parse_retry_after("soon", 0.0) is None
+    assert parse_retry_after("nan", 0.0) is None
+
+
+def test_importing_the_sdk_does_not_import_urllib3():
+    import subprocess
+
+    code = "import sys, bucketq.sdk; print('urllib3' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
