@@ -4,6 +4,13 @@ MongoDB: ``$BUCKETQ_MONGODB_URI`` if set; else a real mongod through testcontain
 when a Docker engine answers; else the embedded SecantusDB server on a free port.
 Redis: ``$REDIS_URL``, else 127.0.0.1:6379. Locally an absent optional server
 skips with a reason; in CI (``CI=true``) it fails.
+
+Waiting: tests wait for conditions, never for time. ``eventually(predicate)`` and
+``eventually_async(predicate)`` live in ``tests/waiting.py`` (re-exported here);
+import them with ``from waiting import eventually``.
+
+Markers, set here by directory: ``faults`` (tests/faults), ``spark`` (tests/spark),
+``bench`` (tests/test_benchmark.py); ``soak`` is opt-in (``-m soak``).
 """
 
 from __future__ import annotations
@@ -11,13 +18,32 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
 from bucketq.embedded import URI_ENV, EmbeddedServer
+from waiting import eventually, eventually_async
+
+__all__ = ["eventually", "eventually_async"]
+
+_ROOT = Path(__file__).resolve().parent
+#: Marker by the first part of a test's path under tests/.
+_MARKERS = {"faults": "faults", "spark": "spark", "test_benchmark.py": "bench"}
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            top = item.path.resolve().relative_to(_ROOT).parts[0]
+        except ValueError:
+            continue
+        marker = _MARKERS.get(top)
+        if marker:
+            item.add_marker(marker)
 
 
 def _missing(reason: str) -> None:

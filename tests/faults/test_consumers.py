@@ -6,9 +6,11 @@ import json
 import os
 import signal
 import time
+from datetime import UTC, datetime
 
 from bucketq import Queue
 from bucketq.queue._codec import decode_items
+from waiting import eventually
 
 from .conftest import FAST, read_lines, run_worker
 
@@ -31,11 +33,12 @@ def test_zombie_consumer_is_fenced(db, mongo_uri, tmp_path, request):
     assert z.stdout.readline().strip() == "READY"
     os.kill(z.pid, signal.SIGSTOP)
     try:
-        time.sleep(2.5)  # past the 1.5 s lease
+        # B can claim the bucket only once the zombie's 1.5 s lease has run out: its
+        # first reserve waits for exactly that.
         b = Queue(db, "q", **{**FAST, "lease": 20.0})
         request.addfinalizer(b.close)
         got = []
-        while len(got) < 8 and (m := b.reserve(timeout=5)) is not None:
+        while len(got) < 8 and (m := b.reserve(timeout=10)) is not None:
             got.append(m)
         assert sorted((m.payload["i"], m.tries) for m in got) == [(i, 1) for i in range(2, 10)]
         b.flush()  # B's own state (its takeover's tries) is in, so what changes next is not B's
@@ -102,7 +105,11 @@ def test_drain_on_sigterm_releases_at_once_and_writes_open_pushes(db, mongo_uri,
     d = run_worker("drain", mongo_uri, db.name, "q", out, "--reserve", "3", "--commit", "2",
                    "--count", "5", "--start", "100", options=opts)  # fmt: skip
     assert d.stdout.readline().strip() == "READY"
-    time.sleep(0.5)  # let the read-ahead claim the second bucket
+
+    def both_leased() -> bool:  # the one being served and the read-ahead
+        return db["q"].count_documents({"lease.until": {"$gt": datetime.now(UTC)}}) == 2
+
+    eventually(both_leased, timeout=30, what="the read-ahead claim of the second bucket")
     t0 = time.monotonic()
     d.send_signal(signal.SIGTERM)
     report = json.loads(d.stdout.readline())

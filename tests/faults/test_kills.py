@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from bucketq import Queue
+from waiting import eventually
 
 from .conftest import FAST, read_lines, run_worker, stored_items
 
@@ -14,10 +15,12 @@ def test_killed_producer_keeps_every_acknowledged_item(db, mongo_uri, tmp_path):
     out = tmp_path / "acked.txt"
     p = run_worker("push", mongo_uri, db.name, "q", out, "--count", "1000000", "--batch", "50",
                    options={**FAST, "bucket_max_wait": 30.0})  # fmt: skip
-    deadline = time.monotonic() + 60
-    while len(read_lines(out)) < 500:  # kill mid-run, with pushes still in flight
-        assert p.poll() is None and time.monotonic() < deadline, "producer died or stalled"
-        time.sleep(0.02)
+
+    def midway() -> bool:  # kill mid-run, with pushes still in flight
+        assert p.poll() is None, "the producer died"
+        return len(read_lines(out)) >= 500
+
+    eventually(midway, timeout=60, what="500 acknowledged pushes")
     p.kill()
     p.wait()
     acked = {int(r[0]) for r in read_lines(out)}
@@ -46,11 +49,17 @@ def _hold_then_kill(db, mongo_uri, tmp_path, *args):
     c = Queue(db, "q", **FAST)
     got = []
     recovery = 0.0
-    while (m := c.reserve(timeout=5)) is not None:
+    # Every uncommitted item must come back (once the lease ran out); the late commits
+    # may too. They share one bucket, so once the first is back the rest are in memory:
+    # take those without waiting, and the empty collection after close() proves that
+    # nothing was left behind.
+    uncommitted = 10 - len(early) - len(late)
+    while (m := c.reserve(timeout=0 if len(got) >= uncommitted else 10)) is not None:
         got.append((m.payload["i"], m.tries))
         c.commit(m)
         recovery = time.monotonic() - killed_at  # until the last redelivery
     c.close()
+    assert len(got) >= uncommitted, f"only {len(got)} of {uncommitted} uncommitted items came back"
     assert db["q"].count_documents({}) == 0
     return early, late, got, recovery
 

@@ -11,6 +11,7 @@ import pytest
 from pymongo import MongoClient
 
 from bucketq import Queue
+from waiting import eventually
 
 from .conftest import FAST, read_lines, run_worker, stored_items
 
@@ -34,10 +35,12 @@ def test_producer_and_consumer_survive_a_server_restart(local_server, tmp_path, 
     prod = run_worker("push", uri, "bq", "q", acked_f, "--count", str(N), "--batch", "50", "--pause", "0.05",
                       options=opts)  # fmt: skip
     cons = run_worker("consume", uri, "bq", "q", consumed_f, "--idle", "8", options=opts)
-    deadline = time.monotonic() + 60
-    while len(read_lines(consumed_f)) < 300:  # both are well under way
-        assert prod.poll() is None and cons.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
+
+    def under_way() -> bool:  # both are well under way
+        assert prod.poll() is None and cons.poll() is None, "a worker died"
+        return len(read_lines(consumed_f)) >= 300
+
+    eventually(under_way, timeout=60, what="300 items consumed")
     acked_at_stop = len(read_lines(acked_f))
     t0 = time.monotonic()
     if hard:
@@ -47,9 +50,11 @@ def test_producer_and_consumer_survive_a_server_restart(local_server, tmp_path, 
     time.sleep(OUTAGE)
     local_server.start()  # same port, same data
     down = time.monotonic() - t0
-    while len(read_lines(acked_f)) <= acked_at_stop:  # the producer is acknowledging again
-        assert time.monotonic() - t0 < 90, "the producer did not recover"
-        time.sleep(0.05)
+    eventually(  # the producer is acknowledging again
+        lambda: len(read_lines(acked_f)) > acked_at_stop,
+        timeout=90,
+        what="the producer to recover",
+    )
     recovered = time.monotonic() - t0
     assert prod.wait(180) == 0
     assert cons.wait(180) == 0

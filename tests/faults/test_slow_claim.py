@@ -12,6 +12,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from bucketq import Queue
+from waiting import eventually
 
 from .conftest import FAST
 
@@ -57,10 +58,7 @@ def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(
         db, mongo_uri, mongo_client, request, "slow-claim", commands=("findAndModify", "update")
     )
     assert slow.reserve(timeout=0.05) is None  # starts its fetcher; the claim is blocked
-    deadline = time.time() + 10
-    while slow.stats()["claims"] == 0:
-        assert time.time() < deadline, "the blocked claim never returned"
-        time.sleep(0.01)
+    eventually(lambda: slow.stats()["claims"], timeout=10, interval=0.01, what="the blocked claim")
 
     # The slow consumer now holds the bucket in memory, but the lease it wrote ran out
     # while its claim waited: another consumer takes the bucket over.
@@ -70,10 +68,16 @@ def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(
     assert sorted(m.payload["i"] for m in got) == list(range(10))
     assert other.stats()["takeovers"] == 1
 
-    # Past its held-up renewal (BLOCK_MS), which finds the bucket taken: a lease loss.
-    served = [
-        m.payload["i"] for m in iter(lambda: slow.reserve(timeout=BLOCK_MS / 1000 + 1.0), None)
-    ]
+    # Its held-up renewal (BLOCK_MS) finds the bucket taken: a lease loss. Until then
+    # and after, it serves nothing.
+    served: list[int] = []
+
+    def lost() -> bool:
+        served.extend(m.payload["i"] for m in slow.reserve_many(10, timeout=0.05))
+        return slow.stats()["lease_losses"] > 0
+
+    eventually(lost, timeout=BLOCK_MS / 1000 + 10, interval=0, what="the lease loss")
+    served.extend(m.payload["i"] for m in slow.reserve_many(10, timeout=0.2))
     assert served == [], f"items {served} were served by two consumers at once"
     assert slow.stats()["lease_losses"] == 1
     assert other.commit_many(got) == 10
@@ -110,10 +114,7 @@ def test_a_claim_that_comes_back_with_little_lease_left_renews_before_serving(
         target=lambda: served.extend(m.payload["i"] for m in slow.reserve_many(10, timeout=3))
     )
     t.start()
-    deadline = time.time() + 10
-    while slow.stats()["claims"] == 0:
-        assert time.time() < deadline, "the blocked claim never returned"
-        time.sleep(0.005)
+    eventually(lambda: slow.stats()["claims"], timeout=10, interval=0.005, what="the blocked claim")
     # The claim was sent ~block ago, so its lease runs out in ~LEASE - block; the
     # renewal, held up for block, lands after that. Claim in between.
     time.sleep((LEASE - block) + (block - (LEASE - block)) / 3)

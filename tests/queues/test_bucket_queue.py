@@ -15,6 +15,7 @@ import pytest
 
 from bucketq import Queue, QueueFull
 from bucketq.queue._codec import decode_items
+from waiting import eventually_async
 
 from .conftest import resolve
 
@@ -26,8 +27,9 @@ async def test_buckets_pack_by_count(bucket_flavour):
     for i in range(25):
         await resolve(q.push(i))
     col = bucket_flavour.sync_db[q.name]
-    await asyncio.sleep(0.3)
-    assert col.count_documents({}) == 2  # two full buckets written, 5 items still open
+    # Two full buckets are written at once (not after the 30 s age limit), 5 items stay open.
+    await eventually_async(lambda: col.count_documents({}) == 2, what="two full buckets")
+    assert sorted(d["n"] for d in col.find({}, {"n": 1})) == [10, 10]
     await resolve(q.flush())
     assert sorted(d["n"] for d in col.find({}, {"n": 1})) == [5, 10, 10]
 
@@ -119,8 +121,9 @@ async def test_read_ahead_and_rest_released_by_drain(bucket_flavour):
     await resolve(a.flush())
     first = await resolve(a.reserve(timeout=2))
     await resolve(a.commit(first))
-    await asyncio.sleep(0.3)  # the prefetcher claims the second bucket
-    assert a.stats()["held_buckets"] == 2
+    await eventually_async(  # the prefetcher claims the second bucket
+        lambda: a.stats()["held_buckets"] == 2, what="the read-ahead claim"
+    )
     t0 = time.time()
     report = await resolve(a.drain(timeout=0))
     assert report["released_buckets"] == 2

@@ -13,14 +13,20 @@ from bucketq import ConfigurationError, PayloadNotEncodable, PayloadTooLarge, Qu
 from .conftest import resolve
 
 
-async def consume_all(q, timeout=0.6):
+async def consume_all(q, expected, timeout=10.0):
+    """Reserve and commit until ``expected`` items came (each may wait up to ``timeout``),
+    then check that nothing more is ready, in memory or stored, without waiting on an
+    empty queue."""
     out = []
-    while True:
+    while len(out) < expected:
         m = await resolve(q.reserve(timeout=timeout))
-        if m is None:
-            return out
+        assert m is not None, f"only {len(out)} of {expected} items came"
         out.append(m)
         await resolve(q.commit(m))
+    extra = await resolve(q.reserve(timeout=0))
+    assert extra is None, f"more than {expected} items: {extra!r}"
+    assert await resolve(q.size()) == 0, "ready items are left in the queue"
+    return out
 
 
 async def test_fifo_within_a_producer(flavour):
@@ -28,7 +34,7 @@ async def test_fifo_within_a_producer(flavour):
     for i in range(50):
         await resolve(q.push({"i": i}))
     await resolve(q.flush())
-    got = [m.payload["i"] for m in await consume_all(q)]
+    got = [m.payload["i"] for m in await consume_all(q, 50)]
     assert got == list(range(50))
 
 
@@ -38,7 +44,7 @@ async def test_payload_types_and_headers_round_trip(flavour):
     for v in values:
         await resolve(q.push(v, headers={"kind": type(v).__name__}))
     await resolve(q.flush())
-    got = await consume_all(q)
+    got = await consume_all(q, len(values))
     assert [m.payload for m in got] == values
     assert [m.headers["kind"] for m in got] == [type(v).__name__ for v in values]
     assert all(m.tries == 0 for m in got)
@@ -141,7 +147,7 @@ async def test_dead_letter_after_max_tries(flavour):
     await resolve(q.flush())
     assert committed == [{"ok": True}]
     dlq = flavour.open(q.options.dead_letter_name("q"))
-    dead = await consume_all(dlq)
+    dead = await consume_all(dlq, 1)
     assert [m.payload for m in dead] == [{"poison": True}]
     h = dead[0].headers
     assert h["origin"] == "test"
@@ -159,7 +165,7 @@ async def test_remove_an_unleased_item(flavour):
     assert await resolve(q.remove(receipts[1].id)) is True
     assert await resolve(q.remove(receipts[1].id)) is False
     assert await resolve(q.total_size()) == 2
-    assert [m.payload for m in await consume_all(q)] == [0, 2]
+    assert [m.payload for m in await consume_all(q, 2)] == [0, 2]
 
 
 async def test_sizes(flavour):
@@ -246,7 +252,7 @@ async def test_bad_input_harms_nothing_else(flavour):
         await resolve(q.push_many(["fine", {1, 2}]))
     await resolve(q.push("after"))
     await resolve(q.flush())
-    assert [m.payload for m in await consume_all(q)] == ["before", "after"]
+    assert [m.payload for m in await consume_all(q, 2)] == ["before", "after"]
 
 
 async def test_push_many(flavour):
@@ -254,7 +260,7 @@ async def test_push_many(flavour):
     receipts = await resolve(q.push_many([{"i": i} for i in range(20)], durable=True))
     assert len(receipts) == 20 and all(r.done() for r in receipts)
     assert len({r.id for r in receipts}) == 20
-    assert [m.payload["i"] for m in await consume_all(q)] == list(range(20))
+    assert [m.payload["i"] for m in await consume_all(q, 20)] == list(range(20))
 
 
 async def test_reserve_many_and_commit_many(flavour):

@@ -1,11 +1,41 @@
 """One local SparkSession for the Spark tests: local[2] with one task retry allowed,
-small shuffle partitions, UI off."""
+small shuffle partitions, UI off. Without pyspark or a Java runtime the Spark tests
+skip with the reason locally, and fail in CI (``CI=true``), like the other servers."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import pytest
 
-pyspark = pytest.importorskip("pyspark", reason="pip install 'bucketq[spark]'")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _missing(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: the Spark tests must run)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def java_problem() -> str | None:
+    """Why Spark cannot start a JVM here, or None: $JAVA_HOME/bin/java, else java on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        return "no Java runtime (Spark needs Java 17+): install one or set JAVA_HOME"
+    try:
+        subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{java} -version failed ({exc}): Spark needs a working Java 17+"
+    return None
+
+
+try:
+    import pyspark  # noqa: F401
+except ImportError:
+    _missing("no pyspark: pip install 'bucketq[spark]'")
 
 
 def spark_session(app: str, master: str = "local[2,2]"):
@@ -30,7 +60,19 @@ def spark_session(app: str, master: str = "local[2,2]"):
 
 
 @pytest.fixture(scope="session")
-def spark():
+def java() -> None:
+    problem = java_problem()
+    if problem:
+        _missing(problem)
+
+
+@pytest.fixture(autouse=True)
+def _needs_java(java) -> None:
+    """Every Spark test (the ones that start Spark in a worker process too)."""
+
+
+@pytest.fixture(scope="session")
+def spark(java):
     s = spark_session("bucketq-tests")
     yield s
     s.stop()
