@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
+from .._guard import LoopGuard
 from ..errors import PushFailed
 
 log = logging.getLogger("bucketq.queue")
@@ -135,11 +136,38 @@ class AsyncReceipt:
 
 
 class AsyncWorker:
-    """A background task that logs (and survives) nothing: its loop handles its errors."""
+    """A background task running a loop until it returns. With a ``guard``, a failure
+    the loop did not handle is counted and logged there, and the loop is started again
+    after the guard's back-off, unless ``stopped()`` (the queue closed) says not to."""
 
-    def __init__(self, name: str, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[[], Coroutine[Any, Any, None]],
+        guard: LoopGuard | None = None,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.name = name
-        self._task = asyncio.get_running_loop().create_task(fn(), name=name)
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(fn, guard, stopped), name=name
+        )
+
+    @staticmethod
+    async def _run(
+        fn: Callable[[], Coroutine[Any, Any, None]],
+        guard: LoopGuard | None,
+        stopped: Callable[[], bool],
+    ) -> None:
+        while True:
+            try:
+                await fn()
+                return
+            except Exception as exc:  # the guard counts and logs it; go on
+                if guard is None or stopped():
+                    raise
+                await asyncio.sleep(guard.failed(exc))
+                if stopped():
+                    return
 
     async def join(self, timeout: float | None = None) -> None:
         try:
@@ -232,10 +260,31 @@ class Receipt:
 
 
 class Worker:
-    def __init__(self, name: str, fn: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[[], None],
+        guard: LoopGuard | None = None,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.name = name
-        self._thread = threading.Thread(target=fn, name=name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(fn, guard, stopped), name=name, daemon=True
+        )
         self._thread.start()
+
+    @staticmethod
+    def _run(fn: Callable[[], None], guard: LoopGuard | None, stopped: Callable[[], bool]) -> None:
+        while True:
+            try:
+                fn()
+                return
+            except Exception as exc:  # the guard counts and logs it; go on
+                if guard is None or stopped():
+                    raise
+                time.sleep(guard.failed(exc))
+                if stopped():
+                    return
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not threading.current_thread():

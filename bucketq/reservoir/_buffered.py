@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._guard import LoopGuard
 from ..errors import TransportError
 from ._breaker import STATE_NAMES, CircuitBreaker
 from ._config import BufferConfig
@@ -96,7 +97,16 @@ class BufferedReservoir(Reservoir):
         self._counts: dict[str, int] = defaultdict(
             int,
             dict.fromkeys(
-                ("enqueued", "bypassed", "stored", "storage_writes", "retried", "dead_lettered"), 0
+                (
+                    "enqueued",
+                    "bypassed",
+                    "stored",
+                    "storage_writes",
+                    "retried",
+                    "dead_lettered",
+                    "loop_errors",
+                ),
+                0,
             ),
         )
         self._stop_report: dict[str, Any] | None = None
@@ -294,6 +304,15 @@ class BufferedReservoir(Reservoir):
     # -- flush consumers ---------------------------------------------------------------------
 
     async def _consume(self, shard: int) -> None:
+        """The flush consumer of one shard: only ``stop()`` ends it."""
+        guard = LoopGuard(f"shard {shard}: the flush consumer", self._counts, log)
+        while True:
+            try:
+                return await self._consume_loop(shard, guard)
+            except Exception as exc:  # noqa: BLE001 - a consumer must not die; the guard logs it
+                await asyncio.sleep(guard.failed(exc))
+
+    async def _consume_loop(self, shard: int, guard: LoopGuard) -> None:
         attempt = 0
         eager = getattr(self.transport, "eager", False)
         while True:
@@ -310,10 +329,8 @@ class BufferedReservoir(Reservoir):
                 log.warning("shard %d: dequeue failed (%s); retrying", shard, exc)
                 await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
                 continue
-            except Exception:  # a consumer must not die
-                attempt += 1
-                log.exception("shard %d: dequeue failed", shard)
-                await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
+            except Exception as exc:  # noqa: BLE001 - a consumer must not die; the guard logs it
+                await asyncio.sleep(guard.failed(exc))
                 continue
             if not deliveries:
                 if self._pending <= 0 or eager:
@@ -323,14 +340,11 @@ class BufferedReservoir(Reservoir):
                 continue
             try:
                 await self._flush(shard, deliveries)
-            except Exception:  # unsettled deliveries come back; keep consuming
-                log.exception(
-                    "shard %d: flushing %d records failed; they will be delivered again",
-                    shard,
-                    len(deliveries),
-                )
+            except Exception as exc:  # noqa: BLE001 - unsettled deliveries come back; go on
+                log.warning("shard %d: %d records were not settled; they will be delivered again",
+                            shard, len(deliveries))  # fmt: skip
                 self.breaker.record_failure()
-                await asyncio.sleep(retry_delay(1, 0.1, 5.0, self.rng))
+                await asyncio.sleep(guard.failed(exc))
 
     async def _done_draining(self, shard: int, last: list[Delivery] | None) -> bool:
         """Stopping: an in-memory transport must be emptied (retries included) before its

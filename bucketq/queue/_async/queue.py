@@ -191,10 +191,10 @@ class AsyncQueue(AsyncProducer):
 
     def _start_consuming(self) -> None:
         if self._fetcher is None and not self._closed:
-            self._fetcher = AsyncWorker(f"bucketq-fetcher-{self.name}", self._fetcher_loop)
-            self._flusher = AsyncWorker(f"bucketq-flusher-{self.name}", self._flusher_loop)
+            self._fetcher = self._worker("fetcher", self._fetcher_loop)
+            self._flusher = self._worker("flusher", self._flusher_loop)
             if self.options.change_streams is not False:
-                self._watcher = AsyncWorker(f"bucketq-watcher-{self.name}", self._watcher_loop)
+                self._watcher = self._worker("watcher", self._watcher_loop)
 
     async def reserve(self, timeout: float | None = None) -> core.Message | None:
         """The next item, or None when ``timeout`` seconds pass (or the queue drains)."""
@@ -506,8 +506,6 @@ class AsyncQueue(AsyncProducer):
                 await self._flush_state()
             except PyMongoError as exc:
                 log.warning("queue %s: state flush failed (%s); will retry", self.name, exc)
-            except Exception:  # never let the flusher die
-                log.exception("queue %s: state flush failed", self.name)
 
     async def _flush_state(self, *, release_all: bool = False) -> None:
         """Persist every changed held bucket with one fenced write each (one command),

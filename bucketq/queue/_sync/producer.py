@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
+from ..._guard import LoopGuard
 from ...errors import QueueFull
 from .. import _core as core
 from .._codec import encode_item
@@ -53,6 +55,7 @@ class Producer:
         self._writer_wake = Notifier()
         self._space = Notifier()
         self._writer: Worker | None = None
+        self._guards: dict[str, LoopGuard] = {}
 
     def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
         """Store sealed buckets; returns the ids of those NOT stored and why."""
@@ -145,9 +148,19 @@ class Producer:
 
     # -- writing ------------------------------------------------------------------------
 
+    def _worker(self, role: str, fn: Any, stopped: Callable[[], bool] | None = None) -> Worker:
+        """A background loop that survives what it does not handle (see ``bucketq._guard``)."""
+        guard = LoopGuard(f"{self._kind} {self.name}: the {role}", self._stats, log)
+        self._guards[role] = guard
+        name = f"bucketq-{self._kind}-{role}-{self.name}"
+        return Worker(name, fn, guard, stopped or (lambda: self._closed))
+
     def _wake_writer(self) -> None:
         if self._writer is None:
-            self._writer = Worker(f"bucketq-{self._kind}-writer-{self.name}", self._writer_loop)
+            # It ends only once closed with nothing left to write.
+            self._writer = self._worker(
+                "writer", self._writer_loop, lambda: self._closed and not self._unwritten
+            )
         self._writer_wake.notify()
 
     def _writer_loop(self) -> None:
@@ -161,10 +174,8 @@ class Producer:
             if batch:
                 try:
                     failed, error = self._write(batch)
-                except Exception as exc:  # never leave receipts hanging
-                    log.exception(
-                        "%s %s: writing %d buckets failed", self._kind, self.name, len(batch)
-                    )
+                except Exception as exc:  # noqa: BLE001 - never leave receipts hanging (the guard logs it)
+                    self._guards["writer"].failed(exc)
                     failed, error = {ob.id for ob in batch}, exc
                 self._settle(batch, failed, error)
                 continue
