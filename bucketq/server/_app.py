@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
+import bson
 from fastapi import Depends, FastAPI, Header, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -449,6 +450,41 @@ def _check_count(svc: Service, n: int) -> None:
         )
 
 
+def unstorable(records: list[dict[str, Any]]) -> list[tuple[int, str, str]]:
+    """(index, field, why) of each record BSON cannot encode (a NUL in a key, a lone
+    surrogate in a string, an integer over 64 bits): caught here, before anything is
+    queued, instead of failing at storage time."""
+    bad = []
+    for i, r in enumerate(records):
+        try:
+            bson.encode(r)
+        except Exception as exc:  # noqa: BLE001 - InvalidDocument, UnicodeEncodeError, OverflowError
+            field = next((k for k, v in r.items() if not _encodes({k: v})), "")
+            bad.append((i, field, f"cannot be stored: {type(exc).__name__}: {exc}"[:300]))
+    return bad
+
+
+def _encodes(doc: dict[str, Any]) -> bool:
+    try:
+        bson.encode(doc)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _check_storable(name: str, records: list[dict[str, Any]]) -> None:
+    bad = unstorable(records)
+    if bad:
+        details = [
+            {"index": i, "field": f"{name}[{i}].{f}" if f else f"{name}[{i}]", "message": why}
+            for i, f, why in bad[:100]
+        ]
+        first = details[0]
+        raise ApiError(422, "Validation error",
+                       f"{first['field']} (record {first['index']}): {first['message']}. "
+                       "Nothing of this request was stored.", details=details)  # fmt: skip
+
+
 def _log_record(project: str, r: LogIn) -> dict[str, Any]:
     rec = {"project_id": project, "time": _iso(r.time), "service": r.service,
            "level": r.level, "message": r.message}  # fmt: skip
@@ -545,9 +581,9 @@ def create_app(
                      idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
         svc = _svc(request)
         _check_count(svc, len(body.logs))
-        n = await svc.accept(
-            "log", project, [_log_record(project, r) for r in body.logs], idempotency_key
-        )
+        records = [_log_record(project, r) for r in body.logs]
+        _check_storable("logs", records)
+        n = await svc.accept("log", project, records, idempotency_key)
         return Accepted(received=n, timestamp=datetime.now(UTC))
 
     @app.post("/api/v1/ingest/spans", response_model=Accepted, responses=INGEST_ERRORS,
@@ -556,9 +592,9 @@ def create_app(
                            idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
         svc = _svc(request)
         _check_count(svc, len(body.spans))
-        n = await svc.accept(
-            "span", project, [_span_record(project, s) for s in body.spans], idempotency_key
-        )
+        records = [_span_record(project, s) for s in body.spans]
+        _check_storable("spans", records)
+        n = await svc.accept("span", project, records, idempotency_key)
         return Accepted(received=n, timestamp=datetime.now(UTC))
 
     @app.post("/api/v1/ingest/metrics", response_model=Accepted, responses=INGEST_ERRORS,
@@ -567,8 +603,9 @@ def create_app(
                              idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
         svc = _svc(request)
         _check_count(svc, len(body.metrics))
-        n = await svc.accept("metric", project, [_metric_record(project, m) for m in body.metrics],
-                             idempotency_key)  # fmt: skip
+        records = [_metric_record(project, m) for m in body.metrics]
+        _check_storable("metrics", records)
+        n = await svc.accept("metric", project, records, idempotency_key)
         return Accepted(received=n, timestamp=datetime.now(UTC))
 
     otlp_body = {
@@ -590,6 +627,7 @@ def create_app(
                            _otlp.JSON: {"schema": {"type": "object"}}}}
            for c, d in ((400, "Malformed body."), (401, "Missing, unknown or revoked API key."),
                         (413, "Body or record count over the limit."),
+                        (422, "A header or parameter is invalid."),
                         (415, "Unsupported Content-Type or Content-Encoding."),
                         (503, "Storage unavailable (retryable, Retry-After)."))},
     }  # fmt: skip
@@ -617,6 +655,12 @@ def create_app(
             for k in ("time", "start_time", "end_time"):
                 if isinstance(r.get(k), datetime):
                     r[k] = _iso(r[k])
+        bad = unstorable(records)
+        if bad:
+            drop = {i for i, _, _ in bad}
+            records = [r for i, r in enumerate(records) if i not in drop]
+            rejected += len(bad)
+            why = why or f"{bad[0][1] or 'a record'} {bad[0][2]}"
         if records:
             await svc.accept("log" if kind == "logs" else "span", project, records, idem)
         return Response(_otlp.success(kind, rejected, why, mtype), media_type=mtype)

@@ -103,6 +103,8 @@ def test_validation_names_the_field_and_index_and_stores_nothing(
         ("message", 12, 422),
         ("metadata", [1, 2], 422),
         ("span_id", "not-hex", 422),
+        ("metadata", {"a\x00b": 1}, 422),  # BSON cannot store it: caught before queueing
+        ("metadata", {"big": 2**70}, 422),
     ]
     with serve.client(keys(project)) as c:
         for field, value, code in cases:
@@ -137,6 +139,9 @@ def test_malformed_bodies_are_400_with_a_request_id(
             r = c.post("/api/v1/ingest", content=raw, headers={"Content-Type": "application/json"})
             assert r.status_code in (400, 422), (raw, r.text)
             assert r.json()["request_id"] == r.headers["x-request-id"]
+        lone = b'{"logs": [{"time": "2024-05-01T10:00:00Z", "service": "a", "level": "info", "message": "\\ud800"}]}'
+        r = c.post("/api/v1/ingest", content=lone, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422 and r.json()["details"][0]["field"] == "logs[0].message", r.text
         r = c.post("/api/v1/ingest", content=b'{"logs": [', headers={"X-Request-ID": "abc-123"})
         assert r.status_code == 400 and r.json()["error"] == "Malformed JSON"
         assert r.headers["x-request-id"] == "abc-123"
