@@ -7,27 +7,15 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from waiting import eventually
+
 ROOT = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"listening on (http://[0-9.]+:\d+)")
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    """Poll ``check`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.05)
 
 
 class Serve:
@@ -68,7 +56,7 @@ class Serve:
             m = _LISTENING.search(self.output())
             return m.group(1) if m else None
 
-        self.url = wait_until(listening, timeout, "bucketq serve to listen")
+        self.url = eventually(listening, timeout, what="bucketq serve to listen")
         return self
 
     def output(self) -> str:

@@ -10,7 +10,9 @@ import uuid
 
 from pymongo import MongoClient
 
-from .helpers import ROOT, Serve, create_key, log_batch, wait_until
+from waiting import eventually
+
+from .helpers import ROOT, Serve, create_key, log_batch
 
 
 def _project() -> str:
@@ -49,7 +51,7 @@ def test_key_lifecycle_from_the_command_line(serve: Serve, mongo_client: MongoCl
     revoked = _keys_cli(serve, "revoke", key[:11])
     assert revoked.returncode == 0, revoked.stderr
     with serve.client(key) as c:
-        wait_until(lambda: c.post("/api/v1/ingest", json=log_batch(1)).status_code == 401,
+        eventually(lambda: c.post("/api/v1/ingest", json=log_batch(1)).status_code == 401,
                    timeout=5, what="the revoked key to be refused")  # fmt: skip
         r = c.get("/api/v1/logs")
         assert r.status_code == 401 and "revoked" in r.json()["message"]
