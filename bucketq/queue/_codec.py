@@ -32,6 +32,11 @@ def encode_item(payload: Any, headers: dict[str, Any] | None = None) -> bytes:
     doc = {"p": payload} if not headers else {"p": payload, "h": headers}
     try:
         return _encode(doc)
+    except RecursionError as exc:
+        raise PayloadNotEncodable(
+            "The payload cannot be stored: it contains itself (or nests deeper than BSON "
+            "encoding can follow). Push a tree of dicts and lists without cycles."
+        ) from exc
     except (InvalidDocument, TypeError, OverflowError, ValueError) as exc:
         raise PayloadNotEncodable(
             f"The payload cannot be stored: it is not BSON-encodable ({exc}). "

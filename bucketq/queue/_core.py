@@ -21,6 +21,7 @@ from bson import ObjectId
 from pymongo import DeleteOne, UpdateOne
 from pymongo.write_concern import WriteConcern
 
+from .. import _validate as v
 from ..errors import ConfigurationError, DamagedBucket, DecodeError, PayloadTooLarge
 from ._codec import decode_items
 from ._damage import bucket_damage, check_items
@@ -49,17 +50,25 @@ DLQ_SUFFIX = ".dlq"
 
 #: Bytes a bucket document needs besides its items binary (ids, counters, bitmaps).
 BUCKET_OVERHEAD = 512
+MAX_PREFETCH = 1024
+MAX_TRIES = 1_000_000
 
-
-def _positive(name: str, value: float, *, zero: bool = False) -> None:
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or value < 0
-        or (value == 0 and not zero)
-    ):
-        need = "zero or more" if zero else "greater than zero"
-        raise ConfigurationError(f"{name} must be a number {need}; got {value!r}.")
+#: Time options (seconds): the lowest value and whether it is excluded. Each is at most
+#: ``MAX_OPTION_SECONDS`` (30 days).
+_TIME_OPTIONS: dict[str, tuple[float, bool]] = {
+    "bucket_max_wait": (0.0, False),
+    "state_flush_period": (0.0, True),
+    "lease": (0.0, True),
+    "reject_delta_base": (0.0, False),
+    "reject_delta_factor": (0.0, False),
+    "reject_timeout_grace": (0.0, False),
+    "mature_granularity": (0.0, True),
+    "poll_interval": (0.0, True),
+    "retry_base": (0.0, True),
+    "retry_cap": (0.0, True),
+    "retry_budget": (0.0, False),
+    "drain_timeout": (0.0, False),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,57 +102,35 @@ class QueueOptions:
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.bucket_max_size, int) or not 1 <= self.bucket_max_size <= 65536:
-            raise ConfigurationError(
-                f"bucket_max_size must be a whole number from 1 to 65536; got {self.bucket_max_size!r}."
-            )
-        if (
-            not isinstance(self.bucket_max_bytes, int)
-            or not 1024 <= self.bucket_max_bytes <= HARD_MAX_BYTES
-        ):
-            raise ConfigurationError(
-                f"bucket_max_bytes must be from 1024 to {HARD_MAX_BYTES} (MongoDB's 16 MiB document "
-                f"limit less room for the bucket's fields); got {self.bucket_max_bytes!r}."
-            )
-        for name in ("bucket_max_wait", "reject_delta_base", "reject_delta_factor",
-                     "reject_timeout_grace", "retry_budget", "drain_timeout"):  # fmt: skip
-            _positive(name, getattr(self, name), zero=True)
-        for name in ("state_flush_period", "lease", "mature_granularity", "poll_interval",
-                     "retry_base", "retry_cap"):  # fmt: skip
-            _positive(name, getattr(self, name))
+        # Every option's type, finiteness and range: the ranges are in OPTION_RANGES and
+        # in the README's option table.
+        v.count("bucket_max_size", self.bucket_max_size, lo=1, hi=65536, unit="items")
+        v.count(
+            "bucket_max_bytes", self.bucket_max_bytes, lo=1024, hi=HARD_MAX_BYTES, unit="bytes",
+            note=" (MongoDB's 16 MiB document limit less room for the bucket's fields)",
+        )  # fmt: skip
+        for name, (lo, open_lo) in _TIME_OPTIONS.items():
+            v.number(name, getattr(self, name), lo=lo, open_lo=open_lo)
         if self.lease < 3 * self.state_flush_period:
             raise ConfigurationError(
                 f"lease ({self.lease} s) must be at least 3x state_flush_period "
                 f"({self.state_flush_period} s) so leases are renewed before they run out."
             )
-        if not isinstance(self.prefetch, int) or self.prefetch < 0:
-            raise ConfigurationError(
-                f"prefetch must be a whole number >= 0; got {self.prefetch!r}."
-            )
-        if self.max_tries is not None and (
-            not isinstance(self.max_tries, int) or self.max_tries < 1
-        ):
-            raise ConfigurationError(
-                f"max_tries must be None or a whole number >= 1; got {self.max_tries!r}."
-            )
-        if (
-            not isinstance(self.max_pending_bytes, int)
-            or self.max_pending_bytes < self.bucket_max_bytes
-        ):
+        v.count("prefetch", self.prefetch, lo=0, hi=MAX_PREFETCH, unit="buckets")
+        if self.max_tries is not None:
+            v.count("max_tries", self.max_tries, lo=1, hi=MAX_TRIES)
+        if self.dead_letter_queue is not None:
+            v.collection_name("dead_letter_queue", self.dead_letter_queue)
+        v.count("max_pending_bytes", self.max_pending_bytes, lo=1024, unit="bytes")
+        if self.max_pending_bytes < self.bucket_max_bytes:
             raise ConfigurationError(
                 f"max_pending_bytes ({self.max_pending_bytes!r}) must be at least bucket_max_bytes "
                 f"({self.bucket_max_bytes})."
             )
-        if self.pending_policy not in ("block", "raise"):
-            raise ConfigurationError(
-                f'pending_policy must be "block" or "raise"; got {self.pending_policy!r}.'
-            )
-        if self.write_concern is not None and not isinstance(
-            self.write_concern, WriteConcern | dict
-        ):
-            raise ConfigurationError(
-                "write_concern must be a pymongo WriteConcern or a dict like {'w': 'majority'}."
-            )
+        v.choice("pending_policy", self.pending_policy, ("block", "raise"))
+        v.write_concern(self.write_concern)
+        v.flag("change_streams", self.change_streams, optional=True)
+        v.text("owner", self.owner)
 
     @classmethod
     def build(cls, **options: Any) -> QueueOptions:
@@ -156,6 +143,7 @@ class QueueOptions:
         return cls(**options)
 
     def dead_letter_name(self, queue_name: str) -> str:
+        """The dead-letter queue's name (``<name>.dlq`` unless ``dead_letter_queue``)."""
         return self.dead_letter_queue or queue_name + DLQ_SUFFIX
 
     def get_write_concern(self) -> WriteConcern | None:
@@ -172,25 +160,25 @@ def split_write_errors(exc: Any) -> tuple[list[Any], set[Any]]:
     return dups, failed
 
 
+def check_dead_letter_name(name: str, opts: QueueOptions) -> str:
+    """The dead-letter queue's name, checked when the queue opens (not at its first dead
+    letter): a valid collection name that is not the queue's own."""
+    dlq = v.collection_name("dead-letter queue name (name + '.dlq')", opts.dead_letter_name(name))
+    if dlq == name:
+        raise ConfigurationError(
+            f"dead_letter_queue must differ from the queue's own name {name!r}: an item moved "
+            "there would be delivered again."
+        )
+    return dlq
+
+
 def check_max_items(max_items: Any) -> int:
-    if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1:
-        raise ConfigurationError(f"max_items must be a whole number >= 1; got {max_items!r}.")
-    return max_items
+    return v.count("max_items", max_items, lo=1, hi=1_000_000, unit="items")
 
 
 def check_name(name: Any) -> str:
-    if (
-        not isinstance(name, str)
-        or not name
-        or "$" in name
-        or "\0" in name
-        or name.startswith("system.")
-    ):
-        raise ConfigurationError(
-            f"A queue name must be a non-empty string without '$' or NUL that does not start "
-            f"with 'system.'; got {name!r}."
-        )
-    return name
+    """A queue name: a valid MongoDB collection name (it also names ``<name>.dlq``)."""
+    return v.collection_name("queue name", name)
 
 
 # -- time -----------------------------------------------------------------------
@@ -206,22 +194,62 @@ def from_datetime(d: datetime) -> float:
     return d.timestamp()
 
 
-def mature_time(now: float, delay: float | None, mature: datetime | float | None) -> float:
-    """When a pushed item may first be delivered ("not before")."""
+def mature_time(now: float, delay: Any, mature: Any, *, mature_name: str = "mature") -> float:
+    """When a pushed item may first be delivered ("not before"): ``delay`` seconds from
+    ``now``, or ``mature`` (a datetime or seconds since the epoch). Both are checked here,
+    at push time, so every item's time can become a BSON datetime."""
     if delay is not None and mature is not None:
-        raise ConfigurationError("Give either delay or mature, not both.")
+        raise ConfigurationError(f"Give either delay or {mature_name}, not both.")
     if delay is not None:
-        if not isinstance(delay, int | float) or delay < 0:
-            raise ConfigurationError(f"delay must be seconds >= 0; got {delay!r}.")
-        return now + delay
+        return now + v.delay(delay)
     if mature is not None:
-        return from_datetime(mature) if isinstance(mature, datetime) else float(mature)
+        return v.timestamp(mature, mature_name)
     return now
 
 
 def retry_delay(tries: int, opts: QueueOptions) -> float:
-    """The default wait before a rolled-back item is delivered again."""
-    return opts.reject_delta_factor * tries + opts.reject_delta_base
+    """The default wait before a rolled-back item is delivered again (at most ``MAX_DELAY``)."""
+    return min(opts.reject_delta_factor * tries + opts.reject_delta_base, v.MAX_DELAY)
+
+
+def rollback_time(now: float, delay: Any, next_t: Any, tries: int, opts: QueueOptions) -> float:
+    """When a rolled-back item may be delivered again: ``delay`` seconds from now, or
+    ``next_t``, or by default :func:`retry_delay` (both arguments checked here)."""
+    if delay is not None and next_t is not None:
+        raise ConfigurationError("Give either delay or next_t, not both.")
+    if next_t is not None:
+        return v.timestamp(next_t, "next_t")
+    if delay is None:
+        return now + retry_delay(tries, opts)
+    return now + v.delay(delay)
+
+
+def check_push(headers: Any, durable: Any) -> dict[str, Any] | None:
+    """The per-item arguments of a push besides the payload and its time."""
+    v.flag("durable", durable)
+    return v.headers(headers)
+
+
+def check_message(msg: Any, origin: Any, what: str) -> Any:
+    """``msg`` must be a :class:`Message` this queue object delivered (``origin`` is the
+    queue object; a message's bucket remembers who claimed it)."""
+    if not isinstance(msg, Message):
+        raise ConfigurationError(
+            f"{what} takes a Message returned by reserve() of this queue; got {msg!r}."
+        )
+    if getattr(msg.bucket, "origin", None) is not origin:
+        raise ConfigurationError(
+            f"{what}: message {msg.id} was delivered by another queue object; commit or roll "
+            "it back on the queue object whose reserve() returned it."
+        )
+    return msg
+
+
+def is_current(msg: Message) -> bool:
+    """Whether ``msg`` is the item's latest delivery here: a rollback (counted in the
+    bucket's ``tries``) ends a delivery, so a commit of the earlier Message is refused
+    even when the item was served again at once."""
+    return msg.tries == msg.bucket.tries.get(msg.index, 0)
 
 
 def backoff(
@@ -238,14 +266,21 @@ def item_id(bucket_id: ObjectId, index: int) -> str:
     return f"{bucket_id}.{index}"
 
 
-def parse_item_id(value: str) -> tuple[ObjectId, int]:
+def parse_item_id(value: Any) -> tuple[ObjectId, int]:
+    """``'<24 hex digits>.<index>'`` (as in ``Receipt.id`` and ``Message.id``) split into the
+    bucket id and a whole index from 0 to 65535 (written in plain decimal digits)."""
     try:
         bid, idx = value.rsplit(".", 1)
-        return ObjectId(bid), int(idx)
+        if not idx.isdigit() or not idx.isascii() or (len(idx) > 1 and idx[0] == "0"):
+            raise ValueError("bad index")
+        index = int(idx)
+        if index >= 65536:
+            raise ValueError("index out of range")
+        return ObjectId(bid), index
     except Exception as exc:
         raise ConfigurationError(
-            f"{value!r} is not a bucketq item id (they look like '<24 hex digits>.<index>', "
-            "as in Receipt.id and Message.id)."
+            f"{value!r} is not a bucketq item id (they look like '<24 hex digits>.<index>' with "
+            "an index from 0 to 65535, as in Receipt.id and Message.id)."
         ) from exc
 
 
@@ -482,7 +517,7 @@ class HeldBucket:
     __slots__ = (
         "id", "token", "n", "mature", "done", "live", "tries", "next", "items", "state",
         "outstanding", "waiting", "dirty", "lost", "until", "takeover", "dying", "released",
-        "queued", "handed", "stalled_since", "held",
+        "queued", "handed", "stalled_since", "held", "origin",
     )  # fmt: skip
 
     def __init__(self, doc: dict[str, Any], token: ObjectId, now: float, lease: float) -> None:
@@ -521,6 +556,7 @@ class HeldBucket:
         # True while this process's queue holds it (reserve() checks this, not a dict
         # lookup by ObjectId, on every item); False once lost, released or deleted.
         self.held = True
+        self.origin: Any = None  # the queue object that claimed it (set by the shell)
         self._load(doc["items"], now)
 
     def _load(self, blob: bytes, now: float) -> None:
@@ -802,14 +838,17 @@ def new_stats() -> dict[str, int]:
 class ElementRef:
     """What a per-element message points at: its document and the claim's token."""
 
-    __slots__ = ("id", "token", "lost", "released", "batch")
+    __slots__ = ("id", "token", "lost", "released", "batch", "origin")
 
-    def __init__(self, id: ObjectId, token: ObjectId | None = None, batch: Any = None) -> None:
+    def __init__(
+        self, id: ObjectId, token: ObjectId | None = None, batch: Any = None, origin: Any = None
+    ) -> None:
         self.id = id
         self.token = token
         self.lost = False
         self.released = False
         self.batch = batch
+        self.origin = origin
 
 
 def element_document(payload: Any, headers: dict | None, mature: float) -> dict[str, Any]:

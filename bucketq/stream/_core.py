@@ -24,6 +24,7 @@ from typing import Any
 from bson import ObjectId
 from pymongo.write_concern import WriteConcern
 
+from .. import _validate as v
 from ..errors import AckOutOfOrder, ConfigurationError, DamagedBucket, DecodeError
 from ..queue._codec import decode_items
 from ..queue._core import (
@@ -65,6 +66,7 @@ DEFAULT_TOMBSTONE_TTL = 600.0
 DEFAULT_POLL_INTERVAL = 1.0
 #: Buckets fetched per read by a consumer.
 DEFAULT_READ_AHEAD = 8
+MAX_READ_AHEAD = 10_000
 
 META_ID = "stream"
 META_SUFFIX = ".meta"
@@ -105,18 +107,13 @@ class StreamOptions:
         )
         object.__setattr__(self, "packer", packer)
         for name in ("poll_interval", "hole_grace", "stage_timeout", "tombstone_ttl"):
-            v = getattr(self, name)
-            if not isinstance(v, int | float) or isinstance(v, bool) or v <= 0:
-                raise ConfigurationError(f"{name} must be a number greater than zero; got {v!r}.")
+            v.number(name, getattr(self, name), lo=0.0, open_lo=True)
         if self.tombstone_ttl < self.retry_budget:
             raise ConfigurationError(
                 f"tombstone_ttl ({self.tombstone_ttl} s) must be at least retry_budget "
                 f"({self.retry_budget} s), so a producer still retrying an insert meets the tombstone."
             )
-        if not isinstance(self.read_ahead, int) or self.read_ahead < 1:
-            raise ConfigurationError(
-                f"read_ahead must be a whole number >= 1; got {self.read_ahead!r}."
-            )
+        v.count("read_ahead", self.read_ahead, lo=1, hi=MAX_READ_AHEAD, unit="buckets")
 
     @classmethod
     def build(cls, **options: Any) -> StreamOptions:
@@ -362,7 +359,7 @@ def ack_target(delivered: list[int], acked: int, seq: int, *, through: bool) -> 
     """Check an ack against the delivered, unacknowledged numbers (oldest first) and
     return how many of them it acknowledges."""
     if not isinstance(seq, int) or isinstance(seq, bool):
-        raise AckOutOfOrder(f"Acknowledge a sequence number (an int); got {seq!r}.")
+        raise AckOutOfOrder(f"seq must be a sequence number (an int); got {seq!r}.")
     if seq <= acked:
         return 0
     if not delivered:

@@ -15,6 +15,7 @@ from typing import Any
 from bson import ObjectId
 from pymongo import ReturnDocument
 
+from ... import _validate as v
 from ...errors import QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
@@ -42,6 +43,7 @@ class AsyncElementQueue:
     def __init__(self, db: Any, name: str, **options: Any) -> None:
         self.options = opts = core.QueueOptions.build(**options)
         self.name = core.check_name(name)
+        core.check_dead_letter_name(name, opts)
         self.db = check_async_database(db)
         self._col = db.get_collection(
             name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
@@ -80,6 +82,7 @@ class AsyncElementQueue:
     ) -> AsyncReceipt:
         """Insert one item; it is stored when this returns (``durable`` is implied)."""
         self._check_open()
+        headers = core.check_push(headers, durable)
         self._packer_check(encode_item(payload, headers))
         now = _now()
         doc = core.element_document(payload, headers, core.mature_time(now, delay, mature))
@@ -105,7 +108,8 @@ class AsyncElementQueue:
     ) -> list[AsyncReceipt]:
         """Insert several items with one insert_many; one bad item stores none of them."""
         self._check_open()
-        payloads = list(payloads)
+        payloads = v.payloads(payloads)
+        headers = core.check_push(headers, durable)
         for p in payloads:
             self._packer_check(encode_item(p, headers))
         at = core.mature_time(_now(), delay, mature)
@@ -124,6 +128,7 @@ class AsyncElementQueue:
     async def reserve(self, timeout: float | None = None) -> core.Message | None:
         """Claim the next mature item, or None after ``timeout`` seconds."""
         self._check_open()
+        v.timeout("timeout", timeout)
         await self._setup()
         deadline = None if timeout is None else _monotonic() + timeout
         attempt = 0
@@ -178,7 +183,7 @@ class AsyncElementQueue:
             )
         self._stats["reserved"] += 1
         msg = core.Message(
-            core.ElementRef(doc["_id"], token),
+            core.ElementRef(doc["_id"], token, origin=self),
             0,
             doc.get("p"),
             doc.get("h"),
@@ -194,7 +199,10 @@ class AsyncElementQueue:
         return msg
 
     async def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
-        """Delete the item (fenced by the claim's token)."""
+        """Delete the item (fenced by the claim's token). False if it was rolled back
+        already or its lease ran out (it is, or will be, delivered again)."""
+        core.check_message(msg, self, "commit")
+        v.flag("flush", flush)
         ref = msg.bucket
         res = await self._col.delete_one({"_id": ref.id, "lease.tok": ref.token})
         if res.deleted_count:
@@ -205,8 +213,9 @@ class AsyncElementQueue:
 
     async def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items (one fenced delete each); returns how many were committed."""
+        msgs = [core.check_message(m, self, "commit_many") for m in v.payloads(msgs, "msgs")]
         n = 0
-        for m in list(msgs):
+        for m in msgs:
             n += await self.commit(m)
         return n
 
@@ -220,18 +229,17 @@ class AsyncElementQueue:
     ) -> bool:
         """Release the item, delivered again not before ``delay`` (or ``next_t``); past
         ``max_tries`` it moves to the dead-letter collection."""
+        core.check_message(msg, self, "rollback")
+        v.text("reason", reason, optional=True)
         now = _now()
         tries = msg.tries + 1
+        not_before = core.rollback_time(now, delay, next_t, tries, self.options)
         mt = self.options.max_tries
         if mt is not None and tries >= mt:
             msg.tries = tries
             return await self._dead_letter(
                 msg, reason or f"rolled back {tries} times (max_tries={mt})"
             )
-        if next_t is not None:
-            not_before = core.mature_time(now, None, next_t)
-        else:
-            not_before = now + (core.retry_delay(tries, self.options) if delay is None else delay)
         ref = msg.bucket
         res = await self._col.update_one(
             {"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before)
@@ -311,7 +319,9 @@ class AsyncElementQueue:
         return dict(self._stats)
 
     async def remove(self, id: str) -> bool:
-        oid, _ = core.parse_item_id(id)
+        oid, index = core.parse_item_id(id)
+        if index != 0:
+            return False  # one item per document: its id ends in ".0"
         now = core.to_datetime(_now())
         res = await self._col.delete_one(
             {"_id": oid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]}

@@ -17,6 +17,7 @@ from typing import Any
 from bson import ObjectId
 from pymongo import ReturnDocument
 
+from ... import _validate as v
 from ...errors import QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
@@ -44,6 +45,7 @@ class ElementQueue:
     def __init__(self, db: Any, name: str, **options: Any) -> None:
         self.options = opts = core.QueueOptions.build(**options)
         self.name = core.check_name(name)
+        core.check_dead_letter_name(name, opts)
         self.db = check_database(db)
         self._col = db.get_collection(
             name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
@@ -82,6 +84,7 @@ class ElementQueue:
     ) -> Receipt:
         """Insert one item; it is stored when this returns (``durable`` is implied)."""
         self._check_open()
+        headers = core.check_push(headers, durable)
         self._packer_check(encode_item(payload, headers))
         now = _now()
         doc = core.element_document(payload, headers, core.mature_time(now, delay, mature))
@@ -107,7 +110,8 @@ class ElementQueue:
     ) -> list[Receipt]:
         """Insert several items with one insert_many; one bad item stores none of them."""
         self._check_open()
-        payloads = list(payloads)
+        payloads = v.payloads(payloads)
+        headers = core.check_push(headers, durable)
         for p in payloads:
             self._packer_check(encode_item(p, headers))
         at = core.mature_time(_now(), delay, mature)
@@ -126,6 +130,7 @@ class ElementQueue:
     def reserve(self, timeout: float | None = None) -> core.Message | None:
         """Claim the next mature item, or None after ``timeout`` seconds."""
         self._check_open()
+        v.timeout("timeout", timeout)
         self._setup()
         deadline = None if timeout is None else _monotonic() + timeout
         attempt = 0
@@ -178,7 +183,7 @@ class ElementQueue:
             )
         self._stats["reserved"] += 1
         msg = core.Message(
-            core.ElementRef(doc["_id"], token),
+            core.ElementRef(doc["_id"], token, origin=self),
             0,
             doc.get("p"),
             doc.get("h"),
@@ -192,7 +197,10 @@ class ElementQueue:
         return msg
 
     def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
-        """Delete the item (fenced by the claim's token)."""
+        """Delete the item (fenced by the claim's token). False if it was rolled back
+        already or its lease ran out (it is, or will be, delivered again)."""
+        core.check_message(msg, self, "commit")
+        v.flag("flush", flush)
         ref = msg.bucket
         res = self._col.delete_one({"_id": ref.id, "lease.tok": ref.token})
         if res.deleted_count:
@@ -203,8 +211,9 @@ class ElementQueue:
 
     def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items (one fenced delete each); returns how many were committed."""
+        msgs = [core.check_message(m, self, "commit_many") for m in v.payloads(msgs, "msgs")]
         n = 0
-        for m in list(msgs):
+        for m in msgs:
             n += self.commit(m)
         return n
 
@@ -218,16 +227,15 @@ class ElementQueue:
     ) -> bool:
         """Release the item, delivered again not before ``delay`` (or ``next_t``); past
         ``max_tries`` it moves to the dead-letter collection."""
+        core.check_message(msg, self, "rollback")
+        v.text("reason", reason, optional=True)
         now = _now()
         tries = msg.tries + 1
+        not_before = core.rollback_time(now, delay, next_t, tries, self.options)
         mt = self.options.max_tries
         if mt is not None and tries >= mt:
             msg.tries = tries
             return self._dead_letter(msg, reason or f"rolled back {tries} times (max_tries={mt})")
-        if next_t is not None:
-            not_before = core.mature_time(now, None, next_t)
-        else:
-            not_before = now + (core.retry_delay(tries, self.options) if delay is None else delay)
         ref = msg.bucket
         res = self._col.update_one(
             {"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before)
@@ -307,7 +315,9 @@ class ElementQueue:
         return dict(self._stats)
 
     def remove(self, id: str) -> bool:
-        oid, _ = core.parse_item_id(id)
+        oid, index = core.parse_item_id(id)
+        if index != 0:
+            return False  # one item per document: its id ends in ".0"
         now = core.to_datetime(_now())
         res = self._col.delete_one(
             {"_id": oid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]}

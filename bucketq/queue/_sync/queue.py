@@ -17,6 +17,7 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 
+from .. import _validate as v
 from ...errors import DamagedBucket, PushFailed, QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
@@ -48,6 +49,7 @@ class Queue(Producer):
     def __init__(self, db: Any, name: str, **options: Any) -> None:
         self.options = opts = core.QueueOptions.build(**options)
         self.name = core.check_name(name)
+        core.check_dead_letter_name(name, opts)
         self.db = check_database(db)
         self._col = db.get_collection(
             name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
@@ -114,7 +116,7 @@ class Queue(Producer):
     ) -> Receipt:
         """Buffer one item and return its receipt at once (``durable=True``: once stored)."""
         self._check_open()
-        item = encode_item(payload, headers)
+        item = encode_item(payload, core.check_push(headers, durable))
         now = _now()
         at = (
             core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
@@ -137,6 +139,8 @@ class Queue(Producer):
     ) -> list[Receipt]:
         """Push several items; all are encoded first, so one bad item stores none of them."""
         self._check_open()
+        payloads = v.payloads(payloads)
+        headers = core.check_push(headers, durable)
         at = (
             core.mature_time(_now(), delay, mature)
             if delay is not None or mature is not None
@@ -201,6 +205,8 @@ class Queue(Producer):
     def reserve(self, timeout: float | None = None) -> core.Message | None:
         """The next item, or None when ``timeout`` seconds pass (or the queue drains)."""
         out: list[core.Message] = []
+        if timeout is not None:
+            v.timeout("timeout", timeout)
         if self._ready and self._fetcher is not None:  # the common case: no waiting
             with self._mutex:
                 self._take(_now(), 1, out)
@@ -212,7 +218,7 @@ class Queue(Producer):
     def reserve_many(self, max_items: int, timeout: float | None = None) -> list[core.Message]:
         """Up to ``max_items`` items at once: waits (up to ``timeout``) for the first, then
         takes what else is ready without waiting. Empty on timeout or once drained."""
-        return self._reserve(core.check_max_items(max_items), timeout)
+        return self._reserve(core.check_max_items(max_items), v.timeout("timeout", timeout))
 
     def _reserve(self, max_items: int, timeout: float | None) -> list[core.Message]:
         if self._fetcher is None:
@@ -274,9 +280,13 @@ class Queue(Producer):
 
     def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
         """Mark the item consumed. False if this process no longer holds its bucket
-        (the lease was lost or released; the item will be delivered again)."""
+        (the lease was lost or released; the item will be delivered again), or if ``msg``
+        was rolled back already (a rollback ends its delivery, even when the item is
+        delivered again at once)."""
+        core.check_message(msg, self, "commit")
+        v.flag("flush", flush)
         with self._mutex:
-            ok = msg.bucket.commit(msg.index)
+            ok = core.is_current(msg) and msg.bucket.commit(msg.index)
             if ok:
                 self._stats["committed"] += 1
         if ok and flush:
@@ -288,9 +298,10 @@ class Queue(Producer):
     def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items; returns how many were committed (the others' buckets
         are no longer held here, and they will be delivered again)."""
-        msgs = list(msgs)
+        msgs = [core.check_message(m, self, "commit_many") for m in v.payloads(msgs, "msgs")]
+        v.flag("flush", flush)
         with self._mutex:
-            done = [m for m in msgs if m.bucket.commit(m.index)]
+            done = [m for m in msgs if core.is_current(m) and m.bucket.commit(m.index)]
             self._stats["committed"] += len(done)
         if done and flush:
             self._flush_state()
@@ -307,16 +318,18 @@ class Queue(Producer):
     ) -> bool:
         """Give the item back: delivered again not before ``delay`` seconds (or ``next_t``),
         by default ``reject_delta_factor * tries + reject_delta_base``; past ``max_tries``
-        it goes to the dead-letter queue instead."""
+        it goes to the dead-letter queue instead. False if this process no longer holds
+        the bucket or ``msg`` was committed or rolled back already."""
+        core.check_message(msg, self, "rollback")
+        v.text("reason", reason, optional=True)
         now = _now()
         tries = msg.tries + 1
-        if next_t is not None:
-            not_before = core.mature_time(now, None, next_t)
-        else:
-            not_before = now + (core.retry_delay(tries, self.options) if delay is None else delay)
+        not_before = core.rollback_time(now, delay, next_t, tries, self.options)
         b = msg.bucket
         max_tries = self.options.max_tries
         with self._mutex:
+            if not core.is_current(msg):
+                return False
             if (
                 max_tries is not None
                 and tries >= max_tries
@@ -406,6 +419,7 @@ class Queue(Producer):
         except DamagedBucket as exc:
             self._set_aside(doc, token, exc)
             return True
+        b.origin = self
         if b.takeover:
             self._stats["takeovers"] += 1
         if self._draining or self._closed:

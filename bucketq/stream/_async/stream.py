@@ -14,6 +14,7 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 
+from .. import _validate as v
 from ...errors import ConfigurationError, DamagedBucket, Fenced, PushFailed, QueueClosed
 from ...queue import _core as qcore
 from ...queue._codec import CODEC_OPTIONS
@@ -69,7 +70,11 @@ class AsyncStreamQueue(AsyncProducer):
         self, payload: Any, *, headers: dict[str, Any] | None = None, durable: bool = False
     ) -> AsyncReceipt:
         """Buffer one item and return its receipt at once (``durable=True``: once stored)."""
-        return (await self.push_many([payload], headers=headers, durable=durable))[0]
+        if self._closed:
+            raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
+        return (await self._add_many([payload], qcore.check_push(headers, durable), None, durable))[
+            0
+        ]
 
     async def push_many(
         self, payloads: Any, *, headers: dict[str, Any] | None = None, durable: bool = False
@@ -77,7 +82,8 @@ class AsyncStreamQueue(AsyncProducer):
         """Push several items in order; all are encoded first, so one bad item stores none."""
         if self._closed:
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
-        return await self._add_many(payloads, headers, None, durable)
+        payloads = v.payloads(payloads)
+        return await self._add_many(payloads, qcore.check_push(headers, durable), None, durable)
 
     async def _allocate(self, k: int) -> range:
         for _ in range(5):
@@ -274,6 +280,7 @@ class AsyncStreamConsumer:
         pass first. Waits at most ``hole_grace`` on a hole, then closes it."""
         if self._closed:
             raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+        v.timeout("timeout", timeout)
         deadline = None if timeout is None else _monotonic() + timeout
         idle = 0
         fresh = False  # whether the epoch was just checked by a read
