@@ -16,7 +16,7 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 
-from .. import _validate as v
+from ... import _validate as v
 from ...errors import ConfigurationError, DamagedBucket, Fenced, PushFailed, QueueClosed
 from ...queue import _core as qcore
 from ...queue._codec import CODEC_OPTIONS
