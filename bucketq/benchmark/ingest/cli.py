@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="also double the rate from --rate until p95 passes 1 s or errors appear, per mode",
     )
+    p.add_argument(
+        "--sweep-duration", type=float, help="seconds per sweep step (default 20, --quick 10)"
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     p.add_argument("--plots", metavar="DIR", help="the PNG goes here (default: bench-results/)")
     p.add_argument("--no-plots", action="store_true", help="write no plot")
@@ -49,5 +52,28 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    print("bucketq bench ingest: not available yet", file=sys.stderr)
-    return 1
+    import signal
+
+    from ...errors import BucketQError
+    from ._runner import DEFAULT_PLOTS_DIR, run
+
+    # SIGTERM unwinds like Ctrl-C: the serve processes and the embedded server are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        run(
+            args.mongodb_uri,
+            quick=args.quick,
+            rate=args.rate,
+            duration=args.duration,
+            batch=args.batch,
+            modes=args.mode,
+            sweep=args.sweep,
+            sweep_duration=args.sweep_duration,
+            redis_url=args.redis_url,
+            json_path=args.json,
+            plots_dir=None if args.no_plots else (args.plots or DEFAULT_PLOTS_DIR),
+        )
+    except (RuntimeError, BucketQError) as exc:
+        print(f"bucketq bench ingest: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,77 @@
+"""The PNG of ``bucketq bench ingest`` (matplotlib, Agg backend, imported only here):
+request latency percentiles per mode beside the seed's published p95, and with a
+sweep, p95 by rate per mode."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._report import MODE_LABELS
+from ._stats import SEED_P95_MS, SWEEP_P95_LIMIT
+
+PNG = "bucketq-bench-ingest.png"
+
+
+def write_plot(doc: Mapping[str, Any], directory: str | Path) -> str:
+    """Writes the PNG into ``directory``; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    modes = doc["modes"]
+    sweeps = {m: r["sweep"] for m, r in modes.items() if r.get("sweep")}
+    fig, axes = plt.subplots(
+        1, 2 if sweeps else 1, figsize=(15 if sweeps else 10, 6), squeeze=False
+    )
+    ax = axes[0][0]
+    names = list(modes)
+    width = 0.2
+    for k, q in enumerate(("p50_ms", "p95_ms", "p99_ms", "max_ms")):
+        xs = [i + (k - 1.5) * width for i in range(len(names))]
+        ys = [modes[m]["load"]["latency"][q] or 0 for m in names]
+        bars = ax.bar(xs, ys, width, label=q.replace("_ms", ""), color=plt.get_cmap("Set2")(k))
+        for b, y in zip(bars, ys, strict=True):
+            ax.annotate(f"{y:,.0f}" if y >= 10 else f"{y:.1f}", (b.get_x() + b.get_width() / 2, y),
+                        ha="center", va="bottom", fontsize=7, rotation=90)  # fmt: skip
+    for storage, marker in (("TimescaleDB", "x"), ("MongoDB", "D")):
+        pts = [(i, SEED_P95_MS[storage].get(m)) for i, m in enumerate(names)]
+        pts = [(i, v) for i, v in pts if v is not None]
+        if pts:
+            ax.scatter([i for i, _ in pts], [v for _, v in pts], marker=marker, color="black",
+                       zorder=3, label=f"seed p95, {storage}")  # fmt: skip
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([MODE_LABELS.get(m, m) for m in names])
+    ax.set_yscale("log")
+    ax.set_ylabel("request latency from the scheduled send, ms (log)")
+    st = doc["settings"]
+    ax.set_title(f"{st['rate']:g} requests/s × {st['batch']} logs, {st['duration']:g} s per mode")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    if sweeps:
+        ax2 = axes[0][1]
+        for m, sw in sweeps.items():
+            xs = [s["rate"] for s in sw["steps"] if s["p95_ms"] is not None]
+            ys = [s["p95_ms"] for s in sw["steps"] if s["p95_ms"] is not None]
+            ax2.plot(xs, ys, marker="o", label=MODE_LABELS.get(m, m))
+        ax2.axhline(SWEEP_P95_LIMIT * 1000, color="black", linestyle="--", linewidth=1,
+                    label="p95 limit")  # fmt: skip
+        ax2.set_xscale("log", base=2)
+        ax2.set_yscale("log")
+        ax2.set_xlabel("requests/s")
+        ax2.set_ylabel("p95 ms (log)")
+        ax2.set_title("Sweep: p95 by rate")
+        ax2.grid(which="both", alpha=0.3)
+        ax2.legend(fontsize=8)
+    fig.suptitle(
+        f"bucketq bench ingest on {doc['environment']['server']['description']}", fontsize=10
+    )
+    fig.tight_layout()
+    path = d / PNG
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

@@ -1,0 +1,480 @@
+"""Runs ``bucketq bench ingest``: every mode, one after the other, against one MongoDB
+server (the embedded one the benchmark starts, or the URI given), then the sweep.
+
+One mode = a fresh database (storage, keys and the ``bucketq`` transport's queues) and,
+for ``redis``, a fresh stream prefix; a ``bucketq serve`` process with the mode's
+environment on a free loopback port; a key from ``bucketq keys create``; a change
+stream on the storage; the open-loop load from its own process; then a wait until
+every accepted record is visible in storage (or ``drain_timeout``), SIGTERM (the
+graceful drain), and the count of what storage holds. The figures of a mode are
+assembled by the pure functions of ``_stats``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import ConfigurationError
+from ._load import LoadProcess, LoadSpec
+from ._observe import LOGS_COLLECTION, Observer, StorageWatcher, counters_delta
+from ._serve import ServeProcess, cpu_seconds
+from ._stats import (
+    DEFAULT_BATCH,
+    DEFAULT_DURATION,
+    DEFAULT_QUICK_DURATION,
+    DEFAULT_QUICK_SWEEP_DURATION,
+    DEFAULT_RATE,
+    DEFAULT_SWEEP_DURATION,
+    DEFAULT_SWEEP_MAX_RATE,
+    SweepResult,
+    SweepStep,
+    end_to_end,
+    latency_summary,
+    load_summary,
+    next_sweep_rate,
+    per_thousand,
+    schedule,
+    targets,
+)
+from .cli import MODES
+
+log = logging.getLogger("bucketq.benchmark")
+
+#: Seconds to wait after the load for every accepted record to be visible in storage.
+DEFAULT_DRAIN_TIMEOUT = 60.0
+#: The project the benchmark's key belongs to.
+PROJECT = "bench"
+#: Where the PNG goes unless ``plots_dir`` says otherwise.
+DEFAULT_PLOTS_DIR = "bench-results"
+SCHEMA = "bucketq-bench-ingest/1"
+
+_BUFFER = "RESERVOIR_BUFFER_"
+
+
+def mode_env(mode: str, *, uri: str, database: str, prefix: str, redis_url: str) -> dict[str, str]:
+    """The environment of ``bucketq serve`` for ``mode``."""
+    if mode not in MODES:
+        raise ConfigurationError(f"mode must be one of {', '.join(MODES)}; got {mode!r}.")
+    env = {
+        "BUCKETQ_MONGODB_URI": uri,
+        "BUCKETQ_DATABASE": database,
+        _BUFFER + "ENABLED": "false" if mode == "off" else "true",
+        _BUFFER + "STREAM_PREFIX": prefix,
+    }
+    if mode != "off":
+        env[_BUFFER + "TRANSPORT"] = mode
+    if mode == "redis":
+        env["REDIS_URL"] = redis_url
+    return env
+
+
+@dataclass
+class Settings:
+    rate: float
+    duration: float
+    batch: int
+    modes: tuple[str, ...]
+    sweep: bool
+    sweep_duration: float
+    sweep_max_rate: float
+    drain_timeout: float
+    redis_url: str
+
+
+def _redis_problem(url: str) -> str | None:
+    if not url:
+        return "no REDIS_URL (or --redis-url) given"
+    try:
+        import redis
+    except ImportError:
+        return "the redis package is not installed (pip install 'bucketq[reservoir]')"
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3)
+        client.ping()
+        client.close()
+    except Exception as exc:  # noqa: BLE001 - any failure: the mode cannot run
+        return f"Redis at {url} does not answer ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _drop_redis_prefix(url: str, prefix: str) -> None:
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url, socket_connect_timeout=3)
+        keys = list(client.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+    except Exception as exc:  # noqa: BLE001 - cleaning up: say so, go on
+        log.warning("could not delete the benchmark's Redis keys %s*: %s", prefix, exc)
+
+
+_SHUTDOWN = re.compile(r"buffer stopped: .*")
+
+#: ``progress(requests done, requests scheduled, records seen in storage)``.
+Progress = Callable[[int, int, int], None]
+
+
+def run_mode(
+    uri: str,
+    observer: Observer,
+    mode: str,
+    *,
+    rate: float,
+    duration: float,
+    batch: int,
+    redis_url: str = "",
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    mongo_pid: int | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """One mode at one rate, from a fresh database to the count of what storage holds."""
+    run_id = uuid.uuid4().hex[:10]
+    database = f"bqbench_{mode}_{run_id}"
+    prefix = f"bqbench:{run_id}"
+    env = mode_env(mode, uri=uri, database=database, prefix=prefix, redis_url=redis_url)
+    serve = ServeProcess(env)
+    watcher = StorageWatcher(observer.client, database, run_id)
+    load: LoadProcess | None = None
+    try:
+        watcher.start()
+        serve.start()
+        key = serve.create_key(PROJECT)
+        spec = LoadSpec(
+            url=f"{serve.url}/api/v1/ingest",
+            rate=rate,
+            duration=duration,
+            batch=batch,
+            run_id=run_id,
+            headers={"X-API-Key": key},
+        )
+        load = LoadProcess(spec).start()
+        n_requests = len(schedule(rate, duration))
+        before = observer.server_counters()
+        cpu0, mcpu0 = serve.cpu(), cpu_seconds(mongo_pid) if mongo_pid else None
+        t0 = load.go()
+        while not load.done():
+            if progress:
+                progress(load.progress.value, n_requests, len(watcher.seen))
+            time.sleep(0.1)
+        result = load.result(timeout=60)
+        t_load_end = time.monotonic()
+        samples = result["samples"]
+        summary = load_summary(samples, batch)
+        accepted = summary["records_accepted"]
+        accepted_at = {s.seq: t0 + s.done for s in samples if s.ok and s.done is not None}
+        drained = watcher.wait_for(accepted, drain_timeout) if watcher.available else None
+        drain_s = time.monotonic() - t_load_end
+        if progress:
+            progress(len(samples), n_requests, len(watcher.seen))
+        cpu1, mcpu1 = serve.cpu(), cpu_seconds(mongo_pid) if mongo_pid else None
+        window = time.monotonic() - t0
+        exit_code = serve.stop()
+        after = observer.server_counters()
+        if watcher.available and len(watcher.seen) < accepted:
+            watcher.wait_for(accepted, 5.0)  # what the graceful stop flushed
+        watcher.stop()
+        col = observer.client[database][LOGS_COLLECTION]
+        stored = col.count_documents({"metadata.bench_run": run_id})
+        delta = counters_delta(before, after)
+        e2e = end_to_end(accepted_at, watcher.seen) if watcher.available else []
+        shutdown = _SHUTDOWN.findall(serve.log_tail(20_000))
+        api_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+        mongo_cpu = None if mcpu0 is None or mcpu1 is None else mcpu1 - mcpu0
+        return {
+            "mode": mode,
+            "rate": rate,
+            "duration_s": duration,
+            "batch": batch,
+            "database": database,
+            "load": summary,
+            "generator": {
+                "connections_opened": result["connections"],
+                "cpu_s": result["cpu_s"],
+                "wall_s": result["wall_s"],
+            },
+            "records_stored": stored,
+            "stored_ok": stored == accepted,
+            "end_to_end": {
+                **latency_summary(e2e),
+                "available": watcher.available,
+                "why_not": watcher.error,
+                "all_seen_before_stop": drained,
+                "drain_wait_s": drain_s,
+            },
+            "api_cpu_s": api_cpu,
+            "api_cpu_share": None if api_cpu is None else api_cpu / window,
+            "api_cpu_ms_per_request": None
+            if api_cpu is None or not summary["requests"]
+            else 1000 * api_cpu / summary["requests"],
+            "mongodb_cpu_s": mongo_cpu,
+            "mongodb_cpu_share": None if mongo_cpu is None else mongo_cpu / window,
+            "window_s": window,
+            "mongodb_requests": delta["requests"],
+            "mongodb_opcounters": delta["opcounters"],
+            "commands_per_1000_records": per_thousand(delta["requests"], accepted),
+            "commands_per_request": None
+            if not summary["requests"]
+            else delta["requests"] / summary["requests"],
+            "server_exit_code": exit_code,
+            "server_stop_s": serve.stop_seconds,
+            "shutdown_report": shutdown[-1] if shutdown else None,
+        }
+    except BaseException:
+        tail = serve.log_tail()
+        if tail:
+            log.warning("bucketq serve (%s) log ends with:\n%s", mode, tail)
+        raise
+    finally:
+        if load is not None:
+            load.stop()
+        watcher.stop()
+        serve.close()
+        try:
+            observer.client.drop_database(database)
+        except Exception as exc:  # noqa: BLE001 - cleaning up: say so, go on
+            log.warning("could not drop the benchmark database %s: %s", database, exc)
+        if mode == "redis":
+            _drop_redis_prefix(redis_url, prefix)
+
+
+def _require(plots: bool) -> None:
+    from importlib.util import find_spec
+
+    needed = ["rich", "fastapi", "uvicorn", *(["matplotlib"] if plots else [])]
+    missing = [m for m in needed if find_spec(m) is None]
+    if missing:
+        raise ConfigurationError(
+            f"bucketq bench ingest needs {', '.join(missing)}, which is not installed. "
+            "Install them with `pip install 'bucketq[bench,server]'`."
+        )
+
+
+def settings_for(
+    *,
+    quick: bool = False,
+    rate: float | None = None,
+    duration: float | None = None,
+    batch: int | None = None,
+    modes: Sequence[str] | None = None,
+    sweep: bool = False,
+    sweep_duration: float | None = None,
+    sweep_max_rate: float = DEFAULT_SWEEP_MAX_RATE,
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    redis_url: str | None = None,
+) -> Settings:
+    """The run's settings from the options, checked (a bad one names itself)."""
+    rate = DEFAULT_RATE if rate is None else rate
+    duration = (
+        (DEFAULT_QUICK_DURATION if quick else DEFAULT_DURATION) if duration is None else duration
+    )
+    batch = DEFAULT_BATCH if batch is None else batch
+    for name, value in (("rate", rate), ("duration", duration), ("sweep_max_rate", sweep_max_rate)):
+        if not value > 0:
+            raise ConfigurationError(f"{name} must be a positive number; got {value!r}.")
+    if not 1 <= batch <= 1000:
+        raise ConfigurationError(f"batch must be 1 to 1000 records per request; got {batch!r}.")
+    chosen = tuple(dict.fromkeys(modes or MODES))
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown:
+        raise ConfigurationError(f"Unknown mode(s) {unknown}; choose from {list(MODES)}.")
+    return Settings(
+        rate=rate,
+        duration=duration,
+        batch=batch,
+        modes=tuple(m for m in MODES if m in chosen),
+        sweep=sweep,
+        sweep_duration=sweep_duration
+        or (DEFAULT_QUICK_SWEEP_DURATION if quick else DEFAULT_SWEEP_DURATION),
+        sweep_max_rate=sweep_max_rate,
+        drain_timeout=drain_timeout,
+        redis_url=os.environ.get("REDIS_URL", "") if redis_url is None else redis_url,
+    )
+
+
+def run(
+    uri: str | None = None,
+    *,
+    quick: bool = False,
+    rate: float | None = None,
+    duration: float | None = None,
+    batch: int | None = None,
+    modes: Sequence[str] | None = None,
+    sweep: bool = False,
+    sweep_duration: float | None = None,
+    sweep_max_rate: float = DEFAULT_SWEEP_MAX_RATE,
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    redis_url: str | None = None,
+    json_path: str | None = None,
+    plots_dir: str | None = DEFAULT_PLOTS_DIR,
+    console: Any = None,
+) -> dict[str, Any]:
+    """Run the benchmark, print its tables, write the JSON (``json_path``) and the PNG
+    (``plots_dir``; None for none). Returns the JSON document."""
+    import json
+    import sys
+
+    from ...embedded import URI_ENV, EmbeddedServer
+    from .._runner import environment
+
+    st = settings_for(quick=quick, rate=rate, duration=duration, batch=batch, modes=modes,
+                      sweep=sweep, sweep_duration=sweep_duration, sweep_max_rate=sweep_max_rate,
+                      drain_timeout=drain_timeout, redis_url=redis_url)  # fmt: skip
+    _require(bool(plots_dir))
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ._report import document, print_report
+
+    console = console or Console(width=None if sys.stdout.isatty() else 180)
+    skipped: dict[str, str] = {}
+    if "redis" in st.modes:
+        problem = _redis_problem(st.redis_url)
+        if problem:
+            skipped["redis"] = problem
+    modes_run = [m for m in st.modes if m not in skipped]
+    t_start = time.monotonic()
+    uri = uri or os.environ.get(URI_ENV) or None
+    embedded = None if uri else EmbeddedServer().start()
+    server_uri = uri or str(embedded.uri)  # type: ignore[union-attr]
+    observer = Observer(server_uri)
+    results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    sweeps: dict[str, SweepResult] = {}
+    try:
+        env = environment(server_uri, embedded is not None, [])
+        env["versions"].update(
+            {d: _version(d) for d in ("fastapi", "uvicorn", "pydantic", "redis", "starlette")}
+        )
+        console.print(
+            f"[bold]bucketq bench ingest[/]: {', '.join(modes_run)} at {st.rate:g} requests/s × "
+            f"{st.batch} logs for {st.duration:g} s each, one `bucketq serve` per mode, on "
+            f"{env['server']['description']}"
+            + (f"; sweep from {st.rate:g} requests/s" if st.sweep else "")
+        )
+        for m, why in skipped.items():
+            console.print(f"[yellow]skipping {m}: {why}[/]")
+        mongo_pid = embedded.pid if embedded is not None else None
+        columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[seen]}"), TimeElapsedColumn())  # fmt: skip
+
+        def one(bar: Any, mode: str, rate: float, duration: float) -> dict[str, Any]:
+            task = bar.add_task(f"{mode} at {rate:g} req/s", total=None, seen="")
+
+            def progress(done: int, total: int, seen: int) -> None:
+                bar.update(task, completed=done, total=total, seen=f"{seen:,} records stored")
+
+            try:
+                return run_mode(server_uri, observer, mode, rate=rate, duration=duration,
+                                batch=st.batch, redis_url=st.redis_url,
+                                drain_timeout=st.drain_timeout, mongo_pid=mongo_pid,
+                                progress=progress)  # fmt: skip
+            finally:
+                bar.remove_task(task)
+
+        with Progress(*columns, console=console, transient=True) as bar:
+            for mode in modes_run:
+                try:
+                    r = one(bar, mode, st.rate, st.duration)
+                except (RuntimeError, OSError, ConfigurationError) as exc:
+                    failed[mode] = str(exc)
+                    bar.console.print(f"[red]✗ {mode}: {exc}[/]")
+                    continue
+                results[mode] = r
+                bar.console.print(_line(r))
+            if st.sweep:
+                live = [m for m in modes_run if m not in failed]
+                sweeps = {m: SweepResult() for m in live}
+                rate_now: float | None = st.rate
+                while live and rate_now is not None:
+                    for mode in list(live):
+                        try:
+                            r = (
+                                results[mode]
+                                if rate_now == st.rate and st.duration >= st.sweep_duration
+                                else one(bar, mode, rate_now, st.sweep_duration)
+                            )
+                        except (RuntimeError, OSError) as exc:
+                            bar.console.print(f"[red]✗ sweep {mode} at {rate_now:g}: {exc}[/]")
+                            r = None
+                        step = SweepStep(
+                            rate_now,
+                            None if r is None else r["load"]["latency"]["p95_ms"],
+                            1 if r is None else r["load"]["errors"],
+                            r is not None and r["stored_ok"],
+                            r is not None and r["load"]["kept_schedule"],
+                        )
+                        sweeps[mode].steps.append(step)
+                        if r is not None and r is not results.get(mode):
+                            bar.console.print("sweep " + _line(r))
+                        if next_sweep_rate(sweeps[mode].steps, st.sweep_max_rate) is None:
+                            live.remove(mode)
+                    rate_now = rate_now * 2 if rate_now * 2 <= st.sweep_max_rate else None
+    finally:
+        observer.close()
+        if embedded is not None:
+            embedded.stop()
+    for mode, sw in sweeps.items():
+        if mode in results:
+            results[mode]["sweep"] = {
+                "steps": [s.__dict__ | {"sustained": s.sustained} for s in sw.steps],
+                "highest_sustained_rate": sw.highest_sustained,
+                "stopped_by": sw.limited_by,
+            }
+    settings = {
+        **st.__dict__,
+        "quick": quick,
+        "skipped": skipped,
+        "failed": failed,
+        "argv": sys.argv,
+    }
+    doc = document(results, env, settings, time.monotonic() - t_start)
+    doc["targets"] = targets(results)
+    if plots_dir and results:
+        from ._plots import write_plot
+
+        doc["plots"] = [write_plot(doc, plots_dir)]
+    print_report(console, doc)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=2, default=str)
+        console.print(f"every figure: {json_path}")
+    if failed:
+        raise RuntimeError(
+            f"{len(failed)} mode(s) failed: "
+            + "; ".join(f"{m}: {e.splitlines()[0]}" for m, e in failed.items())
+        )
+    return doc
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def _line(r: dict[str, Any]) -> str:
+    lat, ld = r["load"]["latency"], r["load"]
+    ok = r["stored_ok"] and not ld["errors"]
+    return (
+        f"{'✓' if ok else '✗'} {r['mode']} at {r['rate']:g} req/s: p50 {_fmt(lat['p50_ms'])} ms, "
+        f"p95 {_fmt(lat['p95_ms'])} ms, p99 {_fmt(lat['p99_ms'])} ms; {ld['errors']} errors; "
+        f"{ld['records_accepted']:,} accepted, {r['records_stored']:,} stored; "
+        f"{_fmt(r['commands_per_1000_records'])} MongoDB commands / 1k records"
+        + ("" if ld["kept_schedule"] else "; [yellow]the generator fell behind its schedule[/]")
+    )
