@@ -136,7 +136,7 @@ class StorageWatcher:
         return self.error is None
 
     def _run(self) -> None:
-        pipeline = [
+        pipeline: list[dict[str, Any]] = [
             {"$match": {"operationType": "insert", "fullDocument.metadata.bench_run": self.run_id}},
             {"$project": {"fullDocument.metadata.bench_req": 1}},
         ]

@@ -396,25 +396,26 @@ def run(
                 rate_now: float | None = st.rate
                 while live and rate_now is not None:
                     for mode in list(live):
+                        step_r: dict[str, Any] | None
                         try:
-                            r = (
+                            step_r = (
                                 results[mode]
                                 if rate_now == st.rate and st.duration >= st.sweep_duration
                                 else one(bar, mode, rate_now, st.sweep_duration)
                             )
                         except (RuntimeError, OSError) as exc:
                             bar.console.print(f"[red]✗ sweep {mode} at {rate_now:g}: {exc}[/]")
-                            r = None
+                            step_r = None
                         step = SweepStep(
                             rate_now,
-                            None if r is None else r["load"]["latency"]["p95_ms"],
-                            1 if r is None else r["load"]["errors"],
-                            r is not None and r["stored_ok"],
-                            r is not None and r["load"]["kept_schedule"],
+                            None if step_r is None else step_r["load"]["latency"]["p95_ms"],
+                            1 if step_r is None else step_r["load"]["errors"],
+                            step_r is not None and step_r["stored_ok"],
+                            step_r is not None and step_r["load"]["kept_schedule"],
                         )
                         sweeps[mode].steps.append(step)
-                        if r is not None and r is not results.get(mode):
-                            bar.console.print("sweep " + _line(r))
+                        if step_r is not None and step_r is not results.get(mode):
+                            bar.console.print("sweep " + _line(step_r))
                         if next_sweep_rate(sweeps[mode].steps, st.sweep_max_rate) is None:
                             live.remove(mode)
                     rate_now = rate_now * 2 if rate_now * 2 <= st.sweep_max_rate else None
