@@ -3,9 +3,28 @@ servers on loopback. No timing thresholds."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
+from bucketq.benchmark.ingest._load import LoadProcess, LoadSpec, run_load
+from bucketq.benchmark.ingest._runner import settings_for
+from bucketq.benchmark.ingest._serve import free_port
+from bucketq.benchmark.ingest._stats import (
+    SweepResult,
+    SweepStep,
+    load_summary,
+    next_sweep_rate,
+    percentile,
+    schedule,
+)
 from bucketq.cli import build_parser
+from bucketq.errors import ConfigurationError
 
 pytestmark = pytest.mark.bench
 
@@ -17,3 +36,122 @@ def test_bench_alone_is_still_the_queue_benchmark_and_ingest_is_a_subcommand():
     args = build_parser().parse_args(["bench", "ingest", "--rate", "5", "--mode", "memory"])
     assert args.bench_command == "ingest" and args.rate == 5 and args.mode == ["memory"]
     assert args.func.__name__ == "run_from_args"
+
+
+# -- the arithmetic ------------------------------------------------------------------------
+
+
+def test_schedule_is_a_constant_arrival_rate():
+    assert schedule(4, 1) == [0.0, 0.25, 0.5, 0.75]
+    assert len(schedule(100, 180)) == 18_000
+    with pytest.raises(ValueError, match="rate"):
+        schedule(0, 1)
+
+
+def test_percentiles_are_nearest_rank_of_what_was_measured():
+    values = [float(x) for x in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 95) == 95.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([], 50) is None
+
+
+def test_a_sweep_doubles_while_sustained_and_stops_at_the_first_failure():
+    ok = SweepStep(100, 20.0, 0, True, True)
+    assert next_sweep_rate([ok], 6400) == 200
+    slow = SweepStep(200, 1500.0, 0, True, True)
+    assert next_sweep_rate([ok, slow], 6400) is None
+    lost = SweepStep(200, 20.0, 0, False, True)
+    assert next_sweep_rate([ok, lost], 6400) is None
+    sw = SweepResult([ok, slow])
+    assert sw.highest_sustained == 100 and "p95" in sw.limited_by
+    behind = SweepResult([ok, SweepStep(200, 20.0, 0, True, False)])
+    assert behind.highest_sustained == 200 and "generator" in behind.limited_by
+
+
+def test_bad_options_name_themselves():
+    with pytest.raises(ConfigurationError, match="rate"):
+        settings_for(rate=0)
+    with pytest.raises(ConfigurationError, match="batch"):
+        settings_for(batch=0)
+    with pytest.raises(ConfigurationError, match="mode"):
+        settings_for(modes=["nope"])
+    assert settings_for(quick=True).duration == 30
+    assert settings_for().duration == 180 and settings_for().rate == 100
+
+
+# -- the generator against a stand-in endpoint that stalls once -----------------------------
+
+
+@pytest.fixture
+def standin(tmp_path):
+    """Start tests/ingest_standin.py; yields (base url, path of its JSON lines)."""
+
+    def start(**opts: object) -> tuple[str, Path]:
+        out = tmp_path / "standin.jsonl"
+        args = [
+            sys.executable,
+            str(Path(__file__).with_name("ingest_standin.py")),
+            "--out",
+            str(out),
+        ]
+        for k, v in opts.items():
+            args += [f"--{k.replace('_', '-')}", str(v)]
+        procs.append(subprocess.Popen(args))
+
+        def port() -> int | None:
+            lines = out.read_text().splitlines() if out.exists() else []
+            return json.loads(lines[0])["port"] if lines else None
+
+        p = eventually(port)
+        return f"http://127.0.0.1:{p}", out
+
+    procs: list[subprocess.Popen] = []
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def eventually(fn, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_latency_counts_from_the_schedule_so_a_stall_shows_in_every_request_it_delayed(standin):
+    rate, stall_at = 40.0, 40  # the stall starts with request 40, scheduled at 1 s
+    url, out = standin(stall_at=stall_at, stall_seconds=0.8)
+    spec = LoadSpec(url=f"{url}/api/v1/ingest", rate=rate, duration=3.0, batch=5, run_id="t")
+    load = LoadProcess(spec).start()
+    load.go()
+    result = load.result(timeout=120)
+    samples, t0 = result["samples"], result["t0"]
+    summary = load_summary(samples, spec.batch)
+    assert summary["requests"] == len(schedule(rate, 3.0)) == 120
+    assert summary["errors"] == 0 and summary["records_accepted"] == 120 * 5
+    stall = json.loads(out.read_text().splitlines()[1])
+    # Every request scheduled while the server was stalled was answered after the stall
+    # ended, and its latency says so: it counts from when it should have been sent.
+    during = [s for s in samples if stall["stall_start"] <= t0 + s.scheduled < stall["stall_end"]]
+    assert len(during) > 1
+    for s in during:
+        assert t0 + s.done >= stall["stall_end"]
+        assert s.latency >= stall["stall_end"] - (t0 + s.scheduled)
+    # and they were sent while it was stalled, not held back until it answered
+    assert len([s for s in during if t0 + s.sent < stall["stall_end"]]) > 1
+
+
+def test_a_refused_connection_is_an_error_with_its_latency(tmp_path):
+    spec = LoadSpec(
+        url=f"http://127.0.0.1:{free_port()}/x", rate=20, duration=0.2, batch=1, run_id="t"
+    )
+    result = asyncio.run(run_load(spec))
+    summary = load_summary(result["samples"], 1)
+    assert summary["requests"] == 4 and summary["errors"] == 4 and summary["records_accepted"] == 0
+    assert set(summary["errors_by_kind"]) == {"ConnectionRefusedError"}
+    assert summary["latency"]["n"] == 4

@@ -39,7 +39,8 @@ def write_plot(doc: Mapping[str, Any], directory: str | Path) -> str:
             ax.annotate(f"{y:,.0f}" if y >= 10 else f"{y:.1f}", (b.get_x() + b.get_width() / 2, y),
                         ha="center", va="bottom", fontsize=7, rotation=90)  # fmt: skip
     for storage, marker in (("TimescaleDB", "x"), ("MongoDB", "D")):
-        pts = [(i, SEED_P95_MS[storage].get(m)) for i, m in enumerate(names)]
+        # on the p95 bars
+        pts = [(i - 0.5 * width, SEED_P95_MS[storage].get(m)) for i, m in enumerate(names)]
         pts = [(i, v) for i, v in pts if v is not None]
         if pts:
             ax.scatter([i for i, _ in pts], [v for _, v in pts], marker=marker, color="black",
@@ -51,7 +52,7 @@ def write_plot(doc: Mapping[str, Any], directory: str | Path) -> str:
     st = doc["settings"]
     ax.set_title(f"{st['rate']:g} requests/s × {st['batch']} logs, {st['duration']:g} s per mode")
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="best")
     if sweeps:
         ax2 = axes[0][1]
         for m, sw in sweeps.items():
