@@ -4,6 +4,7 @@ servers on loopback. No timing thresholds."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import subprocess
 import sys
@@ -11,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from pymongo import MongoClient
+from rich.console import Console
 
 from bucketq.benchmark.ingest._load import LoadProcess, LoadSpec, run_load
-from bucketq.benchmark.ingest._runner import settings_for
+from bucketq.benchmark.ingest._runner import run, settings_for
 from bucketq.benchmark.ingest._serve import free_port
 from bucketq.benchmark.ingest._stats import (
     SweepResult,
@@ -155,3 +158,35 @@ def test_a_refused_connection_is_an_error_with_its_latency(tmp_path):
     assert summary["requests"] == 4 and summary["errors"] == 4 and summary["records_accepted"] == 0
     assert set(summary["errors_by_kind"]) == {"ConnectionRefusedError"}
     assert summary["latency"]["n"] == 4
+
+
+# -- against real `bucketq serve` processes -------------------------------------------------
+
+
+def test_bench_ingest_runs_real_servers_and_counts_what_storage_holds(mongo_uri, tmp_path):
+    console = Console(file=io.StringIO(), width=250)
+    doc = run(
+        mongo_uri,
+        rate=10,
+        duration=2,
+        batch=3,
+        modes=["bucketq"],
+        json_path=str(tmp_path / "ingest.json"),
+        plots_dir=str(tmp_path / "plots"),
+        console=console,
+    )
+    assert json.loads((tmp_path / "ingest.json").read_text())["modes"].keys() == {"bucketq"}
+    for mode in ("bucketq",):
+        r = doc["modes"][mode]
+        assert r["load"]["requests"] == 20 and r["load"]["errors"] == 0
+        assert r["load"]["records_accepted"] == 60 == r["records_stored"]
+        assert r["stored_ok"] and r["server_stopped_cleanly"]
+        # every accepted record was seen arriving in storage
+        assert r["end_to_end"]["available"] and r["end_to_end"]["n"] == 60
+        assert r["mongodb_requests"] > 0 and r["api_cpu_s"] > 0
+    out = console.file.getvalue()
+    assert "bucketq buffer" in out and "seed p95" in out and "Targets" in out
+    assert (tmp_path / "plots" / "bucketq-bench-ingest.png").read_bytes().startswith(b"\x89PNG")
+    # the run's databases are gone
+    with MongoClient(mongo_uri) as client:
+        assert not [d for d in client.list_database_names() if d.startswith("bqbench_")]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -225,6 +226,8 @@ def run_mode(
             if not summary["requests"]
             else delta["requests"] / summary["requests"],
             "server_exit_code": exit_code,
+            # uvicorn re-raises the SIGTERM it handled once it has shut down
+            "server_stopped_cleanly": exit_code in (0, -signal.SIGTERM),
             "server_stop_s": serve.stop_seconds,
             "shutdown_report": shutdown[-1] if shutdown else None,
         }
