@@ -117,6 +117,7 @@ class Processor:
         self._replay_thread: threading.Thread | None = None
         self._replay_wanted = self.spill.has_segments()
         self._spill_gen = 0
+        self._replayed_gen = 0
         self._pid = os.getpid()
         self._warned: dict[str, float] = {}
         self.counters = {
@@ -334,6 +335,14 @@ class Processor:
                     self._maybe_drain()
                 self.spill.flush()
                 if (
+                    not self._replay_wanted
+                    and self._spill_gen != self._replayed_gen
+                    and self.queue.fill_percentage() <= DRAIN_STOP_PERCENT
+                ):
+                    # Records spilled while the primary was up (queue full, shutdown of
+                    # another process): send them once there is room again.
+                    self._replay_wanted = True
+                if (
                     self._replay_wanted
                     and self.primary.available(time.monotonic())
                     and (self._replay_thread is None or not self._replay_thread.is_alive())
@@ -397,6 +406,7 @@ class Processor:
         sender = Sender(self.cfg)
         p = self.primary
         gen = self._spill_gen
+        self._replayed_gen = gen
 
         def send(records: list[dict[str, Any]]) -> Outcome:
             if not p.available(time.monotonic()):

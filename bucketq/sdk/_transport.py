@@ -9,6 +9,7 @@ several times less CPU per request.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any
@@ -48,7 +49,13 @@ class Sender:
                 "POST",
                 url,
                 body=body,
-                headers={"Content-Type": "application/json", "X-API-Key": api_key},
+                headers={
+                    "Content-Type": "application/json",
+                    "X-API-Key": api_key,
+                    # The same batch sent again (after a timeout, or replayed from the
+                    # spill) has the same key, and the server stores it once.
+                    "Idempotency-Key": hashlib.sha256(body).hexdigest()[:40],
+                },
             )
         except self._errors as exc:
             return connection_failed(exc)

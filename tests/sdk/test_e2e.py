@@ -1,0 +1,288 @@
+"""The SDK against real ``bucketq serve`` processes on loopback (a primary and a second
+one as the fallback), MongoDB from the tests/conftest.py fixtures. Faults are real: ports
+nothing listens on, servers stopped with SIGSTOP, a server started late on the SDK's port."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pymongo import MongoClient
+
+from bucketq.sdk import Client, IngestHandler
+from bucketq.sdk._spill import segment_paths, spill_directories
+from bucketq.server import _keys
+
+from .helpers import ROOT, Serve, dead_port, eventually
+
+FAST = {"batch_wait": 0.02, "health_interval": 0.2}
+
+
+@pytest.fixture(scope="module")
+def databases(mongo_client: MongoClient) -> Iterator[list[str]]:
+    names = [f"bqsdk_{uuid.uuid4().hex[:8]}_{i}" for i in range(3)]
+    yield names
+    for n in names:
+        mongo_client.drop_database(n)
+
+
+@pytest.fixture(scope="module")
+def primary(mongo_uri: str, databases: list[str], tmp_path_factory) -> Iterator[Serve]:
+    s = Serve(mongo_uri, databases[0], tmp_path_factory.mktemp("primary") / "serve.log").start()
+    yield s
+    s.kill()
+
+
+@pytest.fixture(scope="module")
+def fallback(mongo_uri: str, databases: list[str], tmp_path_factory) -> Iterator[Serve]:
+    s = Serve(mongo_uri, databases[1], tmp_path_factory.mktemp("fallback") / "serve.log").start()
+    yield s
+    s.kill()
+
+
+@pytest.fixture(scope="module")
+def pkey(primary: Serve) -> str:
+    return primary.create_key("sdk-tests")  # through `bucketq keys create`, as a user would
+
+
+@pytest.fixture(scope="module")
+def fkey(fallback: Serve, mongo_client: MongoClient) -> str:
+    return _keys.create_key(mongo_client[fallback.database], "sdk-tests")
+
+
+@pytest.fixture
+def svc() -> str:
+    """A service name of this test's own, to read back only its records."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def frozen(primary: Serve) -> Iterator[Serve]:
+    """The primary, stopped with SIGSTOP (accepts connections, answers nothing) until the
+    test is over or calls ``frozen.stop_signal(SIGCONT)``."""
+    primary.stop_signal(signal.SIGSTOP)
+    try:
+        yield primary
+    finally:
+        primary.stop_signal(signal.SIGCONT)
+
+
+def spilled(root: Path) -> list[dict]:
+    out = []
+    for d in spill_directories(root):
+        for p in segment_paths(d):
+            out.extend(json.loads(x) for x in p.read_text().splitlines() if x.strip())
+    return out
+
+
+def messages(server: Serve, key: str, svc: str) -> Counter:
+    return Counter(r["message"] for r in server.logs(key, service=svc))
+
+
+def test_records_arrive_with_their_fields_from_a_library_logger(primary, pkey, svc, tmp_path):
+    h = IngestHandler(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST)
+    root = logging.getLogger()
+    old = root.level
+    root.addHandler(h)  # attached once, at the top: libraries' loggers propagate to it
+    root.setLevel(logging.INFO)
+    try:
+        lib = logging.getLogger("x")  # what a library does: logging.getLogger(__name__)
+        lib.info("charged %s", "EUR 12", extra={"order": "A-1", "amount": 12.5,
+                                                "tags": ["a", "b"]})  # fmt: skip
+        lib.warning("slow", extra={"trace_id": "0af7651916cd43dd8448eb211c80319c",
+                                   "span_id": "b7ad6b7169203331"})  # fmt: skip
+        try:
+            {}["missing"]
+        except KeyError:
+            logging.getLogger("x.db").exception("lookup failed")
+        lib.debug("below the root's level: not sent")
+        assert h.processor.flush(30)
+    finally:
+        root.removeHandler(h)
+        root.setLevel(old)
+    c = Client(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST)
+    assert c.log("critical", "disk full", mount="/var", free=0)
+    assert c.flush(30)
+    got = {r["message"]: r for r in primary.logs(pkey, service=svc)}
+    assert sorted(got) == ["charged EUR 12", "disk full", "lookup failed", "slow"]
+    r = got["charged EUR 12"]
+    assert r["level"] == "info" and r["service"] == svc
+    assert r["metadata"] == {"logger": "x", "order": "A-1", "amount": 12.5, "tags": ["a", "b"]}
+    assert got["slow"]["level"] == "warn"
+    assert (got["slow"]["trace_id"], got["slow"]["span_id"]) == (
+        "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")  # fmt: skip
+    exc = got["lookup failed"]["metadata"]["exception"]
+    assert got["lookup failed"]["level"] == "error" and exc["type"] == "KeyError"
+    assert "missing" in exc["traceback"] and got["lookup failed"]["metadata"]["logger"] == "x.db"
+    assert got["disk full"]["level"] == "critical"
+    assert got["disk full"]["metadata"] == {"mount": "/var", "free": 0}
+    st = h.stats()
+    assert (st["sent"], st["spilled"], st["lost_total"]) == (4, 0, 0)
+
+
+def test_primary_down_the_fallback_gets_them(fallback, fkey, pkey, svc, tmp_path):
+    c = Client(f"http://127.0.0.1:{dead_port()}", pkey, fallback_url=fallback.url,
+               fallback_api_key=fkey, spill_dir=tmp_path, service=svc, **FAST)  # fmt: skip
+    for i in range(40):
+        c.log("info", f"fb-{i}", i=i)
+    assert c.flush(30)
+    st = c.stats()
+    assert (st["to_fallback"], st["sent"], st["spilled"], st["primary_up"]) == (40, 0, 0, False)
+    assert messages(fallback, fkey, svc) == Counter(f"fb-{i}" for i in range(40))
+
+
+def test_both_down_spill_then_replay_delivers_every_record_exactly(primary, pkey, svc, tmp_path):
+    c = Client(f"http://127.0.0.1:{dead_port()}", pkey, spill_dir=tmp_path, service=svc,
+               fallback_url=f"http://127.0.0.1:{dead_port()}", **FAST)  # fmt: skip
+    sent = []
+    for i in range(250):
+        fields = {"i": i, "user": f"u{i % 7}", "nested": {"deep": [i, str(i)]}}
+        c.log(["info", "warn", "error"][i % 3], f"both-{i}", **fields)
+        sent.append((f"both-{i}", ["info", "warn", "error"][i % 3], fields))
+    assert c.flush(30)
+    st = c.stats()
+    assert (st["spilled"], st["sent"], st["to_fallback"], st["lost_total"]) == (250, 0, 0, 0)
+    c.close(0)
+    cmd = [sys.executable, "-m", "bucketq", "sdk", "replay", str(tmp_path), "--url",
+           primary.url, "--api-key", pkey]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env=primary.env)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "sent 250 record(s)" in out.stdout
+    got = primary.logs(pkey, service=svc)
+    assert sorted((r["message"], r["level"], json.dumps(r["metadata"], sort_keys=True))
+                  for r in got) == sorted(
+        (m, lvl, json.dumps(f, sort_keys=True)) for m, lvl, f in sent)  # fmt: skip
+    assert spilled(tmp_path) == []
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                           env=primary.env)  # fmt: skip
+    assert again.returncode == 0 and "sent 0 record(s)" in again.stdout
+    assert len(primary.logs(pkey, service=svc)) == 250
+
+
+def test_primary_back_replays_its_own_spill(mongo_uri, mongo_client, databases, svc, tmp_path):
+    late = Serve(mongo_uri, databases[2], tmp_path / "late.log")
+    key = _keys.create_key(mongo_client[databases[2]], "late")
+    port = dead_port()
+    c = Client(f"http://127.0.0.1:{port}", key, spill_dir=tmp_path / "spill", service=svc,
+               **FAST)  # fmt: skip
+    try:
+        for i in range(120):
+            c.log("info", f"late-{i}", i=i)
+        assert c.flush(30)
+        assert c.stats()["spilled"] == 120
+        late.start(port)  # the primary comes up on the SDK's port
+        eventually(lambda: c.stats()["replayed"] == 120, 60, what="120 replayed")
+        c.log("info", "after")
+        assert c.flush(30)
+        got = messages(late, key, svc)
+        assert got == Counter([f"late-{i}" for i in range(120)] + ["after"])
+        assert spilled(tmp_path / "spill") == []
+        st = c.stats()
+        assert (st["primary_up"], st["sent"], st["lost_total"]) == (True, 1, 0)
+    finally:
+        c.close(0)
+        late.kill()
+
+
+def test_a_refused_batch_goes_to_the_spill_with_the_servers_reason(primary, pkey, svc, tmp_path):
+    bad_key = Client(primary.url, "bq_" + "0" * 64, spill_dir=tmp_path, service=svc, **FAST)
+    bad_key.log("info", "who am I")
+    assert bad_key.flush(30)
+    bad_field = Client(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST)
+    bad_field.log("info", "bad trace", trace_id="not-hex")
+    assert bad_field.flush(30)
+    reasons = {r["log"]["message"]: r for r in spilled(tmp_path)}
+    assert reasons["who am I"]["reason"].startswith("HTTP 401")
+    assert "Unknown API key" in reasons["who am I"]["reason"]
+    assert reasons["bad trace"]["reason"].startswith(("HTTP 400", "HTTP 422"))
+    assert "logs[0].trace_id" in reasons["bad trace"]["reason"]
+    assert all(r["retry"] is False for r in reasons.values())
+    for c in (bad_key, bad_field):
+        st = c.stats()
+        assert (st["refused"], st["spilled"], st["sent"], st["primary_up"]) == (1, 1, 0, True)
+    assert primary.logs(pkey, service=svc) == []
+
+
+def test_queue_full_spills_add_returns_false_and_the_caller_never_waits(frozen, pkey, svc,
+                                                                         tmp_path):  # fmt: skip
+    c = Client(frozen.url, pkey, spill_dir=tmp_path, service=svc, queue_size=20, batch_size=10,
+               timeout=120, **FAST)  # fmt: skip
+    results = [c.log("info", f"full-{i}") for i in range(500)]  # the server answers nothing
+    st = c.stats()
+    assert results.count(False) == st["queue_full"] > 0
+    assert st["queued"] + st["queue_full"] == 500 and st["sent"] == 0
+    assert st["spilled"] >= st["queue_full"]
+    frozen.stop_signal(signal.SIGCONT)
+    # The requests in flight are answered; the spill goes out once the queue has room.
+    eventually(lambda: c.stats()["sent"] + c.stats()["replayed"] == 500, 60, what="500 sent")
+    assert messages(frozen, pkey, svc) == Counter(f"full-{i}" for i in range(500))
+    assert c.stats()["lost_total"] == 0
+
+
+def test_drain_worker_sends_to_the_fallback_from_90_percent(frozen, fallback, pkey, fkey, svc,
+                                                            tmp_path):  # fmt: skip
+    c = Client(frozen.url, pkey, fallback_url=fallback.url, fallback_api_key=fkey,
+               spill_dir=tmp_path, service=svc, queue_size=100, batch_size=5, timeout=120,
+               **FAST)  # fmt: skip
+    for i in range(120):
+        c.log("info", f"dr-{i}")
+    eventually(lambda: c.stats()["drains"] >= 1 and c.stats()["fill_percentage"] <= 10, 60,
+               what="a drain down to 10%")  # fmt: skip
+    assert c.stats()["to_fallback"] >= 80  # 90%+ of 100 drained to 10%
+    frozen.stop_signal(signal.SIGCONT)
+    eventually(lambda: c.stats()["pending"] == 0, 60, what="nothing pending")
+    eventually(lambda: c.stats()["sent"] + c.stats()["to_fallback"] + c.stats()["replayed"]
+               == 120, 60, what="all 120 delivered")  # fmt: skip
+    on_primary, on_fallback = messages(frozen, pkey, svc), messages(fallback, fkey, svc)
+    assert sum(on_fallback.values()) == c.stats()["to_fallback"]
+    assert on_primary + on_fallback == Counter(f"dr-{i}" for i in range(120))
+
+
+def test_two_configurations_are_isolated(frozen, fallback, fkey, pkey, svc, tmp_path):
+    stuck = Client(frozen.url, pkey, spill_dir=tmp_path, service=svc, queue_size=50,
+                   timeout=120, **FAST)  # fmt: skip
+    fine = Client(fallback.url, fkey, spill_dir=tmp_path, service=svc, **FAST)
+    assert stuck.processor is not fine.processor
+    for i in range(300):
+        stuck.log("info", f"stuck-{i}")
+        fine.log("info", f"fine-{i}")
+    assert fine.flush(60)
+    a, b = stuck.stats(), fine.stats()
+    assert (b["sent"], b["queue_full"], b["spilled"], b["retried"]) == (300, 0, 0, 0)
+    assert a["sent"] == 0 and a["queue_full"] > 0 and a["pending"] > 0
+    assert a["spill_dir"] != b["spill_dir"]
+    assert messages(fallback, fkey, svc) == Counter(f"fine-{i}" for i in range(300))
+    assert stuck.close(0) is False  # what it holds goes to its own spill, nothing is lost
+    assert stuck.stats()["spilled"] + stuck.stats()["sent"] >= 300 - stuck.stats()["pending"]
+    assert stuck.stats()["lost_total"] == 0
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import logging, sys
+    from bucketq.sdk import IngestHandler
+    url, key, svc, spill = sys.argv[1:5]
+    logging.basicConfig(level=logging.INFO, handlers=[
+        IngestHandler(url, key, service=svc, spill_dir=spill, batch_wait=30)])
+    for i in range(200):
+        logging.getLogger("job").info("last-%d", i)
+    # no close, no flush: the exit hook sends what is queued
+    """
+)
+
+
+def test_exit_flush_delivers_the_last_records(primary, pkey, svc, tmp_path):
+    subprocess.run([sys.executable, "-c", EXIT_SCRIPT, primary.url, pkey, svc, str(tmp_path)],
+                   check=True, timeout=120, cwd=ROOT, env=primary.env)  # fmt: skip
+    assert messages(primary, pkey, svc) == Counter(f"last-{i}" for i in range(200))
+    assert spilled(tmp_path) == []
