@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ log = logging.getLogger("bucketq.server")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 URI_FILE = "serve.uri"
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def state_dir() -> Path:
@@ -93,7 +95,18 @@ def serve(
             lifespan="on",
         )
         server = uvicorn.Server(uv)
-        server.run(sockets=[sock])
+        # uvicorn restores these handlers after its graceful shutdown and re-raises the
+        # signal it caught: with the defaults the process would die there, before the
+        # embedded server is stopped below. These only note it.
+        caught: list[int] = []
+        previous = {sig: signal.signal(sig, lambda s, _f: caught.append(s)) for sig in SIGNALS}
+        try:
+            server.run(sockets=[sock])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if caught:
+            log.info("stopped by signal %d", caught[0])
         return 0 if server.started else 1
     finally:
         sock.close()

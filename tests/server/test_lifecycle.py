@@ -1,0 +1,144 @@
+"""``bucketq serve`` through storage outages and shutdowns: ``/ready`` follows the
+storage server, a 503 (never a 200) while nothing can be accepted, and SIGTERM under
+load with the bucketq transport loses no acknowledged record."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from pymongo import MongoClient
+
+from bucketq.embedded import EmbeddedServer
+from bucketq.server import _keys
+from bucketq.stream import StreamQueue
+from waiting import eventually
+
+from .helpers import Serve, log_batch
+
+
+@pytest.fixture
+def storage() -> Iterator[EmbeddedServer]:
+    """A storage server of the test's own, to stop and start."""
+    try:
+        server = EmbeddedServer().start()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no embedded server: {exc}")
+    yield server
+    server.stop()
+
+
+def test_ready_follows_the_storage_server(storage: EmbeddedServer, tmp_path: Path) -> None:
+    serve = Serve(
+        storage.uri, "readiness", tmp_path / "serve.log", BUCKETQ_MONGODB_TIMEOUT_MS="1000"
+    ).start()
+    try:
+        with MongoClient(storage.uri) as client:
+            key = _keys.create_key(client["readiness"], "ready")
+        with serve.client(key) as c:
+            assert c.get("/ready").status_code == 200
+            assert c.post("/api/v1/ingest", json=log_batch(2, prefix="before")).status_code == 200
+
+            storage.stop(keep_data=True)
+            r = eventually(lambda: (r := c.get("/ready")).status_code == 503 and r,
+                           what="/ready to fail with the storage server stopped")  # fmt: skip
+            assert r.json()["detail"]["storage"].startswith("unreachable")
+            assert c.get("/health").status_code == 200  # alive, not ready
+            r = c.post("/api/v1/ingest", json=log_batch(2, prefix="during"))
+            assert r.status_code == 503, r.text
+            assert int(r.headers["Retry-After"]) > 0 and r.json()["request_id"]
+            assert c.get("/api/v1/logs").status_code == 503
+
+            storage.start()
+            eventually(
+                lambda: c.get("/ready").status_code == 200, what="/ready after the storage restart"
+            )
+            assert c.post("/api/v1/ingest", json=log_batch(2, prefix="after")).status_code == 200
+            messages = {x["message"] for x in c.get("/api/v1/logs").json()["logs"]}
+        assert messages == {"before-0", "before-1", "after-0", "after-1"}
+        assert "Traceback" not in serve.output()
+    finally:
+        assert serve.terminate() == 0
+
+
+def test_sigterm_under_load_with_the_bucketq_transport(
+    mongo_uri: str, mongo_client: MongoClient, tmp_path: Path
+) -> None:
+    """Every record answered 200 before, during and after SIGTERM is in storage once
+    the next process drained what the transport kept; the tee stream has each once."""
+    database = f"bqs_term_{uuid.uuid4().hex[:8]}"
+    db = mongo_client[database]
+    key = _keys.create_key(db, "term")
+    env = {
+        "RESERVOIR_BUFFER_ENABLED": "true",
+        "RESERVOIR_BUFFER_TRANSPORT": "bucketq",
+        "RESERVOIR_BUFFER_SHARDS": "2",
+        "RESERVOIR_BUFFER_MAX_BATCH_AGE_MS": "200",
+        "RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS": "3000",
+        "BUCKETQ_TEE_STREAM": "received",
+    }
+    serve = Serve(mongo_uri, database, tmp_path / "serve.log", **env).start()
+    acked: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def client_loop(n: int) -> None:
+        with httpx.Client(base_url=serve.url, headers={"X-API-Key": key}, timeout=30) as c:
+            for i in range(10_000):
+                if stop.is_set():
+                    return
+                batch = log_batch(10, prefix=f"c{n}-{i}")
+                try:
+                    r = c.post("/api/v1/ingest", json=batch)
+                except httpx.TransportError:
+                    return  # the server stopped listening
+                if r.status_code == 200:
+                    with lock:
+                        acked.extend(x["message"] for x in batch["logs"])
+                elif r.status_code != 503:
+                    errors.append(f"{r.status_code} {r.text[:200]}")
+
+    threads = [threading.Thread(target=client_loop, args=(n,)) for n in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        eventually(lambda: len(acked) >= 300, what="300 records acknowledged")
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGTERM)
+        code = serve.proc.wait(60)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert code == 0, serve.output()
+        assert not errors, errors[:3]
+        out = serve.output()
+        assert "buffer stopped: flushed=" in out and "lost=0" in out, out[-2000:]
+
+        # A new process drains what the bucketq transport kept.
+        serve.start()
+        want = set(acked)
+        eventually(lambda: len(set(db["logs"].distinct("message")) & want) == len(want),
+                   timeout=60, what="every acknowledged record in storage")  # fmt: skip
+    finally:
+        stop.set()
+        serve.terminate()
+        for t in threads:
+            t.join(60)
+
+    # The tee stream got every acknowledged record (and nothing twice).
+    q = StreamQueue(db, "received")
+    consumer = q.consumer()
+    teed: list[str] = []
+    while (batch := consumer.next_batch(timeout=2)) is not None:
+        teed.extend(item["message"] for item in batch.items)
+        consumer.ack(batch.seq)
+    consumer.close()
+    q.close()
+    assert want <= set(teed) and len(teed) == len(set(teed))
+    mongo_client.drop_database(database)
