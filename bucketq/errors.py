@@ -15,15 +15,17 @@
     ├── LeaseLost                   another consumer owns the bucket now
     │   └── Fenced                  an older stream consumer epoch was fenced off
     ├── AckOutOfOrder               a stream ack is not the next delivered seq
-    ├── OperationTimeout            MongoDB did not answer an operation within its deadline
+    ├── OperationFailed             a MongoDB operation failed (the driver's error is the cause)
+    │   ├── ServerUnavailable       MongoDB could not be reached
+    │   └── OperationTimeout        MongoDB did not answer an operation within its deadline
     ├── EmbeddedServerError         the embedded MongoDB-wire server did not start
     └── TransportError              a reservoir transport failed
         ├── TransportTimeout
         ├── TransportUnavailable
         └── CircuitOpen             the breaker is open; see ``retry_after``
 
-Driver errors are translated where they are caught, always with ``raise ... from``
-so the original stays attached. No class shadows a builtin.
+Driver errors are translated where they leave the I/O layer (``bucketq._driver``),
+always with ``raise ... from`` so the original stays attached. No class shadows a builtin.
 """
 
 from __future__ import annotations
@@ -95,7 +97,15 @@ class AckOutOfOrder(BucketQError, ValueError):
     """A stream ack named a sequence number that is not the next one delivered and unacked."""
 
 
-class OperationTimeout(BucketQError, TimeoutError):
+class OperationFailed(BucketQError):
+    """A MongoDB operation failed; the driver's error is attached as ``__cause__``."""
+
+
+class ServerUnavailable(OperationFailed):
+    """MongoDB could not be reached (refused, no server selected, connection lost)."""
+
+
+class OperationTimeout(OperationFailed, TimeoutError):
     """MongoDB did not answer within the operation's deadline (the server is unreachable,
     frozen or stalled); the queue's ``health()`` says since when. Nothing is lost: retry
     once the server answers."""

@@ -12,9 +12,12 @@ While it is OPEN, ingests bypass the buffer and go straight to storage.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
+
+log = logging.getLogger("bucketq.reservoir")
 
 CLOSED = 0
 OPEN = 1
@@ -29,7 +32,7 @@ class CircuitBreaker:
     failures within the last ``window`` seconds; half-opens ``cooldown`` seconds later.
 
     ``clock`` returns seconds (monotonic by default). Listeners get ``(old, new, reason)``
-    on every change; their errors propagate, so keep them trivial.
+    on every change; one that raises is logged and the others still run.
     """
 
     def __init__(
@@ -54,6 +57,15 @@ class CircuitBreaker:
 
     @property
     def state(self) -> int:
+        """The state as of now, read without changing anything (an open breaker whose
+        cooldown passed reads as half-open; it moves there, telling the listeners, on
+        the next ``allow()`` or ``record_*()``)."""
+        if self._state == OPEN and self.clock() >= self._opened_at + self.cooldown:
+            return HALF_OPEN
+        return self._state
+
+    def _advance(self) -> int:
+        """Move an open breaker whose cooldown passed to half-open; the state after."""
         if self._state == OPEN and self.clock() >= self._opened_at + self.cooldown:
             self._set(HALF_OPEN, "cooldown passed")
         return self._state
@@ -64,7 +76,7 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """True when ingests may use the buffer (closed or half-open)."""
-        return self.state != OPEN
+        return self._advance() != OPEN
 
     def retry_after(self) -> float:
         """Seconds until an open breaker half-opens (0 when it is not open)."""
@@ -77,14 +89,14 @@ class CircuitBreaker:
         return len(self._failures)
 
     def record_pending(self, pending: int) -> None:
-        if pending > self.pending_threshold and self.state != OPEN:
+        if pending > self.pending_threshold and self._advance() != OPEN:
             self._open(f"{pending} records pending (threshold {self.pending_threshold})")
 
     def record_failure(self, count: int = 1) -> None:
         now = self.clock()
         self._failures.extend([now] * count)
         self._prune()
-        state = self.state
+        state = self._advance()
         if state == HALF_OPEN:
             self._open("a flush failed while half-open")
         elif state == CLOSED and len(self._failures) > self.failure_threshold:
@@ -93,7 +105,7 @@ class CircuitBreaker:
             )
 
     def record_success(self) -> None:
-        if self.state == HALF_OPEN:
+        if self._advance() == HALF_OPEN:
             self._failures.clear()
             self._set(CLOSED, "a flush succeeded while half-open")
 
@@ -111,4 +123,7 @@ class CircuitBreaker:
         self.reason = reason
         if old != new:
             for fn in self.listeners:
-                fn(old, new, reason)
+                try:
+                    fn(old, new, reason)
+                except Exception:  # an observer never changes the breaker's course
+                    log.exception("breaker listener %r failed", fn)

@@ -14,15 +14,26 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
-from ..errors import BucketQError, TransportError, TransportUnavailable
+from ..errors import (
+    BucketQError,
+    OperationTimeout,
+    PushFailed,
+    QueueClosed,
+    ServerUnavailable,
+    TransportError,
+    TransportTimeout,
+    TransportUnavailable,
+)
 from ..queue import AsyncQueue
 from ._policy import dead_entry, replayed_entry
 from ._transport import Delivery, Transport
 
 log = logging.getLogger("bucketq.reservoir.bucketq")
+
+T = TypeVar("T")
 
 #: Queue options of the shard queues unless given: a short group-commit window (ingest
 #: latency), fine mature slots (retry delays of 100 ms stay short), a lease of 30 s.
@@ -31,6 +42,25 @@ DEFAULT_QUEUE_OPTIONS: dict[str, Any] = {
     "mature_granularity": 0.1,
     "poll_interval": 0.5,
 }
+
+
+def _translate(exc: BucketQError, what: str) -> TransportError:
+    """The transport error for a queue's error (the queue already translated the
+    driver's): the server away or the queue closed is "unavailable", a timeout a
+    timeout, anything else (a refused operation, an item that cannot be stored) a plain
+    transport error. Anything that is not a bucketq error is a bug and is not caught."""
+    if isinstance(exc, OperationTimeout):
+        return TransportTimeout(f"MongoDB timed out {what}: {exc}")
+    if isinstance(exc, ServerUnavailable | PushFailed | QueueClosed):
+        return TransportUnavailable(f"The bucketq transport is unavailable {what}: {exc}")
+    return TransportError(f"The bucketq transport failed {what}: {exc}")
+
+
+async def _call(what: str, aw: Awaitable[T]) -> T:
+    try:
+        return await aw
+    except BucketQError as exc:
+        raise _translate(exc, what) from exc
 
 
 class BucketqTransport(Transport):
@@ -87,18 +117,15 @@ class BucketqTransport(Transport):
         for q in queues:
             try:
                 await q.close()
-            except Exception as exc:  # noqa: BLE001 - close the others; what was held comes back
+            except BucketQError as exc:  # close the others; what was held comes back
                 log.warning("closing queue %s failed: %s", q.name, exc)
 
     async def _push_durable(
         self, q: AsyncQueue, entries: Sequence[dict[str, Any]], delay: float | None = None
     ) -> None:
-        try:
-            await q.push_many(list(entries), delay=delay, durable=True)
-        except BucketQError as exc:
-            raise TransportUnavailable(f"Writing to queue {q.name!r} failed: {exc}") from exc
-        except Exception as exc:  # pymongo errors
-            raise TransportError(f"Writing to queue {q.name!r} failed: {exc}") from exc
+        await _call(
+            f"writing to queue {q.name!r}", q.push_many(list(entries), delay=delay, durable=True)
+        )
 
     async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> None:
         if entries:
@@ -110,7 +137,9 @@ class BucketqTransport(Transport):
         deadline = loop_time() + max_wait
         out: list[Delivery] = []
         while len(out) < max_batch:
-            msg = await q.reserve(timeout=max(0.0, deadline - loop_time()))
+            msg = await _call(
+                f"reading queue {q.name!r}", q.reserve(timeout=max(0.0, deadline - loop_time()))
+            )
             if msg is None:
                 break
             out.append(Delivery(dict(msg.payload), msg))
@@ -120,7 +149,9 @@ class BucketqTransport(Transport):
         for d in deliveries[:-1]:
             await q.commit(d.token)
         if deliveries:
-            await q.commit(deliveries[-1].token, flush=True)
+            await _call(
+                f"committing to queue {q.name!r}", q.commit(deliveries[-1].token, flush=True)
+            )
 
     async def ack(self, shard: int, deliveries: Sequence[Delivery]) -> None:
         await self._commit(self._queue(shard), deliveries)
@@ -141,11 +172,17 @@ class BucketqTransport(Transport):
         await self._commit(self._queue(shard), deliveries)
 
     async def pending(self) -> dict[int, int]:
-        return {s: await q.total_size() for s, q in list(self.queues.items())}
+        return {
+            s: await _call(f"counting queue {q.name!r}", q.total_size())
+            for s, q in list(self.queues.items())
+        }
 
     # -- DLQ: a separate reader queue per operation, closed (and so released) after ----------
 
     async def _read_dlq(self, limit: int | None, handle: Any) -> int:
+        return await _call(f"reading queue {self.dlq_name!r}", self._read_dlq_items(limit, handle))
+
+    async def _read_dlq_items(self, limit: int | None, handle: Any) -> int:
         total = await self.dlq_size()
         want = total if limit is None else min(limit, total)
         if want <= 0:
@@ -188,4 +225,5 @@ class BucketqTransport(Transport):
         return await self._read_dlq(None, drop)
 
     async def dlq_size(self) -> int:
-        return await AsyncQueue(self.db, self.dlq_name, **self.queue_options).total_size()
+        dlq = AsyncQueue(self.db, self.dlq_name, **self.queue_options)
+        return await _call(f"counting queue {dlq.name!r}", dlq.total_size())

@@ -16,6 +16,7 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 
 from ... import _validate as v
+from ..._driver import boundary
 from ...errors import QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
@@ -71,6 +72,7 @@ class AsyncElementQueue:
         if self._closed:
             raise QueueClosed(f"Queue {self.name!r} is closed; open a new one to go on.")
 
+    @boundary("push()")
     async def push(
         self,
         payload: Any,
@@ -97,6 +99,7 @@ class AsyncElementQueue:
         if len(item) > self.options.bucket_max_bytes - core.BUCKET_OVERHEAD:
             core.Packer(self.options, AsyncBatch).check_size(len(item))
 
+    @boundary("push_many()")
     async def push_many(
         self,
         payloads: Any,
@@ -122,9 +125,11 @@ class AsyncElementQueue:
             self._wake.notify()
         return [_stored(d["_id"]) for d in docs]
 
+    @boundary("flush()")
     async def flush(self) -> None:
         """Nothing is buffered: every push is already stored."""
 
+    @boundary("reserve()")
     async def reserve(self, timeout: float | None = None) -> core.Message | None:
         """Claim the next mature item, or None after ``timeout`` seconds."""
         self._check_open()
@@ -149,6 +154,7 @@ class AsyncElementQueue:
                 wait = min(wait, remaining)
             await self._wake.wait(gen, wait)
 
+    @boundary("reserve_many()")
     async def reserve_many(
         self, max_items: int, timeout: float | None = None
     ) -> list[core.Message]:
@@ -198,6 +204,7 @@ class AsyncElementQueue:
             return await self._claim()
         return msg
 
+    @boundary("commit()")
     async def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
         """Delete the item (fenced by the claim's token). False if it was rolled back
         already or its lease ran out (it is, or will be, delivered again)."""
@@ -211,6 +218,7 @@ class AsyncElementQueue:
         self._stats["lease_losses"] += 1
         return False
 
+    @boundary("commit_many()")
     async def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items (one fenced delete each); returns how many were committed."""
         msgs = [core.check_message(m, self, "commit_many") for m in v.payloads(msgs, "msgs")]
@@ -219,6 +227,7 @@ class AsyncElementQueue:
             n += await self.commit(m)
         return n
 
+    @boundary("rollback()")
     async def rollback(
         self,
         msg: core.Message,
@@ -267,18 +276,21 @@ class AsyncElementQueue:
         self._stats["dead_lettered"] += 1
         return bool(res.deleted_count)
 
+    @boundary("pop()")
     async def pop(self, timeout: float | None = None) -> core.Message | None:
         msg = await self.reserve(timeout)
         if msg is not None:
             await self.commit(msg)
         return msg
 
+    @boundary("drain()")
     async def drain(self, timeout: float | None = None) -> dict[str, int]:
         """Nothing is buffered or read ahead: stop handing out items."""
         self._closed = True
         self._wake.notify()
         return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
 
+    @boundary("close()")
     async def close(self) -> dict[str, int]:
         return await self.drain()
 
@@ -295,18 +307,23 @@ class AsyncElementQueue:
         self._paused = False
         self._wake.notify()
 
+    @boundary("size()")
     async def size(self) -> int:
         return await self._col.count_documents(core.ready_filter(_now()))
 
+    @boundary("total_size()")
     async def total_size(self) -> int:
         return await self._col.count_documents({})
 
+    @boundary("sched_size()")
     async def sched_size(self) -> int:
         return await self._col.count_documents(core.sched_filter(_now()))
 
+    @boundary("resv_size()")
     async def resv_size(self) -> int:
         return await self._col.count_documents(core.leased_filter(_now()))
 
+    @boundary("next_t()")
     async def next_t(self) -> Any:
         doc = await self._col.find_one(
             {"$or": [{"lease": None}, {"lease.until": {"$lte": core.to_datetime(_now())}}]},
@@ -318,6 +335,7 @@ class AsyncElementQueue:
     def stats(self) -> dict[str, int]:
         return dict(self._stats)
 
+    @boundary("remove()")
     async def remove(self, id: str) -> bool:
         oid, index = core.parse_item_id(id)
         if index != 0:

@@ -18,6 +18,7 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 
 from ... import _validate as v
+from ..._driver import boundary
 from ...errors import QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
@@ -73,6 +74,7 @@ class ElementQueue:
         if self._closed:
             raise QueueClosed(f"Queue {self.name!r} is closed; open a new one to go on.")
 
+    @boundary("push()")
     def push(
         self,
         payload: Any,
@@ -99,6 +101,7 @@ class ElementQueue:
         if len(item) > self.options.bucket_max_bytes - core.BUCKET_OVERHEAD:
             core.Packer(self.options, Batch).check_size(len(item))
 
+    @boundary("push_many()")
     def push_many(
         self,
         payloads: Any,
@@ -124,9 +127,11 @@ class ElementQueue:
             self._wake.notify()
         return [_stored(d["_id"]) for d in docs]
 
+    @boundary("flush()")
     def flush(self) -> None:
         """Nothing is buffered: every push is already stored."""
 
+    @boundary("reserve()")
     def reserve(self, timeout: float | None = None) -> core.Message | None:
         """Claim the next mature item, or None after ``timeout`` seconds."""
         self._check_open()
@@ -151,6 +156,7 @@ class ElementQueue:
                 wait = min(wait, remaining)
             self._wake.wait(gen, wait)
 
+    @boundary("reserve_many()")
     def reserve_many(self, max_items: int, timeout: float | None = None) -> list[core.Message]:
         """Up to ``max_items`` items: waits (up to ``timeout``) for the first, then claims
         what else is ready, one claim per item."""
@@ -196,6 +202,7 @@ class ElementQueue:
             return self._claim()
         return msg
 
+    @boundary("commit()")
     def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
         """Delete the item (fenced by the claim's token). False if it was rolled back
         already or its lease ran out (it is, or will be, delivered again)."""
@@ -209,6 +216,7 @@ class ElementQueue:
         self._stats["lease_losses"] += 1
         return False
 
+    @boundary("commit_many()")
     def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items (one fenced delete each); returns how many were committed."""
         msgs = [core.check_message(m, self, "commit_many") for m in v.payloads(msgs, "msgs")]
@@ -217,6 +225,7 @@ class ElementQueue:
             n += self.commit(m)
         return n
 
+    @boundary("rollback()")
     def rollback(
         self,
         msg: core.Message,
@@ -263,18 +272,21 @@ class ElementQueue:
         self._stats["dead_lettered"] += 1
         return bool(res.deleted_count)
 
+    @boundary("pop()")
     def pop(self, timeout: float | None = None) -> core.Message | None:
         msg = self.reserve(timeout)
         if msg is not None:
             self.commit(msg)
         return msg
 
+    @boundary("drain()")
     def drain(self, timeout: float | None = None) -> dict[str, int]:
         """Nothing is buffered or read ahead: stop handing out items."""
         self._closed = True
         self._wake.notify()
         return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
 
+    @boundary("close()")
     def close(self) -> dict[str, int]:
         return self.drain()
 
@@ -291,18 +303,23 @@ class ElementQueue:
         self._paused = False
         self._wake.notify()
 
+    @boundary("size()")
     def size(self) -> int:
         return self._col.count_documents(core.ready_filter(_now()))
 
+    @boundary("total_size()")
     def total_size(self) -> int:
         return self._col.count_documents({})
 
+    @boundary("sched_size()")
     def sched_size(self) -> int:
         return self._col.count_documents(core.sched_filter(_now()))
 
+    @boundary("resv_size()")
     def resv_size(self) -> int:
         return self._col.count_documents(core.leased_filter(_now()))
 
+    @boundary("next_t()")
     def next_t(self) -> Any:
         doc = self._col.find_one(
             {"$or": [{"lease": None}, {"lease.until": {"$lte": core.to_datetime(_now())}}]},
@@ -314,6 +331,7 @@ class ElementQueue:
     def stats(self) -> dict[str, int]:
         return dict(self._stats)
 
+    @boundary("remove()")
     def remove(self, id: str) -> bool:
         oid, index = core.parse_item_id(id)
         if index != 0:

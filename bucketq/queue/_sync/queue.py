@@ -18,6 +18,7 @@ from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 
 from ... import _validate as v
+from ..._driver import boundary
 from ...errors import DamagedBucket, PushFailed, QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
@@ -188,6 +189,7 @@ class Queue(Producer):
                 self._next_local_mature = ob.mature
         self._fetch_wake.notify()
 
+    @boundary("flush()")
     def flush(self) -> None:
         """Write every open bucket and wait until stored; then flush consumer state."""
         self._flush_pushes()
@@ -278,6 +280,7 @@ class Queue(Producer):
             self._last_reserve = now
         return False
 
+    @boundary("commit()")
     def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
         """Mark the item consumed. False if this process no longer holds its bucket
         (the lease was lost or released; the item will be delivered again), or if ``msg``
@@ -295,6 +298,7 @@ class Queue(Producer):
                 return False
         return ok
 
+    @boundary("commit_many()")
     def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items; returns how many were committed (the others' buckets
         are no longer held here, and they will be delivered again)."""
@@ -662,6 +666,7 @@ class Queue(Producer):
 
     # -- drain and close -------------------------------------------------------------------
 
+    @boundary("drain()")
     def drain(self, timeout: float | None = None) -> dict[str, int]:
         """Write open buckets, stop claiming, serve what is in memory to reserve() callers
         (until consumed or ``timeout``, default ``drain_timeout``), release the rest at once
@@ -719,6 +724,7 @@ class Queue(Producer):
                     self._drop(b)
                     self._stats["released"] += 1
 
+    @boundary("close()")
     def close(self) -> dict[str, int]:
         """Drain, then stop the background workers. Idempotent; the client stays open."""
         if self._closed:
@@ -765,22 +771,27 @@ class Queue(Producer):
         cursor = self._col.aggregate(core.live_sum_pipeline(flt))
         return core.sum_result([r for r in cursor])
 
+    @boundary("size()")
     def size(self) -> int:
         """Items ready to be delivered now (stored, mature, not leased)."""
         return self._live_sum(core.ready_filter(_now()))
 
+    @boundary("total_size()")
     def total_size(self) -> int:
         """Every stored item not yet consumed."""
         return self._live_sum({})
 
+    @boundary("sched_size()")
     def sched_size(self) -> int:
         """Stored items not yet mature."""
         return self._live_sum(core.sched_filter(_now()))
 
+    @boundary("resv_size()")
     def resv_size(self) -> int:
         """Stored items in buckets leased by a consumer."""
         return self._live_sum(core.leased_filter(_now()))
 
+    @boundary("next_t()")
     def next_t(self) -> Any:
         """The mature time of the next bucket to become deliverable (None if empty)."""
         now = _now()
@@ -802,17 +813,20 @@ class Queue(Producer):
 
     # -- quarantine ----------------------------------------------------------------------------
 
+    @boundary("quarantined()")
     def quarantined(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Damaged buckets set aside (in ``<name>.quarantine``), oldest first: ``id``,
         ``reason``, ``at``, ``n``, how many items are ``recoverable`` and how many ``lost``."""
         return self._quarantine.summaries(limit)
 
+    @boundary("requeue_quarantined()")
     def requeue_quarantined(self, bucket_id: Any = None) -> dict[str, int]:
         """Put what can be recovered of quarantined buckets (one, or all) back in the
         queue as new buckets. Returns counts: ``buckets``, ``items`` re-queued, items
         ``lost``, buckets ``kept`` in quarantine because some of their items are lost."""
         return self._quarantine.requeue(self._put_recovered, bucket_id)
 
+    @boundary("remove_quarantined()")
     def remove_quarantined(self, bucket_id: Any = None) -> int:
         """Delete quarantined buckets (one, or all) for good; returns how many."""
         return self._quarantine.remove(bucket_id)
@@ -825,6 +839,7 @@ class Queue(Producer):
             raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error
         self._written([ob], now)
 
+    @boundary("remove()")
     def remove(self, id: str) -> bool:
         """Remove a stored item whose bucket no consumer holds. True if it was removed."""
         bid, index = core.parse_item_id(id)

@@ -12,10 +12,18 @@ from collections import deque
 from typing import Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
+from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from ... import _validate as v
-from ...errors import ConfigurationError, DamagedBucket, Fenced, PushFailed, QueueClosed
+from ..._driver import boundary
+from ...errors import (
+    ConfigurationError,
+    DamagedBucket,
+    Fenced,
+    OperationFailed,
+    PushFailed,
+    QueueClosed,
+)
 from ...queue import _core as qcore
 from ...queue._codec import CODEC_OPTIONS
 from ...queue._concurrency import (
@@ -97,7 +105,10 @@ class AsyncStreamQueue(AsyncProducer):
             # No upsert here: the embedded server answers None to one of two racing
             # upserts yet applies both, which would lose numbers. Create, then take.
             await self._ensure_meta()
-        raise OperationFailure(f"Could not take sequence numbers for stream {self.name!r}.")
+        raise OperationFailed(
+            f"Could not take sequence numbers for stream {self.name!r}: its counter document "
+            f"in {core.meta_name(self.name)!r} could not be created or updated."
+        )
 
     async def _ensure_meta(self) -> None:
         try:
@@ -145,6 +156,8 @@ class AsyncStreamQueue(AsyncProducer):
                 if failed:
                     attempt += 1
                     await self._backoff(attempt)
+            except OperationFailed as exc:  # the counter could not be taken
+                return {ob.id for ob in todo}, exc
             except PyMongoError as exc:
                 if not self._retry_ok(exc, started):
                     return {ob.id for ob in todo}, exc
@@ -167,12 +180,14 @@ class AsyncStreamQueue(AsyncProducer):
         # outlive any producer's retry budget: tombstone_ttl >= retry_budget).
         return [s for s in dups if s in owners and owners[s] != by_seq[s].id]
 
+    @boundary("flush()")
     async def flush(self) -> None:
         """Write every open bucket and wait until stored."""
         await self._flush_pushes()
 
     # -- consume ----------------------------------------------------------------------------
 
+    @boundary("consumer()")
     async def consumer(self, *, after: int | None = None) -> AsyncStreamConsumer:
         """Open the stream's one consumer, fencing every older one.
 
@@ -194,13 +209,18 @@ class AsyncStreamQueue(AsyncProducer):
             if meta is not None:
                 return meta
             await self._ensure_meta()
-        raise OperationFailure(f"Could not open a consumer epoch for stream {self.name!r}.")
+        raise OperationFailed(
+            f"Could not open a consumer epoch for stream {self.name!r}: its counter document "
+            f"in {core.meta_name(self.name)!r} could not be created or updated."
+        )
 
+    @boundary("position()")
     async def position(self) -> dict[str, int]:
         """``{"next", "acked", "epoch"}``: last seq handed out, last acknowledged, consumer epoch."""
         meta = await self._meta.find_one(core.meta_filter()) or {}
         return {k: int(meta.get(k, 0)) for k in ("next", "acked", "epoch")}
 
+    @boundary("size()")
     async def size(self) -> int:
         """Buckets handed out and not yet acknowledged (holes included): one read."""
         p = await self.position()
@@ -211,16 +231,19 @@ class AsyncStreamQueue(AsyncProducer):
 
     # -- quarantine --------------------------------------------------------------------------
 
+    @boundary("quarantined()")
     async def quarantined(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Damaged buckets set aside by ``consumer.quarantine(seq)``, oldest first
         (``id`` is the seq they had)."""
         return await self._quarantine.summaries(limit)
 
+    @boundary("requeue_quarantined()")
     async def requeue_quarantined(self, bucket_id: Any = None) -> dict[str, int]:
         """Append what can be recovered of quarantined buckets (one seq, or all) to the
         stream as new buckets: they get new seqs, after everything pushed before."""
         return await self._quarantine.requeue(self._put_recovered, bucket_id)
 
+    @boundary("remove_quarantined()")
     async def remove_quarantined(self, bucket_id: Any = None) -> int:
         """Delete quarantined buckets (one seq, or all) for good; returns how many."""
         return await self._quarantine.remove(bucket_id)
@@ -230,6 +253,7 @@ class AsyncStreamQueue(AsyncProducer):
         if failed:
             raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error
 
+    @boundary("close()")
     async def close(self) -> None:
         """Write what is buffered, stop the writer. Idempotent; the client stays open."""
         if self._closed:
@@ -275,6 +299,7 @@ class AsyncStreamConsumer:
         """Sequence numbers delivered and not yet acknowledged, oldest first."""
         return list(self._delivered)
 
+    @boundary("next_batch()")
     async def next_batch(self, timeout: float | None = None) -> core.StreamBatch | None:
         """The next bucket as ``StreamBatch(seq, items)``, or None when ``timeout`` seconds
         pass first. Waits at most ``hole_grace`` on a hole, then closes it."""
@@ -367,6 +392,7 @@ class AsyncStreamConsumer:
         log.warning("stream %s: closed %s seq %d after its grace period", self.stream.name,
                     "hole" if kind == "missing" else "stale staged bucket", seq)  # fmt: skip
 
+    @boundary("quarantine()")
     async def quarantine(self, seq: int) -> bool:
         """Set aside the damaged bucket at ``seq`` (see :class:`~bucketq.errors.DamagedBucket`):
         it is kept in ``<stream>.quarantine`` and its seq closed like a hole, so the next
@@ -402,6 +428,7 @@ class AsyncStreamConsumer:
                   self.stream.name, seq, self.stream._quarantine.name, reason)  # fmt: skip
         return True
 
+    @boundary("ack()")
     async def ack(self, seq: int) -> None:
         """Acknowledge the next unacknowledged bucket; it is deleted."""
         n = core.ack_target(self._delivered, self.acked, seq, through=False)
@@ -409,6 +436,7 @@ class AsyncStreamConsumer:
             await self._write_ack(seq)
             del self._delivered[:n]
 
+    @boundary("ack_through()")
     async def ack_through(self, seq: int) -> None:
         """Acknowledge every delivered bucket up to and including ``seq``."""
         n = core.ack_target(self._delivered, self.acked, seq, through=True)

@@ -14,10 +14,18 @@ from collections import deque
 from typing import Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
+from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from ... import _validate as v
-from ...errors import ConfigurationError, DamagedBucket, Fenced, PushFailed, QueueClosed
+from ..._driver import boundary
+from ...errors import (
+    ConfigurationError,
+    DamagedBucket,
+    Fenced,
+    OperationFailed,
+    PushFailed,
+    QueueClosed,
+)
 from ...queue import _core as qcore
 from ...queue._codec import CODEC_OPTIONS
 from ...queue._concurrency import (
@@ -97,7 +105,10 @@ class StreamQueue(Producer):
             # No upsert here: the embedded server answers None to one of two racing
             # upserts yet applies both, which would lose numbers. Create, then take.
             self._ensure_meta()
-        raise OperationFailure(f"Could not take sequence numbers for stream {self.name!r}.")
+        raise OperationFailed(
+            f"Could not take sequence numbers for stream {self.name!r}: its counter document "
+            f"in {core.meta_name(self.name)!r} could not be created or updated."
+        )
 
     def _ensure_meta(self) -> None:
         try:
@@ -143,6 +154,8 @@ class StreamQueue(Producer):
                 if failed:
                     attempt += 1
                     self._backoff(attempt)
+            except OperationFailed as exc:  # the counter could not be taken
+                return {ob.id for ob in todo}, exc
             except PyMongoError as exc:
                 if not self._retry_ok(exc, started):
                     return {ob.id for ob in todo}, exc
@@ -163,12 +176,14 @@ class StreamQueue(Producer):
         # outlive any producer's retry budget: tombstone_ttl >= retry_budget).
         return [s for s in dups if s in owners and owners[s] != by_seq[s].id]
 
+    @boundary("flush()")
     def flush(self) -> None:
         """Write every open bucket and wait until stored."""
         self._flush_pushes()
 
     # -- consume ----------------------------------------------------------------------------
 
+    @boundary("consumer()")
     def consumer(self, *, after: int | None = None) -> StreamConsumer:
         """Open the stream's one consumer, fencing every older one.
 
@@ -190,13 +205,18 @@ class StreamQueue(Producer):
             if meta is not None:
                 return meta
             self._ensure_meta()
-        raise OperationFailure(f"Could not open a consumer epoch for stream {self.name!r}.")
+        raise OperationFailed(
+            f"Could not open a consumer epoch for stream {self.name!r}: its counter document "
+            f"in {core.meta_name(self.name)!r} could not be created or updated."
+        )
 
+    @boundary("position()")
     def position(self) -> dict[str, int]:
         """``{"next", "acked", "epoch"}``: last seq handed out, last acknowledged, consumer epoch."""
         meta = self._meta.find_one(core.meta_filter()) or {}
         return {k: int(meta.get(k, 0)) for k in ("next", "acked", "epoch")}
 
+    @boundary("size()")
     def size(self) -> int:
         """Buckets handed out and not yet acknowledged (holes included): one read."""
         p = self.position()
@@ -207,16 +227,19 @@ class StreamQueue(Producer):
 
     # -- quarantine --------------------------------------------------------------------------
 
+    @boundary("quarantined()")
     def quarantined(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Damaged buckets set aside by ``consumer.quarantine(seq)``, oldest first
         (``id`` is the seq they had)."""
         return self._quarantine.summaries(limit)
 
+    @boundary("requeue_quarantined()")
     def requeue_quarantined(self, bucket_id: Any = None) -> dict[str, int]:
         """Append what can be recovered of quarantined buckets (one seq, or all) to the
         stream as new buckets: they get new seqs, after everything pushed before."""
         return self._quarantine.requeue(self._put_recovered, bucket_id)
 
+    @boundary("remove_quarantined()")
     def remove_quarantined(self, bucket_id: Any = None) -> int:
         """Delete quarantined buckets (one seq, or all) for good; returns how many."""
         return self._quarantine.remove(bucket_id)
@@ -226,6 +249,7 @@ class StreamQueue(Producer):
         if failed:
             raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error
 
+    @boundary("close()")
     def close(self) -> None:
         """Write what is buffered, stop the writer. Idempotent; the client stays open."""
         if self._closed:
@@ -271,6 +295,7 @@ class StreamConsumer:
         """Sequence numbers delivered and not yet acknowledged, oldest first."""
         return list(self._delivered)
 
+    @boundary("next_batch()")
     def next_batch(self, timeout: float | None = None) -> core.StreamBatch | None:
         """The next bucket as ``StreamBatch(seq, items)``, or None when ``timeout`` seconds
         pass first. Waits at most ``hole_grace`` on a hole, then closes it."""
@@ -363,6 +388,7 @@ class StreamConsumer:
         log.warning("stream %s: closed %s seq %d after its grace period", self.stream.name,
                     "hole" if kind == "missing" else "stale staged bucket", seq)  # fmt: skip
 
+    @boundary("quarantine()")
     def quarantine(self, seq: int) -> bool:
         """Set aside the damaged bucket at ``seq`` (see :class:`~bucketq.errors.DamagedBucket`):
         it is kept in ``<stream>.quarantine`` and its seq closed like a hole, so the next
@@ -398,6 +424,7 @@ class StreamConsumer:
                   self.stream.name, seq, self.stream._quarantine.name, reason)  # fmt: skip
         return True
 
+    @boundary("ack()")
     def ack(self, seq: int) -> None:
         """Acknowledge the next unacknowledged bucket; it is deleted."""
         n = core.ack_target(self._delivered, self.acked, seq, through=False)
@@ -405,6 +432,7 @@ class StreamConsumer:
             self._write_ack(seq)
             del self._delivered[:n]
 
+    @boundary("ack_through()")
     def ack_through(self, seq: int) -> None:
         """Acknowledge every delivered bucket up to and including ``seq``."""
         n = core.ack_target(self._delivered, self.acked, seq, through=True)

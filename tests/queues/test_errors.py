@@ -1,0 +1,160 @@
+"""One error boundary: driver errors leave the public methods as bucketq errors (the
+driver's attached as the cause), every error class is exported from ``bucketq``, a bug
+is never passed off as "transport unavailable", and observers never raise into the
+control flow."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import socket
+
+import pytest
+from bson import ObjectId
+from pymongo import AsyncMongoClient, MongoClient
+from pymongo.errors import (
+    AutoReconnect,
+    ExecutionTimeout,
+    NetworkTimeout,
+    OperationFailure,
+    ServerSelectionTimeoutError,
+)
+
+import bucketq
+from bucketq import (
+    AsyncQueue,
+    BucketQError,
+    OperationFailed,
+    OperationTimeout,
+    Queue,
+    ServerUnavailable,
+    StreamQueue,
+    TransportError,
+    TransportTimeout,
+    TransportUnavailable,
+)
+from bucketq import errors as errors_module
+from bucketq._driver import translate
+from bucketq.reservoir._breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from bucketq.reservoir._bucketq import BucketqTransport, _translate
+
+
+def test_every_error_class_is_exported_and_all_is_sorted():
+    classes = {
+        name
+        for name, obj in vars(errors_module).items()
+        if inspect.isclass(obj) and issubclass(obj, BucketQError)
+    }
+    assert classes <= set(bucketq.__all__)
+    public = [n for n in bucketq.__all__ if not n.startswith("_")]
+    assert public == sorted(public)
+
+
+@pytest.mark.parametrize(
+    "driver,ours",
+    [
+        (ServerSelectionTimeoutError("no servers"), ServerUnavailable),
+        (AutoReconnect("connection reset"), ServerUnavailable),
+        (NetworkTimeout("timed out"), OperationTimeout),
+        (ExecutionTimeout("operation exceeded time limit", code=50), OperationTimeout),
+        (OperationFailure("not authorized", code=13), OperationFailed),
+    ],
+)
+def test_driver_errors_map_onto_one_tree(driver, ours):
+    err = translate(driver, "size()")
+    assert type(err) is ours and isinstance(err, OperationFailed)
+    assert "size()" in str(err)
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_public_methods_raise_bucketq_errors_when_the_server_is_away():
+    client: MongoClient = MongoClient(
+        f"mongodb://127.0.0.1:{_dead_port()}/", serverSelectionTimeoutMS=200
+    )
+    try:
+        q = Queue(client.bq, "q")
+        for call in (q.size, q.total_size, q.next_t, lambda: q.remove(f"{ObjectId()}.0")):
+            with pytest.raises(ServerUnavailable) as err:
+                call()
+            assert isinstance(err.value.__cause__, ServerSelectionTimeoutError)
+        s = StreamQueue(client.bq, "s")
+        with pytest.raises(ServerUnavailable):
+            s.position()
+        with pytest.raises(ServerUnavailable):
+            s.consumer()
+    finally:
+        client.close()
+
+
+async def test_async_public_methods_raise_bucketq_errors_when_the_server_is_away():
+    client: AsyncMongoClient = AsyncMongoClient(
+        f"mongodb://127.0.0.1:{_dead_port()}/", serverSelectionTimeoutMS=200
+    )
+    try:
+        q = AsyncQueue(client.bq, "q")
+        with pytest.raises(ServerUnavailable):
+            await q.size()
+        with pytest.raises(ServerUnavailable):
+            await q.remove(f"{ObjectId()}.0")
+    finally:
+        await client.close()
+
+
+def test_a_stream_whose_counter_cannot_be_written_raises_operation_failed(db, monkeypatch):
+    s = StreamQueue(db, "s")
+    monkeypatch.setattr(s, "_ensure_meta", lambda: None)  # the counter never appears
+    with pytest.raises(OperationFailed, match="consumer epoch"):
+        s.consumer()
+
+
+async def test_the_bucketq_transport_translates_queue_errors_but_not_bugs(adb, monkeypatch):
+    assert type(_translate(ServerUnavailable("x"), "w")) is TransportUnavailable
+    assert type(_translate(OperationTimeout("x"), "w")) is TransportTimeout
+    assert type(_translate(OperationFailed("x"), "w")) is TransportError
+    t = BucketqTransport(adb, prefix="t")
+    await t.start(1)
+    try:
+        q = t.queues[0]
+
+        async def bug(*a, **k):
+            raise TypeError("a bug, not an outage")
+
+        monkeypatch.setattr(q, "push_many", bug)
+        with pytest.raises(TypeError):
+            await t.enqueue_many(0, [{"x": 1}])
+
+        async def away(*a, **k):
+            raise ServerUnavailable("MongoDB could not be reached")
+
+        monkeypatch.setattr(q, "push_many", away)
+        with pytest.raises(TransportUnavailable) as err:
+            await t.enqueue_many(0, [{"x": 1}])
+        assert isinstance(err.value.__cause__, ServerUnavailable)
+    finally:
+        await t.stop()
+
+
+def test_reading_the_breaker_changes_nothing_and_a_failing_listener_is_only_logged(caplog):
+    now = [0.0]
+    b = CircuitBreaker(pending_threshold=10, failure_threshold=3, cooldown=5.0, window=60.0,
+                       clock=lambda: now[0])  # fmt: skip
+    seen = []
+
+    def broken(old, new, why):
+        raise RuntimeError("listener bug")
+
+    b.listeners.extend([broken, lambda old, new, why: seen.append((old, new))])
+    with caplog.at_level(logging.ERROR, logger="bucketq.reservoir"):
+        b.record_pending(11)
+    assert b.state == OPEN and seen == [(CLOSED, OPEN)]
+    assert any("listener" in r.getMessage() for r in caplog.records)
+    now[0] = 6.0
+    assert b.state == HALF_OPEN and b.state_name == "half-open"
+    assert seen == [(CLOSED, OPEN)]  # reading it told nobody anything
+    assert b.allow()
+    assert seen == [(CLOSED, OPEN), (OPEN, HALF_OPEN)]
