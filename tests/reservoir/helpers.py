@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bucketq.reservoir import BufferConfig
+from waiting import eventually_async
 
 #: A buffer tuned for tests: few shards, small and young batches, short retry delays,
 #: a breaker that stays out of the way unless a test wants it.
@@ -45,17 +44,8 @@ async def eventually(
     check: Callable[[], Any | Awaitable[Any]], timeout: float = 30.0, what: str = ""
 ) -> Any:
     """Poll ``check`` until it returns something truthy (progress of real background
-    work, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        await asyncio.sleep(0.02)
+    work, not a timing assertion): the suite's ``eventually_async`` (tests/waiting.py)."""
+    return await eventually_async(check, timeout=timeout, what=what)
 
 
 async def settled(buf: Any, timeout: float = 45.0) -> None:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from bucketq.queue._codec import decode_items
 from bucketq.spark import _ops as ops
 from bucketq.spark.source import BucketQDataSource
 from bucketq.stream import StreamQueue
+from waiting import eventually
 
 pytestmark = pytest.mark.spark
 
@@ -157,11 +157,12 @@ def _run_killed(mode, uri, db_name, queue, out, checkpoint, min_batches):
     )
     try:
         assert p.stdout.readline().strip() == "started"
-        deadline = time.monotonic() + 120
-        while _committed_batches(checkpoint) < min_batches and time.monotonic() < deadline:
+
+        def progressed() -> bool:
             assert p.poll() is None, "the streaming query died: " + log.read_text()[-3000:]
-            time.sleep(0.1)
-        assert _committed_batches(checkpoint) >= min_batches, "the query made no progress"
+            return _committed_batches(checkpoint) >= min_batches
+
+        eventually(progressed, timeout=120, interval=0.1, what=f"{min_batches} committed batches")
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()

@@ -16,6 +16,7 @@ import pytest
 
 from bucketq.errors import ConfigurationError, Fenced
 from bucketq.stream import AckOutOfOrder, AsyncStreamQueue, StreamQueue
+from waiting import eventually
 
 WORKER = str(Path(__file__).with_name("stream_worker.py"))
 FAST = {"bucket_max_size": 10, "bucket_max_wait": 0.05, "poll_interval": 0.1}
@@ -30,11 +31,17 @@ def worker(mode: str, uri: str, db_name: str) -> subprocess.Popen:
     )
 
 
-def drain(c, timeout=1.0):
+def drain(c, items, timeout=10.0):
+    """Read and ack batches until ``items`` items came (each batch may take up to
+    ``timeout``), then check that nothing more is stored, without waiting for it."""
     out = []
-    while (b := c.next_batch(timeout=timeout)) is not None:
+    while sum(len(b.items) for b in out) < items:
+        b = c.next_batch(timeout=timeout)
+        assert b is not None, f"only {sum(len(b.items) for b in out)} of {items} items came"
         out.append(b)
         c.ack(b.seq)
+    extra = c.next_batch(timeout=0)
+    assert extra is None, f"more than {items} items: {extra}"
     return out
 
 
@@ -58,7 +65,7 @@ def test_buckets_come_in_order_with_gapless_seqs_and_acks_delete_them(db):
     c.ack_through(3)
     assert db.s.count_documents({}) == 7
     assert q.position()["acked"] == 3
-    rest = drain(c)
+    rest = drain(c, 65)
     assert [b.seq for b in rest] == list(range(4, 11))
     items = b2.items + b3.items + [x for b in rest for x in b.items]
     assert items == [{"i": i} for i in range(10, 95)]
@@ -74,7 +81,7 @@ def test_two_producers_share_one_gapless_sequence(db):
     qa.flush()
     qb.flush()
     c = qa.consumer()
-    got = drain(c)
+    got = drain(c, 60)
     assert [b.seq for b in got] == list(range(1, len(got) + 1))
     assert sorted(x for b in got for x in b.items) == list(range(60))
 
@@ -84,9 +91,12 @@ async def test_async_stream_order_and_ack(adb):
         await q.push_many(list(range(25)), durable=True)
         c = await q.consumer()
         seen = []
-        while (b := await c.next_batch(timeout=0.5)) is not None:
+        while sum(len(b.items) for b in seen) < 25:
+            b = await c.next_batch(timeout=10)
+            assert b is not None, f"only {len(seen)} batches came"
             seen.append(b)
             await c.ack(b.seq)
+        assert await c.next_batch(timeout=0) is None
         assert [b.seq for b in seen] == [1, 2, 3]
         assert [x for b in seen for x in b.items] == list(range(25))
         assert (await q.position())["acked"] == 3
@@ -106,7 +116,7 @@ def test_a_zombie_consumer_in_another_process_is_fenced(db, mongo_uri, db_name):
         p.kill()
     assert out.split("\n")[:2] == ["ack fenced", "next_batch fenced"]
     # Nothing the zombie did counted: the newer consumer gets every bucket from 1.
-    got = drain(newer)
+    got = drain(newer, 30)
     assert [b.seq for b in got] == [1, 2, 3]
     q.consumer()  # and it is fenced in turn by the next
     with pytest.raises(Fenced):
@@ -118,7 +128,7 @@ def test_resume_after_a_seq(db):
     q.push_many(list(range(50)), durable=True)
     c = q.consumer(after=2)
     assert db.s.count_documents({}) == 3  # 1 and 2 acknowledged on open
-    got = drain(c)
+    got = drain(c, 30)
     assert [b.seq for b in got] == [3, 4, 5]
     assert [x for b in got for x in b.items] == list(range(20, 50))
     with pytest.raises(ConfigurationError, match="acknowledged through 5"):
@@ -162,7 +172,7 @@ def test_a_late_bucket_is_never_skipped_and_one_too_late_is_renumbered(db):
             "w": None,
         }
     )
-    assert [b.items for b in drain(c, timeout=0.5)] == [[0], [1]]
+    assert [b.items for b in drain(c, 2)] == [[0], [1]]
     # Too late: the hole is closed; the producer's insert meets the tombstone and renumbers.
     real_insert = q._col.insert_one
     gate = {"first": True}
@@ -207,10 +217,15 @@ def test_exactly_once_into_a_sink_that_stores_the_seq_while_consumers_are_killed
     p = worker("sink", mongo_uri, db_name)  # the last one runs until the stream is empty
     try:
         assert p.stdout.readline().strip() == "started"
-        deadline = time.monotonic() + 90
-        while db.sink.count_documents({}) < buckets and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(0.5)  # and a little longer: nothing more may arrive
+        eventually(
+            lambda: db.sink.count_documents({}) >= buckets, timeout=90, what="a complete sink"
+        )
+        # Nothing more may arrive: the sink worker found the stream empty ("idle", after
+        # its last ack) and is still running (a second insert of a seq would kill it).
+        for line in p.stdout:
+            if line.strip() == "idle":
+                break
+        assert p.poll() is None, "the sink worker died"
     finally:
         p.kill()
         p.wait()
