@@ -37,10 +37,11 @@ def test_big_items_fill_buckets_within_max_bytes_and_bad_items_harm_nothing(db):
     assert max(sizes) <= LIMIT
     assert sorted(seen) == list(range(1024))
     got = 0
-    while (m := q.reserve(timeout=2)) is not None:
+    while got < 1024 and (m := q.reserve(timeout=10)) is not None:
         assert m.payload["i"] >= 0
         q.commit(m)
         got += 1
+    assert q.reserve(timeout=0) is None and q.size() == 0, "more than 1024 items"
     q.close()
     assert got == 1024
     assert db["q"].count_documents({}) == 0

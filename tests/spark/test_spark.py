@@ -130,9 +130,9 @@ def test_batch_write_of_100k_rows_lands_exactly_100k_items_despite_a_failed_task
         # and a consumer reads them all, in order, without waiting on a hole
         c = StreamQueue(db, "out").consumer()
         read = 0
-        while (b := c.next_batch(timeout=0.5)) is not None:
+        while read < 100_000 and (b := c.next_batch(timeout=0.5)) is not None:
             read += len(b.items)
-        assert read == 100_000
+        assert read == 100_000 and c.next_batch(timeout=0) is None
     else:
         items = [it["p"] for d in db.out.find() for it in decode_items(d["items"])]
     assert len(items) == 100_000
