@@ -7,6 +7,7 @@ answer". ``create_app()`` builds the app; ``bucketq serve`` runs it with uvicorn
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
@@ -339,8 +340,14 @@ class Service:
             for i, r in enumerate(records):
                 r["_id"] = record_id(project, kind, idempotency_key, i)
         method = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_metrics"}[kind]
+        budget = self.config.ingest_timeout_ms / 1000
         try:
-            res = await getattr(self.reservoir, method)(records)
+            res = await asyncio.wait_for(getattr(self.reservoir, method)(records), budget)
+        except TimeoutError as exc:
+            log.warning("%d %s records not accepted within %.1f s", len(records), kind, budget)
+            raise self.unavailable(
+                f"Storage did not accept the records within {budget:g} s (BUCKETQ_INGEST_TIMEOUT_MS)."
+            ) from exc
         except Exception as exc:
             log.warning(
                 "%d %s records not accepted: %s: %s", len(records), kind, type(exc).__name__, exc
@@ -354,7 +361,10 @@ class Service:
             raise self.unavailable(f"{failed} of {len(records)} records were not accepted ({why}).")
         if kind == "log" and self.tee is not None:
             try:
-                await self.tee.push_many([tee_item(project, r) for r in records], durable=True)
+                await asyncio.wait_for(
+                    self.tee.push_many([tee_item(project, r) for r in records], durable=True),
+                    budget,
+                )
             except Exception as exc:
                 log.warning(
                     "tee stream %r refused %d records: %s",

@@ -27,6 +27,8 @@ DEFAULT_RETRY_AFTER_S = 5
 DEFAULT_QUERY_MAX_LIMIT = 1000
 #: MongoDB server selection and operation timeout of the service's client, in ms.
 DEFAULT_MONGODB_TIMEOUT_MS = 5000
+#: Longest an ingest may wait for the reservoir (and the tee) before it answers 503.
+DEFAULT_INGEST_TIMEOUT_MS = 5000
 #: The database when neither the URI nor ``BUCKETQ_DATABASE`` names one.
 DEFAULT_DATABASE = "bucketq"
 
@@ -81,6 +83,8 @@ SETTINGS: tuple[Setting, ...] = (
             "`Retry-After` of a 503 answer, in seconds.", _int(1)),
     Setting("BUCKETQ_MONGODB_TIMEOUT_MS", "mongodb_timeout_ms", str(DEFAULT_MONGODB_TIMEOUT_MS),
             "Server selection timeout of the service's MongoDB client.", _int(100)),
+    Setting("BUCKETQ_INGEST_TIMEOUT_MS", "ingest_timeout_ms", str(DEFAULT_INGEST_TIMEOUT_MS),
+            "Longest an ingest waits for the reservoir (storage or transport) before it answers 503.", _int(1)),
     Setting("BUCKETQ_TEE_STREAM", "tee_stream", "",
             "Also append every accepted log record to this stream-mode queue (for `bucketq pipeline`).", _name),
 )  # fmt: skip
@@ -97,6 +101,7 @@ class ServerConfig:
     key_cache_ms: int = DEFAULT_KEY_CACHE_MS
     retry_after_s: int = DEFAULT_RETRY_AFTER_S
     mongodb_timeout_ms: int = DEFAULT_MONGODB_TIMEOUT_MS
+    ingest_timeout_ms: int = DEFAULT_INGEST_TIMEOUT_MS
     tee_stream: str = ""
 
     def __post_init__(self) -> None:

@@ -25,6 +25,8 @@ KEYS_COLLECTION = "api_keys"
 KEY_PREFIX = "bq_"
 #: Characters of a key shown by ``keys list`` and accepted by ``keys revoke``.
 SHOWN = len(KEY_PREFIX) + 8
+#: Keys remembered at most (the cache is emptied beyond).
+DEFAULT_CACHE_SIZE = 10_000
 _KEY = re.compile(r"^bq_[0-9a-f]{64}$")
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -78,7 +80,11 @@ class KeyCache:
     storage server the lookups outlive the ``ttl`` so that every request keeps missing
     (measured with ``bucketq bench ingest``: ~0.7 key lookups per request at 100
     requests/s on the embedded server). The entry is stamped with the lookup's start,
-    so a revoked key still stops working within ``ttl`` of its revocation being read."""
+    so a revoked key still stops working within ``ttl`` of its revocation being read.
+
+    While MongoDB does not answer, a key looked up before keeps its last known state,
+    so a buffer with its own transport (redis, memory) goes on accepting records; a key
+    never seen raises."""
 
     def __init__(
         self, db: Any, *, ttl: float = 1.0, clock: Callable[[], float] = time.monotonic
@@ -102,7 +108,12 @@ class KeyCache:
             # not cancel the lookup the others wait for.
             task = self._inflight[h] = asyncio.ensure_future(self._fetch(h))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except Exception:
+            if hit is not None:
+                return hit[1]
+            raise
 
     async def _fetch(self, h: str) -> KeyInfo | None:
         now = self.clock()
@@ -115,10 +126,9 @@ class KeyCache:
             if doc is None
             else KeyInfo(doc["project"], doc.get("prefix", ""), doc.get("revoked_at") is not None)
         )
-        if self.ttl > 0:
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[h] = (now, info)
+        if len(self._cache) > DEFAULT_CACHE_SIZE:
+            self._cache.clear()
+        self._cache[h] = (now, info)  # kept even with ttl 0: the last known state
         return info
 
 
