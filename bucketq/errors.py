@@ -12,6 +12,7 @@
     ├── QueueClosed                 the queue was drained or closed
     ├── QueueFull                   max_pending_bytes reached with pending_policy="raise"
     ├── PushFailed                  a bucket insert failed after its retry budget
+    │   └── WriteConcernNotConfirmed  stored, but the write concern was not confirmed
     ├── LeaseLost                   another consumer owns the bucket now
     │   └── Fenced                  an older stream consumer epoch was fenced off
     ├── AckOutOfOrder               a stream ack is not the next delivered seq
@@ -83,6 +84,12 @@ class QueueFull(BucketQError):
 
 class PushFailed(BucketQError):
     """A bucket could not be inserted within the retry budget; its items were not stored."""
+
+
+class WriteConcernNotConfirmed(PushFailed):
+    """The item IS stored, but the server did not confirm the queue's write concern
+    (e.g. ``{"w": 2}`` with fewer data-bearing nodes, or a ``wtimeout``). Do not push it
+    again: that would store it twice."""
 
 
 class LeaseLost(BucketQError):

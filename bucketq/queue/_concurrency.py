@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from .._guard import LoopGuard
-from ..errors import PushFailed
+from ..errors import PushFailed, WriteConcernNotConfirmed
 
 log = logging.getLogger("bucketq.queue")
 
@@ -102,8 +102,21 @@ class AsyncBatch:
             except TimeoutError:
                 return False
         if self.error is not None:
-            raise PushFailed(f"The item was not stored: {self.error}") from self.error
+            raise receipt_error(self.error)
         return True
+
+
+def receipt_error(error: BaseException) -> PushFailed:
+    """What a receipt raises for its bucket's outcome: a fresh exception per wait, so
+    receipts sharing a bucket do not share one traceback."""
+    new: PushFailed
+    if isinstance(error, WriteConcernNotConfirmed):  # stored: say so
+        new = WriteConcernNotConfirmed(str(error))
+        new.__cause__ = error.__cause__
+    else:
+        new = PushFailed(f"The item was NOT stored: {error}")
+        new.__cause__ = error
+    return new
 
 
 class AsyncReceipt:
@@ -230,7 +243,7 @@ class Batch:
         if not self._event.wait(timeout):
             return False
         if self.error is not None:
-            raise PushFailed(f"The item was not stored: {self.error}") from self.error
+            raise receipt_error(self.error)
         return True
 
 

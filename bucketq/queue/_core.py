@@ -151,6 +151,18 @@ class QueueOptions:
         return WriteConcern(**wc) if isinstance(wc, dict) else wc
 
 
+def bulk_failed_indexes(exc: Any) -> set[int]:
+    """The positions of the writes a ``BulkWriteError`` says failed."""
+    return {int(e["index"]) for e in exc.details.get("writeErrors", []) if "index" in e}
+
+
+def bulk_error_of(exc: Any, index: int) -> str:
+    for e in exc.details.get("writeErrors", []):
+        if e.get("index") == index:
+            return str(e.get("errmsg") or e)
+    return str(exc)
+
+
 def split_write_errors(exc: Any) -> tuple[list[Any], set[Any]]:
     """A ``BulkWriteError`` of an insert: (ids that exist already, ids that failed otherwise).
     An existing id is an earlier attempt that landed, or for a stream, someone else's number."""
@@ -290,7 +302,7 @@ def parse_item_id(value: Any) -> tuple[ObjectId, int]:
 class OpenBucket:
     """Items buffered for one bucket insert. ``batch`` is the shell's completion handle."""
 
-    __slots__ = ("id", "items", "nbytes", "mature", "opened", "slot", "batch", "urgent")
+    __slots__ = ("id", "items", "nbytes", "mature", "opened", "slot", "batch", "urgent", "error")
 
     def __init__(self, slot: int | None, opened: float, batch: Any) -> None:
         self.id = ObjectId()
@@ -303,6 +315,9 @@ class OpenBucket:
         # A durable push waits on it: written at the writer's next turn, not at its age
         # limit. Pushes that arrive while the writer is busy join it (group commit).
         self.urgent = False
+        # What its receipts report when this bucket alone failed (or was stored with its
+        # write concern unconfirmed); None: the write's shared outcome.
+        self.error: BaseException | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -321,6 +336,46 @@ class OpenBucket:
         if seq is not None:
             doc["seq"] = seq
         return doc
+
+
+def build_documents(
+    buckets: list[OpenBucket], build: Callable[[OpenBucket], dict[str, Any]]
+) -> tuple[dict[Any, dict[str, Any]], set[Any]]:
+    """Each bucket's document, built on its own: a bucket whose document cannot be built
+    fails alone (its ``error`` says why; its id is in the returned set), never the others
+    of the same write."""
+    docs: dict[Any, dict[str, Any]] = {}
+    failed: set[Any] = set()
+    for ob in buckets:
+        try:
+            docs[ob.id] = build(ob)
+        except (ValueError, OverflowError, TypeError, OSError) as exc:
+            from ..errors import PayloadError
+
+            err = PayloadError(f"Bucket {ob.id} could not be built for its insert: {exc}")
+            err.__cause__ = exc
+            ob.error = err
+            failed.add(ob.id)
+    return docs, failed
+
+
+def write_concern_unconfirmed(kind: str, name: str, exc: BaseException) -> BaseException:
+    """The receipt error of items that were stored while the write concern was not
+    confirmed (a ``WriteConcernError``, or a bulk write's ``writeConcernErrors``)."""
+    from ..errors import WriteConcernNotConfirmed
+
+    err = WriteConcernNotConfirmed(
+        f"The item IS stored in {kind} {name!r}, but the server did not confirm the write "
+        f"concern ({exc}). Do not push it again (that would store it twice); fix the write "
+        "concern or the replica set."
+    )
+    err.__cause__ = exc
+    return err
+
+
+def bulk_write_concern_failed(exc: Any) -> bool:
+    """Whether a ``BulkWriteError`` also reports write concern errors."""
+    return bool(exc.details.get("writeConcernErrors"))
 
 
 def recovered_bucket(bucket_id: ObjectId, items: list[bytes], now: float) -> OpenBucket:
@@ -750,10 +805,15 @@ def serve_until(now: float, lease: float) -> float:
     return now + lease / 3
 
 
-def dead_letter_headers(
-    queue: str, msg_headers: dict | None, tries: int, reason: str, now: float
-) -> dict:
-    h = dict(msg_headers or {})
+def dead_letter_headers(queue: str, msg_headers: Any, tries: int, reason: str, now: float) -> dict:
+    """The dead letter's headers: the item's own (if they are a dict with string keys;
+    anything else stored before headers were checked is kept as its repr) and why."""
+    if isinstance(msg_headers, dict) and all(isinstance(k, str) for k in msg_headers):
+        h = dict(msg_headers)
+    elif msg_headers:
+        h = {"x-original-headers": repr(msg_headers)}
+    else:
+        h = {}
     h.update(
         {
             "x-source-queue": queue,
@@ -826,7 +886,8 @@ def new_stats() -> dict[str, int]:
         (
             "pushed", "buckets_written", "insert_retries", "push_failed", "reserved", "committed",
             "rolled_back", "dead_lettered", "lease_losses", "claims", "takeovers", "state_flushes",
-            "released", "reclaims", "quarantined", "loop_errors",
+            "released", "reclaims", "write_concern_unconfirmed", "dead_letter_failed",
+            "state_flush_errors", "quarantined", "loop_errors",
         ),
         0,
     )  # fmt: skip

@@ -14,10 +14,11 @@ from typing import Any
 
 from bson import ObjectId
 from pymongo import ReturnDocument
+from pymongo.errors import BulkWriteError, WriteConcernError
 
 from ... import _validate as v
 from ..._driver import boundary
-from ...errors import QueueClosed
+from ...errors import PushFailed, QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
 from .._concurrency import AsyncBatch, AsyncNotifier, AsyncReceipt
@@ -65,7 +66,10 @@ class AsyncElementQueue:
 
     async def _setup(self) -> None:
         if not self._setup_done:
-            await self._col.create_index(core.CLAIM_SORT, name="mature_id")
+            try:
+                await self._col.create_index(core.CLAIM_SORT, name="mature_id")
+            except WriteConcernError as exc:  # built; the write concern was not confirmed
+                log.warning("queue %s: claim index: %s", self.name, exc)
             self._setup_done = True
 
     def _check_open(self) -> None:
@@ -89,11 +93,34 @@ class AsyncElementQueue:
         now = _now()
         doc = core.element_document(payload, headers, core.mature_time(now, delay, mature))
         await self._setup()
-        await self._col.insert_one(doc)
+        await self._insert([doc])
         self._stats["pushed"] += 1
         self._stats["buckets_written"] += 1
         self._wake.notify()
         return _stored(doc["_id"])
+
+    async def _insert(self, docs: list[dict[str, Any]]) -> None:
+        """Insert the items' documents; say exactly what happened when it fails: stored
+        with the write concern unconfirmed, or how many were stored."""
+        try:
+            if len(docs) == 1:
+                await self._col.insert_one(docs[0])
+            else:
+                await self._col.insert_many(docs)
+        except WriteConcernError as exc:
+            self._stats["write_concern_unconfirmed"] += len(docs)
+            raise core.write_concern_unconfirmed("queue", self.name, exc) from exc
+        except BulkWriteError as exc:
+            if not exc.details.get("writeErrors") and core.bulk_write_concern_failed(exc):
+                self._stats["write_concern_unconfirmed"] += len(docs)
+                raise core.write_concern_unconfirmed("queue", self.name, exc) from exc
+            n = int(exc.details.get("nInserted", 0))
+            self._stats["push_failed"] += len(docs) - n
+            raise PushFailed(
+                f"Only the first {n} of {len(docs)} items were stored in queue {self.name!r} "
+                f"(ids {', '.join(str(d['_id']) + '.0' for d in docs[:n]) or 'none'}); the "
+                f"others were NOT stored: {exc}"
+            ) from exc
 
     def _packer_check(self, item: bytes) -> None:
         if len(item) > self.options.bucket_max_bytes - core.BUCKET_OVERHEAD:
@@ -119,7 +146,7 @@ class AsyncElementQueue:
         docs = [core.element_document(p, headers, at) for p in payloads]
         if docs:
             await self._setup()
-            await self._col.insert_many(docs)
+            await self._insert(docs)
             self._stats["pushed"] += len(docs)
             self._stats["buckets_written"] += len(docs)
             self._wake.notify()

@@ -13,11 +13,23 @@ from typing import Any
 
 from bson import ObjectId
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
+from pymongo.errors import (
+    BulkWriteError,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+    WriteConcernError,
+)
 
 from ... import _validate as v
 from ..._driver import boundary
-from ...errors import DamagedBucket, PushFailed, QueueClosed
+from ...errors import (
+    BucketQError,
+    DamagedBucket,
+    PushFailed,
+    QueueClosed,
+    WriteConcernNotConfirmed,
+)
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
 from .._concurrency import (
@@ -151,7 +163,8 @@ class AsyncQueue(AsyncProducer):
         """Insert sealed buckets (one command), retrying transient failures within the
         retry budget; an id already there is an earlier attempt that landed."""
         await self._setup()
-        docs = {ob.id: ob.document() for ob in buckets}
+        docs, bad = core.build_documents(buckets, core.OpenBucket.document)
+        by_id = {ob.id: ob for ob in buckets}
         started = _monotonic()
         attempt = 0
         while docs:
@@ -163,21 +176,28 @@ class AsyncQueue(AsyncProducer):
                 docs.clear()
             except DuplicateKeyError:
                 docs.clear()  # an earlier attempt landed
+            except WriteConcernError as exc:  # stored; the write concern was not confirmed
+                for k in docs:
+                    by_id[k].error = core.write_concern_unconfirmed("queue", self.name, exc)
+                docs.clear()
             except PyMongoError as exc:
                 if isinstance(exc, BulkWriteError):
                     _, failed = core.split_write_errors(exc)
+                    if core.bulk_write_concern_failed(exc):
+                        for k in docs.keys() - failed:
+                            by_id[k].error = core.write_concern_unconfirmed("queue", self.name, exc)
                     docs = {k: v for k, v in docs.items() if k in failed}
                     if not docs:
                         break
                 if not self._retry_ok(exc, started):
-                    return set(docs), exc
+                    return set(docs) | bad, exc
                 attempt += 1
                 self._stats["insert_retries"] += 1
                 log.warning(
                     "queue %s: bucket insert failed (%s); retry %d", self.name, exc, attempt
                 )
                 await self._backoff(attempt)
-        return set(), None
+        return bad, None
 
     def _written(self, buckets: list[core.OpenBucket], now: float) -> None:
         for ob in buckets:
@@ -529,7 +549,11 @@ class AsyncQueue(AsyncProducer):
         """Persist every changed held bucket with one fenced write each (one command),
         renew leases, release idle buckets. Never overlaps itself."""
         async with self._flush_lock:
-            await self._dead_letter()
+            try:
+                await self._dead_letter()
+            except Exception:
+                self._stats["dead_letter_failed"] += 1
+                log.exception("queue %s: moving items to the dead-letter queue failed", self.name)
             now = _now()
             lease = self.options.lease
             writes: list[Any] = []
@@ -549,7 +573,16 @@ class AsyncQueue(AsyncProducer):
                         kind = "update"
                     else:
                         continue
-                    writes.append(core.state_write(b, now, lease, release=kind == "release"))
+                    try:
+                        w = core.state_write(b, now, lease, release=kind == "release")
+                    except (ValueError, OverflowError, TypeError) as exc:
+                        # One bucket's state cannot be written: the others' still is.
+                        self._stats["state_flush_errors"] += 1
+                        log.error(
+                            "queue %s: bucket %s: state not written: %s", self.name, b.id, exc
+                        )
+                        continue
+                    writes.append(w)
                     targets.append((b, kind))
                     b.dirty = False
             if not writes:
@@ -557,6 +590,20 @@ class AsyncQueue(AsyncProducer):
             try:
                 res = await self._col.bulk_write(writes, ordered=False)
                 done = res.matched_count + res.deleted_count
+            except BulkWriteError as exc:
+                # Some writes failed on the server: the others landed. Only the failed
+                # buckets stay dirty (written again next time).
+                bad = core.bulk_failed_indexes(exc)
+                with self._mutex:
+                    for k in sorted(bad):
+                        b = targets[k][0]
+                        b.dirty = True
+                        self._stats["state_flush_errors"] += 1
+                        log.error("queue %s: bucket %s: state write failed: %s", self.name, b.id,
+                                  core.bulk_error_of(exc, k))  # fmt: skip
+                targets = [t for k, t in enumerate(targets) if k not in bad]
+                writes = [w for k, w in enumerate(writes) if k not in bad]
+                done = int(exc.details.get("nMatched", 0)) + int(exc.details.get("nRemoved", 0))
             except PyMongoError:
                 with self._mutex:
                     for b, _ in targets:
@@ -640,29 +687,54 @@ class AsyncQueue(AsyncProducer):
         if not dying:
             return
         if self._dlq is None:
+            # Buckets as large as MongoDB allows: any item of this queue fits there with
+            # its dead-letter headers, unless it is within a few bytes of the limit.
             self._dlq = type(self)(
                 self.db,
                 self.options.dead_letter_name(self.name),
                 write_concern=self.options.write_concern,
+                bucket_max_bytes=core.HARD_MAX_BYTES,
             )
         now = _now()
-        receipts = []
+        # Each item on its own: one that cannot be moved (its data, or its insert failed)
+        # stays in this queue, rolled back, and never holds up the others.
+        pushed: list[tuple[core.HeldBucket, int, Any]] = []
+        failed: list[tuple[core.HeldBucket, int, BaseException]] = []
         for b, i, reason in dying:
             it = b.items[i] if b.items is not None else {}
-            headers = core.dead_letter_headers(
-                self.name, it.get("h"), b.tries.get(i, 0), reason, now
-            )
-            receipts.append(await self._dlq.push(it.get("p"), headers=headers))
-        await self._dlq.flush()
-        for r in receipts:
-            await r.wait()
-        moved = {(b.id, i) for b, i, _ in dying}
+            try:
+                headers = core.dead_letter_headers(
+                    self.name, it.get("h"), b.tries.get(i, 0), reason, now
+                )
+                pushed.append((b, i, await self._dlq.push(it.get("p"), headers=headers)))
+            except BucketQError as exc:
+                failed.append((b, i, exc))
+        await self._dlq._flush_pushes()
+        moved = []
+        for b, i, r in pushed:
+            try:
+                await r.wait()
+                moved.append((b, i))
+            except WriteConcernNotConfirmed:
+                moved.append((b, i))  # stored there: do not keep a second copy here
+            except PushFailed as exc:
+                failed.append((b, i, exc))
         with self._mutex:
-            for b, i, _ in dying:
+            for b, i in moved:
                 b.dead(i)
                 self._stats["dead_lettered"] += 1
+            for b, i, why in failed:
+                self._stats["dead_letter_failed"] += 1
+                log.error(
+                    "queue %s: item %s could not be moved to the dead-letter queue (%s); it "
+                    "stays here and is tried again later",
+                    self.name, core.item_id(b.id, i), why,
+                )  # fmt: skip
+                if b.state[i] == core.RESERVED and not b.lost:
+                    b.rollback(i, now + core.retry_delay(b.tries.get(i, 0), self.options), now)
+            done = {(b.id, i) for b, i in moved} | {(b.id, i) for b, i, _ in failed}
             for b in {id(b): b for b, _, _ in dying}.values():
-                b.dying = [d for d in b.dying if (b.id, d[0]) not in moved]
+                b.dying = [d for d in b.dying if (b.id, d[0]) not in done]
 
     # -- drain and close -------------------------------------------------------------------
 

@@ -192,11 +192,23 @@ class Producer:
             self._pending_bytes -= ob.nbytes
             self._unwritten.pop(ob.id, None)
             if ob.id in failed:
+                why = ob.error or error
                 self._stats["push_failed"] += len(ob)
                 log.error(
-                    "%s %s: %d items were NOT stored: %s", self._kind, self.name, len(ob), error
+                    "%s %s: %d items were NOT stored: %s", self._kind, self.name, len(ob), why
                 )
-                ob.batch.resolve(error)
+                ob.batch.resolve(why)
+            elif ob.error is not None:  # stored, but the write concern was not confirmed
+                self._stats["buckets_written"] += 1
+                self._stats["write_concern_unconfirmed"] = self._stats.get(
+                    "write_concern_unconfirmed", 0
+                ) + len(ob)
+                log.error(
+                    "%s %s: %d items were stored but the write concern was not confirmed: %s",
+                    self._kind, self.name, len(ob), ob.error,
+                )  # fmt: skip
+                ob.batch.resolve(ob.error)
+                stored.append(ob)
             else:
                 self._stats["buckets_written"] += 1
                 ob.batch.resolve()

@@ -12,7 +12,7 @@ from collections import deque
 from typing import Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
+from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError, WriteConcernError
 
 from ... import _validate as v
 from ..._driver import boundary
@@ -138,9 +138,17 @@ class AsyncStreamQueue(AsyncProducer):
                 else:
                     await self._col.insert_many(docs, ordered=False)
                 todo = []
+            except WriteConcernError as exc:  # stored; the write concern was not confirmed
+                for ob in todo:
+                    ob.error = qcore.write_concern_unconfirmed("stream", self.name, exc)
+                todo = []
             except (DuplicateKeyError, BulkWriteError) as exc:
                 if isinstance(exc, BulkWriteError):
                     dups, failed = qcore.split_write_errors(exc)
+                    if qcore.bulk_write_concern_failed(exc):
+                        for ob in todo:
+                            if seqs[ob.id] not in failed and seqs[ob.id] not in dups:
+                                ob.error = qcore.write_concern_unconfirmed("stream", self.name, exc)
                 else:  # insert_one: the single bucket
                     dups, failed = [seqs[todo[0].id]], set()
                 by_seq = {seqs[ob.id]: ob for ob in todo}
