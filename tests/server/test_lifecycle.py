@@ -74,6 +74,37 @@ def test_ready_and_503_follow_the_storage_server(storage: EmbeddedServer, tmp_pa
         assert serve.terminate() == 0
 
 
+def test_open_breaker_writes_straight_to_storage(
+    mongo_uri: str, mongo_client: MongoClient, tmp_path: Path
+) -> None:
+    """Memory transport, breaker threshold 1: the first request is buffered and opens
+    the breaker; the next goes straight to storage (stored before its 200); SIGTERM
+    drains the first and the report says nothing was lost."""
+    database = f"bqs_brk_{uuid.uuid4().hex[:8]}"
+    db = mongo_client[database]
+    key = _keys.create_key(db, "brk")
+    env = {"RESERVOIR_BUFFER_ENABLED": "true", "RESERVOIR_BUFFER_TRANSPORT": "memory",
+           "RESERVOIR_BUFFER_PENDING_THRESHOLD": "1", "RESERVOIR_BUFFER_MAX_BATCH_AGE_MS": "3000"}  # fmt: skip
+    serve = Serve(mongo_uri, database, tmp_path / "serve.log", **env).start()
+    try:
+        with serve.client(key) as c:
+            assert c.post("/api/v1/ingest", json=log_batch(10, prefix="held")).status_code == 200
+            assert c.post("/api/v1/ingest", json=log_batch(10, prefix="direct")).status_code == 200
+            assert db["logs"].count_documents({"message": {"$regex": "^direct-"}}) == 10
+            text = c.get("/metrics").text
+        assert 'reservoir_buffer_enqueued_total{kind="log"' in text
+        bypassed = [
+            ln for ln in text.splitlines() if ln.startswith("reservoir_buffer_bypass_total{")
+        ]
+        assert sum(float(ln.rsplit(" ", 1)[1]) for ln in bypassed) == 10
+        assert "reservoir_buffer_breaker_state 1.0" in text
+    finally:
+        assert serve.terminate() == 0
+    assert "lost=0" in serve.output() and "timed_out=False" in serve.output()
+    assert db["logs"].count_documents({}) == 20
+    mongo_client.drop_database(database)
+
+
 def test_sigterm_under_load_with_the_bucketq_transport(
     mongo_uri: str, mongo_client: MongoClient, tmp_path: Path
 ) -> None:

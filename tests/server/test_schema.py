@@ -44,7 +44,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @schema.parametrize()
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 def test_the_served_schema_holds(case, serve: Serve, fuzz_key: str) -> None:
     case.call_and_validate(
         base_url=serve.url,
