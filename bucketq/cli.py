@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .benchmark.ingest.cli import add_parser as add_ingest_bench
 
     add_ingest_bench(bench_sub)
+    from .sdk._bench import add_parser as add_sdk_bench
+
+    add_sdk_bench(bench_sub)
 
     s = sub.add_parser(
         "server", help="run the embedded MongoDB-wire server in the foreground, print its URI"

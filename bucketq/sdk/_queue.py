@@ -46,7 +46,8 @@ class SafeQueue:
         self._wb_size = maxsize if writeback_size is None else writeback_size
         self._items: deque[Any] = deque()
         self._wb: deque[Any] = deque()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._high_mark = max(1, int(maxsize * high_water / 100.0 + 0.999999))
         self._notify_every = max(1, notify_every)
         self.high = threading.Event()
@@ -66,7 +67,7 @@ class SafeQueue:
         return (len(self._items) + len(self._wb)) * 100.0 / self._maxsize
 
     def add(self, item: Any) -> bool:
-        with self._cond:
+        with self._lock:  # the lock itself: a C context manager, cheaper than the Condition
             n = len(self._items)
             if n >= self._maxsize:
                 self.refused += 1

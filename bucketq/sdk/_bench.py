@@ -1,0 +1,282 @@
+"""``bucketq bench sdk``: what one log call costs the caller, and how fast records arrive.
+
+Caller cost: p50/p99/p99.9/max wall time of one ``logger.info(...)`` (plus the caller
+thread's CPU per call) in a hot loop, each case in a fresh child process, one after the
+other against one ``bucketq serve`` on loopback:
+
+- ``sdk, server up``: :class:`~bucketq.sdk.IngestHandler` with its defaults
+- ``sdk, server stopped``: the same, nothing listening on its port (records spill)
+- ``sdk, queue full``: the server frozen with SIGSTOP, so the queue stays full and
+  every call goes to the spill
+- ``FileHandler``: the standard library's, to a local file (the floor a user knows)
+- ``HTTPHandler``: the standard library's blocking handler, one POST per record, to
+  the same server (fewer calls: each one is a round trip)
+
+Delivery: records/s from one process to ``bucketq serve`` end to end (first call until
+the server has every record), and the SDK's memory while the server is stopped (RSS
+every quarter of the loop: bounded by the queue, not growing with the calls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.handlers
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_N = 100_000
+DEFAULT_HTTP_N = 2_000
+DEFAULT_DELIVERY_N = 50_000
+
+CASES = ("sdk_up", "sdk_down", "sdk_full", "file", "http")
+LABELS = {
+    "sdk_up": "IngestHandler, server up",
+    "sdk_down": "IngestHandler, server stopped",
+    "sdk_full": "IngestHandler, queue full (server frozen)",
+    "file": "logging.FileHandler",
+    "http": "logging.handlers.HTTPHandler, server up",
+}
+
+
+def _rss_kib() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _percentiles(ns: list[int]) -> dict[str, float]:
+    ns.sort()
+    n = len(ns)
+
+    def at(q: float) -> float:
+        return ns[min(n - 1, int(q * n))] / 1000.0
+
+    return {"p50_us": at(0.50), "p99_us": at(0.99), "p999_us": at(0.999),
+            "max_us": ns[-1] / 1000.0, "mean_us": sum(ns) / n / 1000.0}  # fmt: skip
+
+
+def _child(case: str, url: str, key: str, n: int, spill: str) -> dict[str, Any]:
+    """Run one caller-cost case in this (fresh) process; return its figures."""
+    from . import IngestHandler
+
+    handler: logging.Handler
+    if case in ("sdk_up", "sdk_down", "sdk_full"):
+        handler = IngestHandler(url, key, spill_dir=spill, service="bench")
+    elif case == "file":
+        handler = logging.FileHandler(os.path.join(spill, "file.log"))
+    else:
+        host = url.split("//", 1)[1]
+        handler = logging.handlers.HTTPHandler(host, "/api/v1/ingest", method="POST")
+    logger = logging.getLogger("bench.caller")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    if case == "sdk_full":  # fill the queue first: the measured calls all find it full
+        fill = (time.time(), "info", "fill", "bench", None, None, None)
+        while handler.processor.queue.add(fill):  # type: ignore[attr-defined]
+            pass
+    extra = {"user": "u-42", "path": "/api/orders", "status": 200}
+    pc = time.perf_counter_ns
+    lat = [0] * n
+    rss = [_rss_kib()]
+    quarter = max(1, n // 4)
+    cpu0 = time.thread_time()
+    for i in range(n):
+        t0 = pc()
+        logger.info("request %d handled", i, extra=extra)
+        lat[i] = pc() - t0
+        if (i + 1) % quarter == 0:
+            rss.append(_rss_kib())
+    cpu = time.thread_time() - cpu0
+    out: dict[str, Any] = {"case": case, "n": n, **_percentiles(lat),
+                           "caller_cpu_us_per_call": cpu / n * 1e6, "rss_kib": rss}  # fmt: skip
+    if isinstance(handler, logging.Handler) and hasattr(handler, "stats"):
+        out["stats"] = handler.stats()
+        handler.processor.close(0)  # type: ignore[attr-defined]
+    else:
+        handler.close()
+    return out
+
+
+def _delivery(url: str, key: str, n: int, spill: str) -> dict[str, Any]:
+    """Records/s from one process to the server, counted as accepted by the server."""
+    from . import Client
+
+    c = Client(url, key, spill_dir=spill, service="bench-delivery")
+    t0 = time.perf_counter()
+    for i in range(n):
+        c.log("info", f"delivery {i}", i=i)
+    logged = time.perf_counter() - t0
+    deadline = time.monotonic() + 600
+    while True:
+        st = c.stats()
+        if st["sent"] + st["replayed"] >= n or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    total = time.perf_counter() - t0
+    st = c.stats()
+    c.close(5)
+    return {"n": n, "log_seconds": logged, "seconds": total,
+            "records_per_s": (st["sent"] + st["replayed"]) / total,
+            "via_spill": st["spilled"], "stats": st}  # fmt: skip
+
+
+def _run_child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-m", "bucketq.sdk._bench", *args], env=env,
+                       capture_output=True, text=True, timeout=1800)  # fmt: skip
+    if r.returncode != 0:
+        raise RuntimeError(f"benchmark child {args[0]} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run(mongodb_uri: str | None, *, n: int = DEFAULT_N, http_n: int = DEFAULT_HTTP_N,
+        delivery_n: int = DEFAULT_DELIVERY_N, cases: list[str] | None = None,
+        json_path: str | None = None) -> dict[str, Any]:  # fmt: skip
+    from ..benchmark.ingest._serve import ServeProcess, free_port
+    from ..embedded import URI_ENV, EmbeddedServer
+
+    cases = list(cases or CASES)
+    uri = mongodb_uri or os.environ.get(URI_ENV) or None
+    embedded = None if uri else EmbeddedServer().start()
+    db = f"bqbench_sdk_{os.getpid()}"
+    env = {URI_ENV: uri or embedded.uri, "BUCKETQ_DATABASE": db}  # type: ignore[union-attr]
+    serve = ServeProcess(env)
+    results: dict[str, Any] = {"cases": {}, "env": {
+        "python": platform.python_version(), "machine": platform.machine(),
+        "cpus": os.cpu_count(), "n": n, "http_n": http_n,
+        "mongodb": "embedded SecantusDB" if embedded else "given URI"}}  # fmt: skip
+    try:
+        print("starting bucketq serve ...", file=sys.stderr)
+        serve.start()
+        key = serve.create_key("bench-sdk")
+        child_env = {**os.environ, **serve.env}
+        dead = f"http://127.0.0.1:{free_port()}"
+        for case in cases:
+            with tempfile.TemporaryDirectory(prefix="bucketq-bench-sdk-") as spill:
+                url = dead if case == "sdk_down" else serve.url
+                count = http_n if case == "http" else n
+                print(f"caller cost: {LABELS[case]} ({count:,} calls) ...", file=sys.stderr)
+                if case == "sdk_full":
+                    os.kill(serve.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+                try:
+                    res = _run_child(["child", case, url, key, str(count), spill], child_env)
+                finally:
+                    if case == "sdk_full":
+                        os.kill(serve.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+                results["cases"][case] = res
+        with tempfile.TemporaryDirectory(prefix="bucketq-bench-sdk-") as spill:
+            print(f"delivery: {delivery_n:,} records end to end ...", file=sys.stderr)
+            results["delivery"] = _run_child(
+                ["delivery", serve.url, key, str(delivery_n), spill], child_env
+            )
+    finally:
+        serve.stop()
+        serve.close()
+        if embedded is not None:
+            embedded.stop()
+        elif uri:
+            try:
+                from pymongo import MongoClient
+
+                MongoClient(uri).drop_database(db)
+            except Exception as exc:  # noqa: BLE001 - clean-up is best effort
+                print(f"could not drop {db}: {exc}", file=sys.stderr)
+    _report(results)
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return results
+
+
+def _report(results: dict[str, Any]) -> None:
+    cases = results["cases"]
+    file_p50 = cases.get("file", {}).get("p50_us")
+    http_p99 = cases.get("http", {}).get("p99_us")
+    print()
+    print("| case | calls | p50 µs | p99 µs | p99.9 µs | max µs | caller CPU µs/call | "
+          "HTTPHandler p99 / this p99 | RSS growth KiB |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for case, r in cases.items():
+        ratio = f"{http_p99 / r['p99_us']:,.0f}x" if http_p99 and case != "http" else ""
+        growth = max(r["rss_kib"]) - r["rss_kib"][1] if len(r["rss_kib"]) > 1 else 0
+        print(f"| {LABELS[case]} | {r['n']:,} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | "
+              f"{r['p999_us']:.1f} | {r['max_us']:,.0f} | {r['caller_cpu_us_per_call']:.1f} | "
+              f"{ratio} | {growth:,} |")  # fmt: skip
+    if file_p50:
+        print(f"\nFileHandler p50 on this machine: {file_p50:.1f} µs (the same loop, no network)")
+    d = results.get("delivery")
+    if d:
+        print(f"delivery: {d['n']:,} records in {d['seconds']:.2f} s = "
+              f"{d['records_per_s']:,.0f} records/s end to end ({d['via_spill']:,} went through "
+              f"the spill and its replay; the log calls took {d['log_seconds']:.2f} s)")  # fmt: skip
+    for case in ("sdk_down", "sdk_full"):
+        if case in cases:
+            st = cases[case].get("stats", {})
+            print(f"{LABELS[case]}: RSS KiB at each quarter {cases[case]['rss_kib']}; "
+                  f"queued {st.get('queued')}, spilled {st.get('spilled')}, "
+                  f"lost {st.get('lost_total')}")  # fmt: skip
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "sdk",
+        help="the logging SDK: caller cost of a log call (server up, stopped, queue full) "
+        "beside FileHandler and HTTPHandler; delivery records/s; memory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--n", type=int, default=DEFAULT_N, help=f"calls per case (default {DEFAULT_N:,})"
+    )
+    p.add_argument("--http-n", type=int, default=DEFAULT_HTTP_N,
+                   help=f"calls through HTTPHandler (default {DEFAULT_HTTP_N:,}; each is a round trip)")  # fmt: skip
+    p.add_argument("--delivery-n", type=int, default=DEFAULT_DELIVERY_N,
+                   help=f"records for the delivery rate (default {DEFAULT_DELIVERY_N:,})")  # fmt: skip
+    p.add_argument("--case", action="append", choices=CASES, help="run only this case (repeatable)")
+    p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    p.add_argument("--mongodb-uri", help="use this MongoDB (default: $BUCKETQ_MONGODB_URI, else the embedded server)")  # fmt: skip
+    p.set_defaults(func=run_from_args)
+    return p
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    from ..errors import BucketQError
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        run(args.mongodb_uri, n=args.n, http_n=args.http_n, delivery_n=args.delivery_n,
+            cases=args.case, json_path=args.json)  # fmt: skip
+    except (RuntimeError, BucketQError) as exc:
+        print(f"bucketq bench sdk: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _main(argv: list[str]) -> int:
+    kind = argv[0]
+    if kind == "child":
+        case, url, key, n, spill = argv[1:6]
+        out = _child(case, url, key, int(n), spill)
+    else:
+        url, key, n, spill = argv[1:5]
+        out = _delivery(url, key, int(n), spill)
+    sys.stdout.write(json.dumps(out, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "bench"
+    sys.exit(_main(sys.argv[1:]))
