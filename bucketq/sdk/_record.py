@@ -7,7 +7,9 @@ into the JSON object of ``POST /api/v1/ingest`` with :func:`to_wire`.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import traceback
 from datetime import UTC, datetime
 from typing import Any
@@ -152,3 +154,34 @@ def json_default(value: Any) -> Any:
         return str(value)
     except Exception:  # noqa: BLE001 - a broken __str__ still leaves a trace
         return f"<unprintable {type(value).__qualname__}>"
+
+
+_MAX_DEPTH = 32
+
+
+def sanitize(value: Any, depth: int = 0) -> Any:
+    """A copy of ``value`` that JSON can carry: keys as text, NaN and infinities as text,
+    containers as lists, anything else (and anything nested deeper than 32 levels, which
+    also ends a reference cycle) as its text."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if depth >= _MAX_DEPTH:
+        return json_default(value) if not isinstance(value, dict | list) else "<too deep>"
+    if isinstance(value, dict):
+        return {str(k): sanitize(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [sanitize(v, depth + 1) for v in value]
+    return sanitize(json_default(value), depth + 1) if not isinstance(value, str) else value
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON of ``value``; what JSON cannot carry (odd keys, NaN, cycles, objects) is
+    sent as text instead of failing the whole batch."""
+    try:
+        return json.dumps(value, default=json_default, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":"))  # fmt: skip
+    except (TypeError, ValueError, RecursionError):
+        return json.dumps(sanitize(value), default=str, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":"))  # fmt: skip

@@ -23,14 +23,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._options import DEFAULT_SPILL_MAX_BYTES, DEFAULT_SPILL_SEGMENT_BYTES, LOGGER_NAME
 from ._policy import OK, REFUSED, Outcome
-from ._record import iso_time, json_default
+from ._record import dumps, iso_time
 
 try:  # POSIX; elsewhere segments are not locked (one process per spill directory)
     import fcntl
@@ -79,12 +79,7 @@ def spill_directories(root: Path) -> list[Path]:
 def encode_lines(records: Iterable[dict[str, Any]], reason: str, retry: bool) -> bytes:
     at = iso_time(time.time())
     return b"".join(
-        json.dumps(
-            {"log": r, "reason": reason, "retry": retry, "at": at},
-            default=json_default,
-            ensure_ascii=False,
-            separators=(",", ":"),
-        ).encode("utf-8", "replace")
+        dumps({"log": r, "reason": reason, "retry": retry, "at": at}).encode("utf-8", "replace")
         + b"\n"
         for r in records
     )
@@ -265,11 +260,6 @@ class Spill:
         )  # fmt: skip
 
 
-def _chunks(items: list[Any], n: int) -> Iterator[list[Any]]:
-    for i in range(0, len(items), n):
-        yield items[i : i + n]
-
-
 def replay_directory(
     directory: Path,
     send: Callable[[list[dict[str, Any]]], Outcome],
@@ -296,70 +286,91 @@ def replay_directory(
                 continue
             if not path.exists():  # replayed and removed by someone else meanwhile
                 continue
-            _replay_segment(path, f.read(), send, retry_only, batch_size, should_stop, result)
+            _replay_segment(path, f, send, retry_only, batch_size, should_stop, result)
     return result
 
 
-def _replay_segment(path: Path, data: bytes, send: Callable[[list[dict[str, Any]]], Outcome],
+def _replay_segment(path: Path, f: Any, send: Callable[[list[dict[str, Any]]], Outcome],
                     retry_only: bool, batch_size: int, should_stop: Callable[[], bool],
                     result: ReplayResult) -> None:  # fmt: skip
-    entries: list[dict[str, Any]] = []
-    damaged: list[bytes] = []
-    for line in data.splitlines():
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-            if not isinstance(entry, dict) or not isinstance(entry.get("log"), dict):
-                raise ValueError("not a spill line")
-        except ValueError:
-            damaged.append(line)
-            continue
-        entries.append(entry)
-    if damaged:
-        aside = path.with_name(DAMAGED_PREFIX + path.name)
-        with open(aside, "ab") as out:
-            out.write(b"".join(d + b"\n" for d in damaged))
-            out.flush()
-            os.fsync(out.fileno())
-        result.damaged += len(damaged)
-        log.warning("spill segment %s had %d damaged line(s); set aside in %s",
-                    path, len(damaged), aside.name)  # fmt: skip
-    keep: list[dict[str, Any]] = [e for e in entries if retry_only and not e.get("retry", True)]
-    todo = [e for e in entries if not (retry_only and not e.get("retry", True))]
-    result.kept += len(keep)
-    for i, chunk in enumerate(_chunks(todo, batch_size)):
+    """Stream one locked segment: send its lines in batches, write what stays to a
+    temporary file that replaces the segment at the end (memory: one batch)."""
+    tmp = path.with_name(path.name + ".tmp")
+    aside = path.with_name(DAMAGED_PREFIX + path.name)
+    outs: dict[str, Any] = {}
+    counts = {"kept": 0, "damaged": 0}
+
+    def write(name: str, target: Path, line: bytes) -> None:
+        if name not in outs:
+            outs[name] = open(target, "wb" if name == "keep" else "ab")  # noqa: SIM115
+        outs[name].write(line if line.endswith(b"\n") else line + b"\n")
+
+    def keep(entries: list[dict[str, Any]]) -> None:
+        for e in entries:
+            write("keep", tmp, dumps(e).encode("utf-8", "replace"))
+        counts["kept"] += len(entries)
+
+    chunk: list[dict[str, Any]] = []
+
+    def send_chunk() -> None:
         if result.stopped or should_stop():
             result.stopped = result.stopped or "stopped"
-            rest = todo[i * batch_size :]
-            keep.extend(rest)
-            result.kept += len(rest)
-            break
+            keep(chunk)
+            result.kept += len(chunk)
+            return
         outcome = send([e["log"] for e in chunk])
         if outcome.kind == OK:
             result.sent += len(chunk)
         elif outcome.kind == REFUSED:
             for e in chunk:
                 e["reason"], e["retry"] = outcome.reason, False
-            keep.extend(chunk)
+            keep(chunk)
             result.refused += len(chunk)
             result.reasons[outcome.reason] = result.reasons.get(outcome.reason, 0) + len(chunk)
-        else:  # down or retry: keep this chunk and the rest of the segment for next time
-            rest = todo[i * batch_size :]
-            keep.extend(rest)
-            result.kept += len(rest)
+        else:  # down or retry: keep this batch and the rest of the segment for next time
+            keep(chunk)
+            result.kept += len(chunk)
             result.stopped = outcome.reason or outcome.kind
-            break
-    if not keep:
+
+    try:
+        for line in f:
+            if not line.strip():
+                continue
+            if result.stopped:
+                write("keep", tmp, line)
+                counts["kept"] += 1
+                result.kept += 1
+                continue
+            try:
+                entry = json.loads(line)
+                if not isinstance(entry, dict) or not isinstance(entry.get("log"), dict):
+                    raise ValueError("not a spill line")
+            except ValueError:
+                write("damaged", aside, line)
+                counts["damaged"] += 1
+                continue
+            if retry_only and entry.get("retry", True) is False:
+                write("keep", tmp, line)
+                counts["kept"] += 1
+                result.kept += 1
+                continue
+            chunk.append(entry)
+            if len(chunk) >= batch_size:
+                send_chunk()
+                chunk = []
+        if chunk:
+            send_chunk()
+    finally:
+        for out in outs.values():
+            out.flush()
+            os.fsync(out.fileno())
+            out.close()
+    if counts["damaged"]:
+        result.damaged += counts["damaged"]
+        log.warning("spill segment %s had %d damaged line(s); set aside in %s",
+                    path, counts["damaged"], aside.name)  # fmt: skip
+    if counts["kept"] == 0:
         path.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         return
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as out:
-        out.write(b"".join(
-            json.dumps(e, default=json_default, ensure_ascii=False,
-                       separators=(",", ":")).encode("utf-8", "replace") + b"\n"
-            for e in keep
-        ))  # fmt: skip
-        out.flush()
-        os.fsync(out.fileno())
     os.replace(tmp, path)

@@ -10,14 +10,13 @@ several times less CPU per request.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from typing import Any
 
 from ._deps import require
 from ._options import HEALTH_PATH, Config
 from ._policy import Outcome, classify, connection_failed
-from ._record import json_default
+from ._record import dumps
 
 USER_AGENT = "bucketq-sdk/0.1"
 
@@ -41,9 +40,7 @@ class Sender:
         )
 
     def post(self, url: str, api_key: str, records: list[dict[str, Any]]) -> Outcome:
-        body = json.dumps(
-            {"logs": records}, default=json_default, ensure_ascii=False, separators=(",", ":")
-        ).encode("utf-8", "replace")
+        body = dumps({"logs": records}).encode("utf-8", "replace")
         try:
             r = self._pool.request(
                 "POST",

@@ -115,3 +115,27 @@ def test_exit_with_a_frozen_server_spills_the_last_records(tmp_path, frozen_url)
                    check=True, timeout=60)  # fmt: skip
     msgs = sorted(r["log"]["message"] for r in spilled(tmp_path))
     assert msgs == sorted(f"last {i}" for i in range(50))
+
+
+def test_a_forked_child_sends_through_threads_of_its_own(tmp_path):
+    import os
+
+    c = Client(f"http://127.0.0.1:{dead_port()}", "k", spill_dir=tmp_path, batch_wait=0.01,
+               health_interval=0.2)  # fmt: skip
+    c.log("info", "parent")
+    assert c.flush(10)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's threads do not exist here
+        code = 1
+        try:
+            for i in range(5):
+                c.log("info", f"child-{i}")
+            ok = c.flush(10) and c.stats()["spilled"] == 5 and c.stats()["queued"] == 5
+            code = 0 if ok else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    msgs = sorted(r["log"]["message"] for r in spilled(tmp_path))
+    assert msgs == ["child-0", "child-1", "child-2", "child-3", "child-4", "parent"]
+    assert c.stats()["spilled"] == 1  # the parent's counters are its own

@@ -126,7 +126,18 @@ def test_unencodable_values_are_kept_as_text(tmp_path):
     r = rec(1)
     r["metadata"]["obj"] = object()
     r["metadata"]["when"] = {1, 2}
-    s.append([r], "r")
+    poison = rec(2)
+    cycle: dict = {"name": "loop"}
+    cycle["self"] = cycle
+    poison["metadata"].update({(1, 2): "tuple key", "nan": float("nan"), "inf": float("-inf"),
+                               "cycle": cycle})  # fmt: skip
+    s.append([r, poison, rec(3)], "r")
     s.close()
-    meta = lines(tmp_path)[0]["log"]["metadata"]
+    got = lines(tmp_path)  # strict JSON: json.loads would accept NaN, the server may not
+    meta = got[0]["log"]["metadata"]
     assert meta["obj"].startswith("<object object") and sorted(meta["when"]) == [1, 2]
+    bad = got[1]["log"]["metadata"]
+    assert (bad["(1, 2)"], bad["nan"], bad["inf"]) == ("tuple key", "nan", "-inf")
+    assert bad["cycle"]["name"] == "loop" and got[2]["log"] == rec(3)
+    for p in segment_paths(tmp_path):
+        assert b"NaN" not in p.read_bytes() and b"Infinity" not in p.read_bytes()
