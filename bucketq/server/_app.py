@@ -42,6 +42,7 @@ from ._models import (
     MetricsIn,
     SpanIn,
     SpansIn,
+    UtcTime,
 )
 
 log = logging.getLogger("bucketq.server")
@@ -696,8 +697,8 @@ def create_app(
         project: Project,
         service: Annotated[str | None, Query(max_length=100)] = None,
         level: Level | None = None,
-        from_: Annotated[datetime | None, Query(alias="from", description="Oldest time (inclusive).")] = None,
-        to: Annotated[datetime | None, Query(description="Newest time (exclusive).")] = None,
+        from_: Annotated[UtcTime | None, Query(alias="from", description="Oldest time (inclusive).")] = None,
+        to: Annotated[UtcTime | None, Query(description="Newest time (exclusive).")] = None,
         q: Annotated[str | None, Query(max_length=200, description="Substring of the message (any case).")] = None,
         limit: Annotated[int, Query(ge=1, le=DEFAULT_QUERY_MAX_LIMIT)] = 100,
         cursor: Annotated[str | None, Query(max_length=500, description="next_cursor of the previous page.")] = None,
@@ -707,8 +708,7 @@ def create_app(
             after = _query.decode_cursor(cursor) if cursor else None
         except _query.CursorError as exc:
             raise ApiError(400, "Bad cursor", str(exc)) from None
-        tz = [t if t is None or t.tzinfo else t.replace(tzinfo=UTC) for t in (from_, to)]
-        flt = _query.logs_filter(project, service=service, level=level, since=tz[0], until=tz[1],
+        flt = _query.logs_filter(project, service=service, level=level, since=from_, until=to,
                                  q=q, cursor=after)  # fmt: skip
         try:
             docs = await svc.storage.logs.find(flt).sort(_query.SORT).limit(limit + 1).to_list()  # type: ignore[union-attr]

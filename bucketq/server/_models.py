@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 #: Levels a log record may carry (case-insensitive on input, stored lower case).
 LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "fatal", "critical")
 Level = Literal["trace", "debug", "info", "warn", "warning", "error", "fatal", "critical"]
 
 _HEX_ID = r"^[0-9a-fA-F]{1,64}$"
+
+
+def _to_utc(v: datetime) -> datetime:
+    """Aware UTC (naive means UTC); a time that leaves years 1-9999 in UTC is refused."""
+    if v.tzinfo is None:
+        v = v.replace(tzinfo=UTC)
+    try:
+        return v.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise ValueError("time is out of range once converted to UTC") from None
+
+
+#: A time as stored: aware, in UTC.
+UtcTime = Annotated[datetime, AfterValidator(_to_utc)]
 
 
 def _lower(v: Any) -> Any:
@@ -23,7 +37,7 @@ class LogIn(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    time: datetime = Field(description="When it happened: ISO 8601 (UTC unless it says otherwise).")
+    time: UtcTime = Field(description="When it happened: ISO 8601 (UTC unless it says otherwise).")
     service: str = Field(min_length=1, max_length=100)
     level: Level
     message: str = Field(min_length=1, max_length=1_000_000)
@@ -57,8 +71,8 @@ class SpanIn(BaseModel):
     service: str = Field(min_length=1, max_length=100)
     name: str = Field(min_length=1, max_length=1000)
     kind: SpanKind = "internal"
-    start_time: datetime
-    end_time: datetime | None = None
+    start_time: UtcTime
+    end_time: UtcTime | None = None
     status: SpanStatus | None = None
     attributes: dict[str, Any] | None = None
 
@@ -72,7 +86,7 @@ class SpansIn(BaseModel):
 class MetricIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    time: datetime
+    time: UtcTime
     service: str = Field(min_length=1, max_length=100)
     name: str = Field(min_length=1, max_length=1000)
     type: Literal["gauge", "counter", "histogram", "summary"] = "gauge"

@@ -99,6 +99,7 @@ def test_validation_names_the_field_and_index_and_stores_nothing(
     cases = [
         ("level", "loud", 422),
         ("time", "yesterday", 422),
+        ("time", "0001-01-01T00:10:00+01:00", 422),  # before year 1 in UTC
         ("service", "", 422),
         ("service", "x" * 101, 422),
         ("message", "", 422),

@@ -57,4 +57,8 @@ def test_logs_query_filters_and_pages(serve: Serve, keys) -> None:
         assert c.get("/api/v1/logs", params={"limit": 0}).status_code == 422
         assert c.get("/api/v1/logs", params={"level": "loud"}).status_code == 422
         assert c.get("/api/v1/logs", params={"from": "soon"}).status_code == 422
+        assert c.get("/api/v1/logs", params={"to": "0001-01-01T00:00:00+05:00"}).status_code == 422
+        assert messages(**{"from": "2024-05-01T12:05:00+02:00"}) == messages(
+            **{"from": "2024-05-01T10:05:00Z"}
+        )
         assert len(other.get("/api/v1/logs").json()["logs"]) == 5
