@@ -8,7 +8,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from bucketq.benchmark.ingest._stats import (
 )
 from bucketq.cli import build_parser
 from bucketq.errors import ConfigurationError
+from waiting import eventually
 
 pytestmark = pytest.mark.bench
 
@@ -114,16 +114,6 @@ def standin(tmp_path):
     for p in procs:
         p.kill()
         p.wait()
-
-
-def eventually(fn, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def test_latency_counts_from_the_schedule_so_a_stall_shows_in_every_request_it_delayed(standin):

@@ -1,5 +1,5 @@
-"""Helpers of the SDK tests: wait for a condition, a port nothing listens on, and a real
-``bucketq serve`` process."""
+"""Helpers of the SDK tests: wait for a condition (the suite's ``eventually``), a port
+nothing listens on, and a real ``bucketq serve`` process."""
 
 from __future__ import annotations
 
@@ -10,25 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from waiting import eventually
 
-def eventually(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
-               what: str = "condition") -> Any:  # fmt: skip
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s (last: {value!r})")
-        time.sleep(interval)
+__all__ = ["ROOT", "Serve", "dead_port", "eventually"]
 
 
 def dead_port() -> int:
