@@ -516,13 +516,25 @@ WAKEUP_PIPELINE = [
 CLAIM_PROJECTION = None
 
 
+def not_leased(dnow: datetime) -> dict[str, Any]:
+    """The filter term of a document no consumer holds at ``dnow``: never leased, released,
+    or its lease ran out. Every claim, size, next_t and remove() query uses this one."""
+    return {"$or": [{"lease": None}, {"lease.until": {"$lte": dnow}}]}
+
+
+def over_tried(tries: int, max_tries: int | None, *, rolled_back: bool = False) -> str | None:
+    """Why an item goes to the dead-letter queue instead of being served (None: it does
+    not): it was delivered (or, ``rolled_back``, given back) ``max_tries`` times."""
+    if max_tries is None or tries < max_tries:
+        return None
+    how = "rolled back" if rolled_back else "delivered"
+    return f"{how} {tries} times without a commit (max_tries={max_tries})"
+
+
 def claim_request(now: float, token: ObjectId, owner: str, lease: float) -> tuple[dict, dict]:
     """Filter and update of the single atomic claim of a mature, unleased bucket."""
     dnow = to_datetime(now)
-    flt = {
-        "mature": {"$lte": dnow},
-        "$or": [{"lease": None}, {"lease.until": {"$lte": dnow}}],
-    }
+    flt = {"mature": {"$lte": dnow}, **not_leased(dnow)}
     upd = {
         "$set": {"lease": {"tok": token, "owner": owner, "until": to_datetime(now + lease)}},
         "$inc": {"leases": 1},
@@ -572,7 +584,7 @@ class HeldBucket:
     __slots__ = (
         "id", "token", "n", "mature", "done", "live", "tries", "next", "items", "state",
         "outstanding", "waiting", "dirty", "lost", "until", "takeover", "dying", "released",
-        "queued", "handed", "stalled_since", "held", "origin",
+        "queued", "handed", "handed_at", "held", "origin",
     )  # fmt: skip
 
     def __init__(self, doc: dict[str, Any], token: ObjectId, now: float, lease: float) -> None:
@@ -607,7 +619,8 @@ class HeldBucket:
         self.dying: list[tuple[int, str]] = []  # (index, reason) to dead-letter
         self.queued = 0  # messages waiting in this process's ready queue
         self.handed = 0  # messages handed to reserve() callers so far
-        self.stalled_since: float | None = None
+        # When each item now RESERVED was handed to a reserve() caller (sparse).
+        self.handed_at: dict[int, float] = {}
         # True while this process's queue holds it (reserve() checks this, not a dict
         # lookup by ObjectId, on every item); False once lost, released or deleted.
         self.held = True
@@ -675,12 +688,11 @@ class HeldBucket:
             if st != READY:
                 continue
             t = tries.get(i, 0)
-            if max_tries is not None and t >= max_tries:
+            why = over_tried(t, max_tries)
+            if why is not None:
                 self.state[i] = RESERVED
                 self.outstanding += 1
-                self.dying.append(
-                    (i, f"delivered {t} times without a commit (max_tries={max_tries})")
-                )
+                self.dying.append((i, why))
                 continue
             it = items[i]
             self.state[i] = RESERVED
@@ -707,6 +719,7 @@ class HeldBucket:
         self.outstanding -= 1
         if self.next:
             self.next.pop(i, None)
+        self.handed_at.pop(i, None)
         self.dirty = True
         return True
 
@@ -715,6 +728,7 @@ class HeldBucket:
             return False
         self.tries[i] = self.tries.get(i, 0) + 1
         self.outstanding -= 1
+        self.handed_at.pop(i, None)
         self.dirty = True
         if not_before > now:
             self.state[i] = WAITING
@@ -733,15 +747,18 @@ class HeldBucket:
             self.live -= 1
             self.outstanding -= 1
             self.next.pop(i, None)
+            self.handed_at.pop(i, None)
             self.dirty = True
 
-    def stalled_items(self) -> list[int]:
-        """Items handed out and neither committed nor rolled back (for auto-rollback)."""
-        return [
+    def stalled_items(self, now: float, limit: float) -> list[int]:
+        """Items handed out at least ``limit`` seconds ago and neither committed nor
+        rolled back since (for auto-rollback): each item on its own clock."""
+        dying = {d for d, _ in self.dying}
+        return sorted(
             i
-            for i, st in enumerate(self.state)
-            if st == RESERVED and not any(d == i for d, _ in self.dying)
-        ]
+            for i, t in self.handed_at.items()
+            if now - t >= limit and self.state[i] == RESERVED and i not in dying
+        )
 
     def finished(self) -> bool:
         return self.live <= 0
@@ -786,6 +803,40 @@ def state_write(
     else:
         s["lease.until"] = to_datetime(now + lease)
     return UpdateOne(fenced_filter(b), {"$set": s})
+
+
+def plan_flush(
+    buckets: Iterable[HeldBucket], now: float, lease: float, *, release_all: bool = False
+) -> tuple[list[tuple[HeldBucket, str, UpdateOne | DeleteOne]], list[tuple[HeldBucket, Exception]]]:
+    """What the next state flush writes: for every held bucket that needs a write, its
+    kind and its one fenced write, and it is marked clean; and the buckets whose state
+    cannot be written (with why), which stay dirty and do not stop the others.
+
+    ``"delete"``: every item is consumed (at the first flush after the last commit).
+    ``"release"``: nothing of it is served here any more (only items waiting for a later
+    not-before, none queued or dying), or ``release_all`` (drain). ``"update"``: changed
+    since the last flush, or its lease is due for renewal. Lost buckets are skipped."""
+    plan: list[tuple[HeldBucket, str, UpdateOne | DeleteOne]] = []
+    unwritable: list[tuple[HeldBucket, Exception]] = []
+    for b in buckets:
+        if b.lost:
+            continue
+        if b.finished():
+            kind = "delete"
+        elif release_all or (b.idle() and b.queued == 0 and not b.dying):
+            kind = "release"
+        elif b.dirty or needs_renewal(b, now, lease):
+            kind = "update"
+        else:
+            continue
+        try:
+            w = state_write(b, now, lease, release=kind == "release")
+        except (ValueError, OverflowError, TypeError) as exc:
+            unwritable.append((b, exc))
+            continue
+        plan.append((b, kind, w))
+        b.dirty = False
+    return plan, unwritable
 
 
 def renew_write(b: HeldBucket, now: float, lease: float) -> UpdateOne:
@@ -837,6 +888,11 @@ def lost_after_flush(kind: str, token: ObjectId, doc: dict[str, Any] | None) -> 
     return lease.get("tok") != token
 
 
+def may_retry(exc: BaseException, elapsed: float, budget: float) -> bool:
+    """Whether a failed write is tried again: a transient error, within the retry budget."""
+    return elapsed < budget and is_transient(exc)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Errors worth retrying with backoff: the server is away or busy, not wrong."""
     from pymongo.errors import ConnectionFailure, OperationFailure, WTimeoutError
@@ -857,14 +913,12 @@ def is_transient(exc: BaseException) -> bool:
 
 def ready_filter(now: float) -> dict[str, Any]:
     dnow = to_datetime(now)
-    return {"mature": {"$lte": dnow}, "$or": [{"lease": None}, {"lease.until": {"$lte": dnow}}]}
+    return {"mature": {"$lte": dnow}, **not_leased(dnow)}
 
 
 def sched_filter(now: float) -> dict[str, Any]:
-    return {
-        "mature": {"$gt": to_datetime(now)},
-        "$or": [{"lease": None}, {"lease.until": {"$lte": to_datetime(now)}}],
-    }
+    dnow = to_datetime(now)
+    return {"mature": {"$gt": dnow}, **not_leased(dnow)}
 
 
 def leased_filter(now: float) -> dict[str, Any]:

@@ -176,3 +176,122 @@ def test_takeover_counts_a_try_for_every_pending_item():
 def test_item_ids_round_trip():
     oid = ObjectId()
     assert core.parse_item_id(core.item_id(oid, 17)) == (oid, 17)
+
+
+# -- decisions made once, in the core -------------------------------------------------
+
+
+@given(st.integers(0, 100), st.one_of(st.none(), st.integers(1, 100)), st.booleans())
+def test_the_over_tried_rule(tries, max_tries, rolled_back):
+    why = core.over_tried(tries, max_tries, rolled_back=rolled_back)
+    assert (why is not None) == (max_tries is not None and tries >= max_tries)
+    if why is not None:
+        assert f"{tries} times" in why and f"max_tries={max_tries}" in why
+        assert why.startswith("rolled back" if rolled_back else "delivered")
+
+
+def _matches_not_leased(flt, doc) -> bool:
+    """Evaluate the one filter shape not_leased() builds, as the server would."""
+    (alternatives,) = flt.values()
+    for alt in alternatives:
+        if alt == {"lease": None} and doc.get("lease") is None:
+            return True
+        if "lease.until" in alt and doc.get("lease") is not None:
+            if doc["lease"]["until"] <= alt["lease.until"]["$lte"]:
+                return True
+    return False
+
+
+@given(st.one_of(st.none(), st.floats(-100, 100)), st.floats(-100, 100))
+def test_not_leased_is_no_lease_or_a_lease_that_ran_out(until, now):
+    doc = {"lease": None if until is None else {"until": core.to_datetime(NOW + until)}}
+    dnow = core.to_datetime(NOW + now)
+    expect = until is None or core.to_datetime(NOW + until) <= dnow
+    assert _matches_not_leased(core.not_leased(dnow), doc) == expect
+    # The claim and the size queries share it.
+    assert (
+        core.claim_request(NOW + now, ObjectId(), "o", 30.0)[0]["$or"]
+        == core.not_leased(dnow)["$or"]
+    )
+    assert core.ready_filter(NOW + now)["$or"] == core.not_leased(dnow)["$or"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 8),  # items
+            st.integers(0, 8),  # committed
+            st.booleans(),  # dirty
+            st.floats(0, 40),  # lease left
+            st.booleans(),  # lost
+            st.integers(0, 2),  # queued
+        ),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_flush_planning(specs, release_all):
+    lease = 30.0
+    buckets = []
+    for n, committed, dirty, left, lost, queued in specs:
+        b = _held(n)
+        msgs = b.ready_messages(NOW, None)
+        for m in msgs[: min(committed, n)]:
+            b.commit(m.index)
+        b.dirty, b.until, b.lost, b.queued = dirty, NOW + left, lost, queued
+        buckets.append(b)
+    before = [(b.dirty, b.finished(), b.idle()) for b in buckets]
+    plan, unwritable = core.plan_flush(buckets, NOW, lease, release_all=release_all)
+    assert unwritable == []
+    kinds = {id(b): kind for b, kind, _ in plan}
+    for b, (dirty, finished, idle) in zip(buckets, before, strict=True):
+        kind = kinds.get(id(b))
+        if b.lost:
+            assert kind is None  # a lost bucket is never written
+        elif finished:
+            assert kind == "delete"  # the flush after the last commit deletes it
+        elif release_all or (idle and b.queued == 0):
+            assert kind == "release"
+        elif dirty or core.needs_renewal(b, NOW, lease):
+            assert kind == "update"
+        else:
+            assert kind is None
+        if kind is not None:
+            assert not b.dirty
+    for b, kind, w in plan:
+        assert isinstance(w, DeleteOne if kind == "delete" else UpdateOne)
+        assert w._filter == {"_id": b.id, "lease.tok": b.token}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(2, 30),
+    st.lists(st.tuples(st.integers(0, 29), st.floats(0, 100)), max_size=40),
+    st.floats(0, 200),
+    st.floats(1, 60),
+)
+def test_each_handed_out_item_stalls_on_its_own_clock(n, handed, now, limit):
+    """reject_timeout_grace is per item: an item stalls ``limit`` after it was handed
+    out, whatever happens to the other items of its bucket."""
+    b = _held(n)
+    b.ready_messages(NOW, None)
+    at = {}
+    for i, t in handed:
+        i %= n
+        b.handed_at[i] = at[i] = NOW + t
+    committed = {i for i in list(at)[::3]}
+    for i in committed:
+        b.commit(i)  # activity on the bucket resets nobody else's clock
+    stalled = b.stalled_items(NOW + now, limit)
+    assert stalled == sorted(
+        i for i, t in at.items() if i not in committed and NOW + now - t >= limit
+    )
+
+
+@given(st.floats(0, 100), st.floats(0.1, 100))
+def test_a_write_is_never_retried_past_its_budget(elapsed, budget):
+    from pymongo.errors import AutoReconnect, OperationFailure
+
+    assert core.may_retry(AutoReconnect("x"), elapsed, budget) == (elapsed < budget)
+    assert not core.may_retry(OperationFailure("bad", code=2), elapsed, budget)

@@ -223,11 +223,9 @@ class AsyncElementQueue:
             tries,
             core.from_datetime(doc["mature"]),
         )
-        mt = self.options.max_tries
-        if mt is not None and tries >= mt:
-            await self._dead_letter(
-                msg, f"delivered {tries} times without a commit (max_tries={mt})"
-            )
+        why = core.over_tried(tries, self.options.max_tries)
+        if why is not None:
+            await self._dead_letter(msg, why)
             return await self._claim()
         return msg
 
@@ -270,12 +268,10 @@ class AsyncElementQueue:
         now = _now()
         tries = msg.tries + 1
         not_before = core.rollback_time(now, delay, next_t, tries, self.options)
-        mt = self.options.max_tries
-        if mt is not None and tries >= mt:
+        why = core.over_tried(tries, self.options.max_tries, rolled_back=True)
+        if why is not None:
             msg.tries = tries
-            return await self._dead_letter(
-                msg, reason or f"rolled back {tries} times (max_tries={mt})"
-            )
+            return await self._dead_letter(msg, reason or why)
         ref = msg.bucket
         res = await self._col.update_one(
             {"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before)
@@ -353,7 +349,7 @@ class AsyncElementQueue:
     @boundary("next_t()")
     async def next_t(self) -> Any:
         doc = await self._col.find_one(
-            {"$or": [{"lease": None}, {"lease.until": {"$lte": core.to_datetime(_now())}}]},
+            core.not_leased(core.to_datetime(_now())),
             {"mature": 1},
             sort=core.CLAIM_SORT,
         )
@@ -368,7 +364,5 @@ class AsyncElementQueue:
         if index != 0:
             return False  # one item per document: its id ends in ".0"
         now = core.to_datetime(_now())
-        res = await self._col.delete_one(
-            {"_id": oid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]}
-        )
+        res = await self._col.delete_one({"_id": oid, **core.not_leased(now)})
         return bool(res.deleted_count)

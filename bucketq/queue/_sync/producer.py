@@ -220,7 +220,19 @@ class Producer:
 
     def _retry_ok(self, exc: BaseException, started: float) -> bool:
         """May a failed write be tried again (transient, within ``retry_budget``)?"""
-        return core.is_transient(exc) and _monotonic() - started < self._push_opts.retry_budget
+        return core.may_retry(exc, _monotonic() - started, self._push_opts.retry_budget)
+
+    def _retry_insert(self, exc: BaseException, started: float, attempt: int) -> bool:
+        """The retry step of every bucket insert (bucket queue and stream alike): False
+        when ``exc`` is not transient or the retry budget is spent; otherwise count it
+        (``stats()["insert_retries"]``), log it, back off, and True."""
+        if not self._retry_ok(exc, started):
+            return False
+        self._stats["insert_retries"] += 1
+        log.warning("%s %s: bucket insert failed (%s); retry %d",
+                    self._kind, self.name, exc, attempt)  # fmt: skip
+        self._backoff(attempt)
+        return True
 
     def _backoff(self, attempt: int) -> None:
         sleep(core.backoff(attempt, self._push_opts.retry_base, self._push_opts.retry_cap))

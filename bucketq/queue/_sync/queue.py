@@ -191,14 +191,9 @@ class Queue(Producer):
                     docs = {k: v for k, v in docs.items() if k in failed}
                     if not docs:
                         break
-                if not self._retry_ok(exc, started):
-                    return set(docs) | bad, exc
                 attempt += 1
-                self._stats["insert_retries"] += 1
-                log.warning(
-                    "queue %s: bucket insert failed (%s); retry %d", self.name, exc, attempt
-                )
-                self._backoff(attempt)
+                if not self._retry_insert(exc, started, attempt):
+                    return set(docs) | bad, exc
         return bad, None
 
     def _written(self, buckets: list[core.OpenBucket], now: float) -> None:
@@ -292,6 +287,7 @@ class Queue(Producer):
             if b.lost or b.released or not b.held:
                 continue
             b.handed += 1
+            b.handed_at[msg.index] = now
             out.append(msg)
             if b.queued == 0:
                 self._fetch_wake.notify()
@@ -312,6 +308,8 @@ class Queue(Producer):
             ok = core.is_current(msg) and msg.bucket.commit(msg.index)
             if ok:
                 self._stats["committed"] += 1
+                if msg.bucket.finished():
+                    self._flush_wake.notify()  # its last item: delete it now, not a period later
         if ok and flush:
             self._flush_state()
             if msg.bucket.lost:
@@ -327,6 +325,8 @@ class Queue(Producer):
         with self._mutex:
             done = [m for m in msgs if core.is_current(m) and m.bucket.commit(m.index)]
             self._stats["committed"] += len(done)
+            if any(m.bucket.finished() for m in done):
+                self._flush_wake.notify()
         if done and flush:
             self._flush_state()
             return sum(1 for m in done if not m.bucket.lost)
@@ -354,16 +354,10 @@ class Queue(Producer):
         with self._mutex:
             if not core.is_current(msg):
                 return False
-            if (
-                max_tries is not None
-                and tries >= max_tries
-                and b.state[msg.index] == core.RESERVED
-                and not b.lost
-            ):
+            why = core.over_tried(tries, max_tries, rolled_back=True)
+            if why is not None and b.state[msg.index] == core.RESERVED and not b.lost:
                 b.tries[msg.index] = tries
-                b.dying.append(
-                    (msg.index, reason or f"rolled back {tries} times (max_tries={max_tries})")
-                )
+                b.dying.append((msg.index, reason or why))
                 self._stats["rolled_back"] += 1
                 self._flush_wake.notify()
                 return True
@@ -556,35 +550,20 @@ class Queue(Producer):
                 log.exception("queue %s: moving items to the dead-letter queue failed", self.name)
             now = _now()
             lease = self.options.lease
-            writes: list[Any] = []
-            targets: list[tuple[core.HeldBucket, str]] = []
             with self._mutex:
                 self._requeue_due(now)
                 for b in list(self._held.values()):
-                    if b.lost:
-                        continue
-                    self._check_stalled(b, now)
-                    release = release_all or (b.idle() and b.queued == 0 and not b.dying)
-                    if b.finished():
-                        kind = "delete"
-                    elif release:
-                        kind = "release"
-                    elif b.dirty or core.needs_renewal(b, now, lease):
-                        kind = "update"
-                    else:
-                        continue
-                    try:
-                        w = core.state_write(b, now, lease, release=kind == "release")
-                    except (ValueError, OverflowError, TypeError) as exc:
-                        # One bucket's state cannot be written: the others' still is.
-                        self._stats["state_flush_errors"] += 1
-                        log.error(
-                            "queue %s: bucket %s: state not written: %s", self.name, b.id, exc
-                        )
-                        continue
-                    writes.append(w)
-                    targets.append((b, kind))
-                    b.dirty = False
+                    if not b.lost:
+                        self._check_stalled(b, now)
+                plan, unwritable = core.plan_flush(
+                    list(self._held.values()), now, lease, release_all=release_all
+                )
+                for b, exc in unwritable:
+                    # One bucket's state cannot be written: the others' still is.
+                    self._stats["state_flush_errors"] += 1
+                    log.error("queue %s: bucket %s: state not written: %s", self.name, b.id, exc)
+            writes = [w for _, _, w in plan]
+            targets = [(b, kind) for b, kind, _ in plan]
             if not writes:
                 return
             try:
@@ -655,28 +634,26 @@ class Queue(Producer):
             self._consumers.notify()
 
     def _check_stalled(self, b: core.HeldBucket, now: float) -> None:
-        """Roll back items handed out but untouched for lease + reject_timeout_grace, so a
-        stuck handler cannot pin its bucket (and renew its lease) forever."""
-        if b.dirty or b.outstanding - b.queued <= len(b.dying):
-            b.stalled_since = None
-            return
-        if b.stalled_since is None:
-            b.stalled_since = now
-            return
-        if now - b.stalled_since < self.options.lease + self.options.reject_timeout_grace:
-            return
-        b.stalled_since = None
-        queued = {m.index for m in self._ready if m.bucket is b}
-        for i in b.stalled_items():
-            if i not in queued:
-                b.rollback(i, now, now)
-                self._stats["rolled_back"] += 1
-                log.warning(
-                    "queue %s: item %s was reserved and never committed; rolled back",
-                    self.name,
-                    core.item_id(b.id, i),
-                )
-        self._requeue_due(now)
+        """Roll back items handed out and untouched for lease + reject_timeout_grace
+        (each on its own clock), so a stuck handler cannot pin its bucket (and renew its
+        lease) forever."""
+        stalled = b.stalled_items(now, self.options.lease + self.options.reject_timeout_grace)
+        for i in stalled:
+            b.rollback(i, now, now)
+            self._stats["rolled_back"] += 1
+            log.warning(
+                "queue %s: item %s was reserved and never committed; rolled back",
+                self.name,
+                core.item_id(b.id, i),
+            )
+        if stalled:
+            # Serve them again here (they are READY now, like an item rolled back with no delay).
+            again = b.ready_messages(now, self.options.max_tries)
+            b.queued += len(again)
+            self._ready.extend(again)
+            self._consumers.notify()
+            if b.dying:
+                self._flush_wake.notify()
 
     def _dead_letter(self) -> None:
         """Move over-tried items to the dead-letter queue: insert there first (durably),
@@ -868,7 +845,7 @@ class Queue(Producer):
         """The mature time of the next bucket to become deliverable (None if empty)."""
         now = _now()
         doc = self._col.find_one(
-            {"$or": [{"lease": None}, {"lease.until": {"$lte": core.to_datetime(now)}}]},
+            core.not_leased(core.to_datetime(now)),
             {"mature": 1},
             sort=core.CLAIM_SORT,
         )
@@ -920,7 +897,7 @@ class Queue(Producer):
         for _ in range(5):
             now = core.to_datetime(_now())
             doc = self._col.find_one(
-                {"_id": bid, "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]},
+                {"_id": bid, **core.not_leased(now)},
                 {"done": 1, "live": 1, "n": 1},
             )
             if doc is None or index >= doc["n"]:
@@ -930,7 +907,7 @@ class Queue(Producer):
                 return False
             done[index >> 3] |= 1 << (index & 7)
             flt = {"_id": bid, "done": doc.get("done"), "live": doc["live"],
-                   "$or": [{"lease": None}, {"lease.until": {"$lte": now}}]}  # fmt: skip
+                   **core.not_leased(now)}  # fmt: skip
             if doc["live"] <= 1:
                 res = self._col.delete_one(flt)
                 if res.deleted_count:

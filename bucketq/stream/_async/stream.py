@@ -67,6 +67,7 @@ class AsyncStreamQueue(AsyncProducer):
              "quarantined", "loop_errors"), 0,
         )  # fmt: skip
         self._quarantine = AsyncQuarantine(db, name, wc)
+        self._close_report: dict[str, int] | None = None
         async_register_exit(self)
 
     def __repr__(self) -> str:
@@ -159,22 +160,16 @@ class AsyncStreamQueue(AsyncProducer):
                     log.warning("stream %s: seq %d was closed as a hole before its bucket landed; renumbering",
                                 self.name, seq)  # fmt: skip
                 todo = [by_seq[s] for s in sorted(failed | set(lost))]
-                if failed and not self._retry_ok(exc, started):
-                    return {ob.id for ob in todo}, exc
                 if failed:
                     attempt += 1
-                    await self._backoff(attempt)
+                    if not await self._retry_insert(exc, started, attempt):
+                        return {ob.id for ob in todo}, exc
             except OperationFailed as exc:  # the counter could not be taken
                 return {ob.id for ob in todo}, exc
             except PyMongoError as exc:
-                if not self._retry_ok(exc, started):
-                    return {ob.id for ob in todo}, exc
                 attempt += 1
-                self._stats["insert_retries"] += 1
-                log.warning(
-                    "stream %s: bucket insert failed (%s); retry %d", self.name, exc, attempt
-                )
-                await self._backoff(attempt)
+                if not await self._retry_insert(exc, started, attempt):
+                    return {ob.id for ob in todo}, exc
         return set(), None
 
     async def _not_ours(self, dups: list[int], by_seq: dict[int, qcore.OpenBucket]) -> list[int]:
@@ -262,18 +257,27 @@ class AsyncStreamQueue(AsyncProducer):
             raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error
 
     @boundary("close()")
-    async def close(self) -> None:
-        """Write what is buffered, stop the writer. Idempotent; the client stays open."""
-        if self._closed:
-            return
+    async def close(self) -> dict[str, int]:
+        """Write what is buffered, stop the writer, and report as ``Queue.close()`` does:
+        ``buckets_written`` by this call and ``push_failed`` (items that could not be
+        stored). Idempotent (the same report again); the client stays open."""
+        if self._close_report is not None:
+            return self._close_report
+        written, failed = self._stats["buckets_written"], self._stats["push_failed"]
         await self.flush()
         self._closed = True
         self._writer_wake.notify()
         if self._writer is not None:
             await self._writer.join(5.0)
+        self._close_report = {
+            "buckets_written": self._stats["buckets_written"] - written,
+            "push_failed": self._stats["push_failed"] - failed,
+        }
+        return self._close_report
 
-    async def drain(self) -> None:
-        await self.close()
+    async def drain(self) -> dict[str, int]:
+        """The same as :meth:`close` (a stream has no consumer state to release)."""
+        return await self.close()
 
     async def __aenter__(self) -> AsyncStreamQueue:
         return self
