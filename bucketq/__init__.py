@@ -22,6 +22,7 @@ from .errors import (
     TransportError,
     TransportTimeout,
     TransportUnavailable,
+    WriteConcernNotConfirmed,
 )
 from .queue import (
     AsyncElementQueue,
@@ -80,5 +81,6 @@ __all__ = [
     "TransportError",
     "TransportTimeout",
     "TransportUnavailable",
+    "WriteConcernNotConfirmed",
     "__version__",
 ]
