@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
 import threading
 import time
 import weakref
@@ -20,7 +21,7 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from .._guard import LoopGuard
-from ..errors import PushFailed, WriteConcernNotConfirmed
+from ..errors import PushFailed, QueueClosed, WriteConcernNotConfirmed
 
 log = logging.getLogger("bucketq.queue")
 
@@ -197,6 +198,7 @@ async def async_sleep(seconds: float) -> None:
 
 def async_register_exit(obj: Any) -> None:
     """Async queues cannot be flushed from atexit: close them with ``async with``."""
+    watch_fork(obj)
 
 
 # -- sync flavour --------------------------------------------------------------------
@@ -313,7 +315,45 @@ _open_queues: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def register_exit(obj: Any) -> None:
     """Flush sync queues at interpreter exit, so buffered pushes are not lost."""
+    watch_fork(obj)
     _open_queues.add(obj)
+
+
+# -- os.fork() ----------------------------------------------------------------------
+# A forked child inherits a queue's memory (buffered pushes, read-ahead items, held
+# leases) but not its background threads or tasks: using it there would hang (flush
+# waits for a writer that does not exist) or deliver items the parent delivers too.
+# So every queue is marked in the child, and its methods raise used_after_fork().
+
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def watch_fork(obj: Any) -> None:
+    obj._forked = False
+    obj._pid = os.getpid()
+    _watched.add(obj)
+
+
+def used_after_fork(obj: Any) -> QueueClosed:
+    return QueueClosed(
+        f"{type(obj).__name__} {getattr(obj, 'name', '')!r} was opened in process "
+        f"{getattr(obj, '_pid', '?')} before os.fork(); this process ({os.getpid()}) is the "
+        "child and cannot use it (its background threads and connections stay with the "
+        "parent, which still owns its buffered and reserved items). Open a new MongoClient "
+        "and a new queue in the child."
+    )
+
+
+def _after_fork_in_child() -> None:
+    for q in list(_watched):
+        q._forked = True
+        q._closed = True
+    # Nothing to flush at the child's exit: what is buffered is the parent's.
+    _open_queues.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

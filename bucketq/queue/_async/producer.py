@@ -41,6 +41,8 @@ class AsyncProducer:
     name: str
     _stats: dict[str, int]
     _closed: bool
+    #: Set in a child process forked after the queue opened: it may not be used there.
+    _forked: bool = False
 
     def _init_producer(self, opts: core.QueueOptions, kind: str) -> None:
         self._push_opts = opts

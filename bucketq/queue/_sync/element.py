@@ -23,7 +23,13 @@ from ..._driver import boundary
 from ...errors import PushFailed, QueueClosed
 from .. import _core as core
 from .._codec import CODEC_OPTIONS, encode_item
-from .._concurrency import Batch, Notifier, Receipt
+from .._concurrency import (
+    Batch,
+    Notifier,
+    Receipt,
+    register_exit,
+    used_after_fork,
+)
 from .._db import check_database
 
 log = logging.getLogger("bucketq.queue")
@@ -44,6 +50,9 @@ def _stored(doc_id: ObjectId) -> Receipt:
 class ElementQueue:
     """One MongoDB document per item. ``db`` is a pymongo ``Database``."""
 
+    #: Set in a child process forked after the queue opened: it may not be used there.
+    _forked: bool = False
+
     def __init__(self, db: Any, name: str, **options: Any) -> None:
         self.options = opts = core.QueueOptions.build(**options)
         self.name = core.check_name(name)
@@ -62,6 +71,7 @@ class ElementQueue:
         self._paused = False
         self._closed = False
         self._setup_done = False
+        register_exit(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.db.name}.{self.name}>"
@@ -75,6 +85,8 @@ class ElementQueue:
             self._setup_done = True
 
     def _check_open(self) -> None:
+        if self._forked:
+            raise used_after_fork(self)
         if self._closed:
             raise QueueClosed(f"Queue {self.name!r} is closed; open a new one to go on.")
 
@@ -157,6 +169,8 @@ class ElementQueue:
     @boundary("flush()")
     def flush(self) -> None:
         """Nothing is buffered: every push is already stored."""
+        if self._forked:
+            raise used_after_fork(self)
 
     @boundary("reserve()")
     def reserve(self, timeout: float | None = None) -> core.Message | None:
@@ -233,6 +247,8 @@ class ElementQueue:
     def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
         """Delete the item (fenced by the claim's token). False if it was rolled back
         already or its lease ran out (it is, or will be, delivered again)."""
+        if self._forked:
+            raise used_after_fork(self)
         core.check_message(msg, self, "commit")
         v.flag("flush", flush)
         ref = msg.bucket
@@ -246,6 +262,8 @@ class ElementQueue:
     @boundary("commit_many()")
     def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items (one fenced delete each); returns how many were committed."""
+        if self._forked:
+            raise used_after_fork(self)
         msgs = [core.check_message(m, self, "commit_many") for m in v.payloads(msgs, "msgs")]
         n = 0
         for m in msgs:
@@ -263,6 +281,8 @@ class ElementQueue:
     ) -> bool:
         """Release the item, delivered again not before ``delay`` (or ``next_t``); past
         ``max_tries`` it moves to the dead-letter collection."""
+        if self._forked:
+            raise used_after_fork(self)
         core.check_message(msg, self, "rollback")
         v.text("reason", reason, optional=True)
         now = _now()

@@ -41,6 +41,7 @@ from .._concurrency import (
     Worker,
     register_exit,
     sleep,
+    used_after_fork,
 )
 from .._db import check_database
 from .producer import Producer
@@ -111,6 +112,8 @@ class Queue(Producer):
             )
 
     def _check_open(self) -> None:
+        if self._forked:
+            raise used_after_fork(self)
         if self._closed or self._draining:
             raise QueueClosed(
                 f"Queue {self.name!r} is drained or closed; open a new Queue to go on."
@@ -207,6 +210,8 @@ class Queue(Producer):
     @boundary("flush()")
     def flush(self) -> None:
         """Write every open bucket and wait until stored; then flush consumer state."""
+        if self._forked:
+            raise used_after_fork(self)
         self._flush_pushes()
         self._flush_state()
 
@@ -222,6 +227,8 @@ class Queue(Producer):
     def reserve(self, timeout: float | None = None) -> core.Message | None:
         """The next item, or None when ``timeout`` seconds pass (or the queue drains)."""
         out: list[core.Message] = []
+        if self._forked:
+            raise used_after_fork(self)
         if timeout is not None:
             v.timeout("timeout", timeout)
         if self._ready and self._fetcher is not None:  # the common case: no waiting
@@ -238,6 +245,8 @@ class Queue(Producer):
         return self._reserve(core.check_max_items(max_items), v.timeout("timeout", timeout))
 
     def _reserve(self, max_items: int, timeout: float | None) -> list[core.Message]:
+        if self._forked:
+            raise used_after_fork(self)
         if self._fetcher is None:
             if self._closed:
                 raise QueueClosed(f"Queue {self.name!r} is closed.")
@@ -302,6 +311,8 @@ class Queue(Producer):
         (the lease was lost or released; the item will be delivered again), or if ``msg``
         was rolled back already (a rollback ends its delivery, even when the item is
         delivered again at once)."""
+        if self._forked:
+            raise used_after_fork(self)
         core.check_message(msg, self, "commit")
         v.flag("flush", flush)
         with self._mutex:
@@ -320,6 +331,8 @@ class Queue(Producer):
     def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items; returns how many were committed (the others' buckets
         are no longer held here, and they will be delivered again)."""
+        if self._forked:
+            raise used_after_fork(self)
         msgs = [core.check_message(m, self, "commit_many") for m in v.payloads(msgs, "msgs")]
         v.flag("flush", flush)
         with self._mutex:
@@ -344,6 +357,8 @@ class Queue(Producer):
         by default ``reject_delta_factor * tries + reject_delta_base``; past ``max_tries``
         it goes to the dead-letter queue instead. False if this process no longer holds
         the bucket or ``msg`` was committed or rolled back already."""
+        if self._forked:
+            raise used_after_fork(self)
         core.check_message(msg, self, "rollback")
         v.text("reason", reason, optional=True)
         now = _now()
@@ -719,7 +734,10 @@ class Queue(Producer):
     def drain(self, timeout: float | None = None) -> dict[str, int]:
         """Write open buckets, stop claiming, serve what is in memory to reserve() callers
         (until consumed or ``timeout``, default ``drain_timeout``), release the rest at once
-        and flush state. Returns counts. Idempotent."""
+        and flush state. Returns counts. Idempotent. In a child forked from the process
+        that opened the queue, it does nothing (the parent drains)."""
+        if self._forked:  # the parent owns what is buffered and held: touch nothing
+            return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
         if self._drain_report is not None:
             return self._drain_report
         self._draining = True
@@ -776,6 +794,8 @@ class Queue(Producer):
     @boundary("close()")
     def close(self) -> dict[str, int]:
         """Drain, then stop the background workers. Idempotent; the client stays open."""
+        if self._forked:  # the parent owns what is buffered and held: touch nothing
+            return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
         if self._closed:
             return self._drain_report or {}
         report = self.drain()
@@ -891,6 +911,8 @@ class Queue(Producer):
     @boundary("remove()")
     def remove(self, id: str) -> bool:
         """Remove a stored item whose bucket no consumer holds. True if it was removed."""
+        if self._forked:
+            raise used_after_fork(self)
         bid, index = core.parse_item_id(id)
         if bid in self._unwritten:
             self._flush_pushes()

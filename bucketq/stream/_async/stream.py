@@ -30,6 +30,7 @@ from ...queue._concurrency import (
     AsyncReceipt,
     async_register_exit,
     async_sleep,
+    used_after_fork,
 )
 from ...queue._db import check_async_database
 from ...queue._producer import AsyncProducer
@@ -80,6 +81,8 @@ class AsyncStreamQueue(AsyncProducer):
     ) -> AsyncReceipt:
         """Buffer one item and return its receipt at once (``durable=True``: once stored)."""
         if self._closed:
+            if self._forked:
+                raise used_after_fork(self)
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
         return (await self._add_many([payload], qcore.check_push(headers, durable), None, durable))[
             0
@@ -90,6 +93,8 @@ class AsyncStreamQueue(AsyncProducer):
     ) -> list[AsyncReceipt]:
         """Push several items in order; all are encoded first, so one bad item stores none."""
         if self._closed:
+            if self._forked:
+                raise used_after_fork(self)
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
         payloads = v.payloads(payloads)
         return await self._add_many(payloads, qcore.check_push(headers, durable), None, durable)
@@ -186,6 +191,8 @@ class AsyncStreamQueue(AsyncProducer):
     @boundary("flush()")
     async def flush(self) -> None:
         """Write every open bucket and wait until stored."""
+        if self._forked:
+            raise used_after_fork(self)
         await self._flush_pushes()
 
     # -- consume ----------------------------------------------------------------------------
@@ -197,6 +204,8 @@ class AsyncStreamQueue(AsyncProducer):
         It starts after the last acknowledged seq, or after ``after`` (a seq a sink stored
         atomically with its data): buckets up to ``after`` are acknowledged at once.
         """
+        if self._forked:
+            raise used_after_fork(self)
         meta = await self._open_epoch()
         start = core.check_resume(self.name, after, meta)
         c = AsyncStreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start)
@@ -260,7 +269,10 @@ class AsyncStreamQueue(AsyncProducer):
     async def close(self) -> dict[str, int]:
         """Write what is buffered, stop the writer, and report as ``Queue.close()`` does:
         ``buckets_written`` by this call and ``push_failed`` (items that could not be
-        stored). Idempotent (the same report again); the client stays open."""
+        stored). Idempotent (the same report again); the client stays open. In a child
+        forked from the process that opened it, it does nothing (the parent writes)."""
+        if self._forked:
+            return {"buckets_written": 0, "push_failed": 0}
         if self._close_report is not None:
             return self._close_report
         written, failed = self._stats["buckets_written"], self._stats["push_failed"]
@@ -315,6 +327,8 @@ class AsyncStreamConsumer:
     async def next_batch(self, timeout: float | None = None) -> core.StreamBatch | None:
         """The next bucket as ``StreamBatch(seq, items)``, or None when ``timeout`` seconds
         pass first. Waits at most ``hole_grace`` on a hole, then closes it."""
+        if self.stream._forked:
+            raise used_after_fork(self.stream)
         if self._closed:
             raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
         v.timeout("timeout", timeout)

@@ -32,6 +32,7 @@ from ...queue._concurrency import (
     Receipt,
     register_exit,
     sleep,
+    used_after_fork,
 )
 from ...queue._db import check_database
 from ...queue._producer import Producer
@@ -82,6 +83,8 @@ class StreamQueue(Producer):
     ) -> Receipt:
         """Buffer one item and return its receipt at once (``durable=True``: once stored)."""
         if self._closed:
+            if self._forked:
+                raise used_after_fork(self)
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
         return (self._add_many([payload], qcore.check_push(headers, durable), None, durable))[0]
 
@@ -90,6 +93,8 @@ class StreamQueue(Producer):
     ) -> list[Receipt]:
         """Push several items in order; all are encoded first, so one bad item stores none."""
         if self._closed:
+            if self._forked:
+                raise used_after_fork(self)
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
         payloads = v.payloads(payloads)
         return self._add_many(payloads, qcore.check_push(headers, durable), None, durable)
@@ -182,6 +187,8 @@ class StreamQueue(Producer):
     @boundary("flush()")
     def flush(self) -> None:
         """Write every open bucket and wait until stored."""
+        if self._forked:
+            raise used_after_fork(self)
         self._flush_pushes()
 
     # -- consume ----------------------------------------------------------------------------
@@ -193,6 +200,8 @@ class StreamQueue(Producer):
         It starts after the last acknowledged seq, or after ``after`` (a seq a sink stored
         atomically with its data): buckets up to ``after`` are acknowledged at once.
         """
+        if self._forked:
+            raise used_after_fork(self)
         meta = self._open_epoch()
         start = core.check_resume(self.name, after, meta)
         c = StreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start)
@@ -256,7 +265,10 @@ class StreamQueue(Producer):
     def close(self) -> dict[str, int]:
         """Write what is buffered, stop the writer, and report as ``Queue.close()`` does:
         ``buckets_written`` by this call and ``push_failed`` (items that could not be
-        stored). Idempotent (the same report again); the client stays open."""
+        stored). Idempotent (the same report again); the client stays open. In a child
+        forked from the process that opened it, it does nothing (the parent writes)."""
+        if self._forked:
+            return {"buckets_written": 0, "push_failed": 0}
         if self._close_report is not None:
             return self._close_report
         written, failed = self._stats["buckets_written"], self._stats["push_failed"]
@@ -311,6 +323,8 @@ class StreamConsumer:
     def next_batch(self, timeout: float | None = None) -> core.StreamBatch | None:
         """The next bucket as ``StreamBatch(seq, items)``, or None when ``timeout`` seconds
         pass first. Waits at most ``hole_grace`` on a hole, then closes it."""
+        if self.stream._forked:
+            raise used_after_fork(self.stream)
         if self._closed:
             raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
         v.timeout("timeout", timeout)
