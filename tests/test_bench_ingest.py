@@ -20,9 +20,11 @@ from bucketq.benchmark.ingest._serve import free_port
 from bucketq.benchmark.ingest._stats import (
     SweepResult,
     SweepStep,
+    end_to_end,
     load_summary,
     next_sweep_rate,
     percentile,
+    reconcile,
     schedule,
 )
 from bucketq.cli import build_parser
@@ -70,6 +72,18 @@ def test_a_sweep_doubles_while_sustained_and_stops_at_the_first_failure():
     assert sw.highest_sustained == 100 and "p95" in sw.limited_by
     behind = SweepResult([ok, SweepStep(200, 20.0, 0, True, False)])
     assert behind.highest_sustained == 200 and "generator" in behind.limited_by
+
+
+def test_end_to_end_and_reconcile_match_storage_to_requests():
+    accepted_at = {0: 10.0, 1: 10.5}  # request 2 timed out
+    seen = [(0, 0, 10.2), (0, 1, 9.9), (1, 0, 11.0), (1, 0, 11.5), (2, 0, 12.0)]
+    assert end_to_end(accepted_at, seen) == pytest.approx([0.2, 0.0, 0.5])
+    # request 1's record 1 never arrived, its record 0 twice; request 2's was stored anyway
+    assert reconcile(accepted_at, 2, seen) == {
+        "lost": 1,
+        "duplicates": 1,
+        "stored_unacknowledged": 1,
+    }
 
 
 def test_bad_options_name_themselves():
@@ -173,6 +187,7 @@ def test_bench_ingest_runs_real_servers_and_counts_what_storage_holds(mongo_uri,
         assert r["stored_ok"] and r["server_stopped_cleanly"]
         # every accepted record was seen arriving in storage
         assert r["end_to_end"]["available"] and r["end_to_end"]["n"] == 60
+        assert r["stored_check"] == {"lost": 0, "duplicates": 0, "stored_unacknowledged": 0}
         assert r["mongodb_requests"] > 0 and r["api_cpu_s"] > 0
     out = console.file.getvalue()
     assert "bucketq buffer" in out and "seed p95" in out and "Targets" in out

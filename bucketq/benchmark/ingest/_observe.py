@@ -114,12 +114,12 @@ def counters_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
 
 class StorageWatcher:
     """Follows inserts into ``db[LOGS_COLLECTION]`` of one run (``metadata.bench_run``) and
-    keeps ``(request number, monotonic time seen)`` per record."""
+    keeps ``(request number, record index, monotonic time seen)`` per record."""
 
     def __init__(self, client: MongoClient, db: str, run_id: str) -> None:
         self.col = client[db][LOGS_COLLECTION]
         self.run_id = run_id
-        self.seen: list[tuple[int, float]] = []
+        self.seen: list[tuple[int, int, float]] = []
         self.error: str | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -138,7 +138,12 @@ class StorageWatcher:
     def _run(self) -> None:
         pipeline: list[dict[str, Any]] = [
             {"$match": {"operationType": "insert", "fullDocument.metadata.bench_run": self.run_id}},
-            {"$project": {"fullDocument.metadata.bench_req": 1}},
+            {
+                "$project": {
+                    "fullDocument.metadata.bench_req": 1,
+                    "fullDocument.metadata.bench_rec": 1,
+                }
+            },
         ]
         try:
             with self.col.watch(pipeline, max_await_time_ms=100) as stream:
@@ -148,8 +153,8 @@ class StorageWatcher:
                     if change is None:
                         continue
                     now = time.monotonic()
-                    req = change["fullDocument"]["metadata"]["bench_req"]
-                    self.seen.append((int(req), now))
+                    meta = change["fullDocument"]["metadata"]
+                    self.seen.append((int(meta["bench_req"]), int(meta["bench_rec"]), now))
         except (PyMongoError, KeyError, TypeError, ValueError) as exc:
             # A standalone server has no change streams: no end-to-end figures then.
             self.error = f"{type(exc).__name__}: {exc}"

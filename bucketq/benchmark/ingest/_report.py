@@ -124,6 +124,27 @@ def table_rows(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def mismatches(doc: Mapping[str, Any]) -> list[str]:
+    """A sentence per mode whose storage does not hold exactly what was accepted."""
+    out = []
+    for mode, r in doc["modes"].items():
+        if r["stored_ok"]:
+            continue
+        line = (
+            f"{MODE_LABELS.get(mode, mode)}: {r['records_stored']:,} records stored, "
+            f"{r['load']['records_accepted']:,} accepted"
+        )
+        c = r.get("stored_check")
+        if c:
+            line += (
+                f": {c['lost']:,} accepted records missing, {c['duplicates']:,} duplicates, "
+                f"{c['stored_unacknowledged']:,} records of requests that failed "
+                f"({', '.join(r['load']['errors_by_kind']) or 'none'}) stored anyway"
+            )
+        out.append(line)
+    return out
+
+
 def markdown_table(doc: Mapping[str, Any]) -> str:
     head, rows = table_rows(doc)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -164,6 +185,8 @@ def print_report(console: Any, doc: Mapping[str, Any]) -> None:
             row[11] = f"[yellow]{row[11]}[/]"
         t.add_row(*row)
     console.print(t)
+    for line in mismatches(doc):
+        console.print(f"[red]{line}[/]")
 
     sweeps = {m: r["sweep"] for m, r in doc["modes"].items() if r.get("sweep")}
     if sweeps:

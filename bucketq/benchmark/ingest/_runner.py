@@ -41,6 +41,7 @@ from ._stats import (
     load_summary,
     next_sweep_rate,
     per_thousand,
+    reconcile,
     schedule,
     targets,
 )
@@ -187,6 +188,7 @@ def run_mode(
         stored = col.count_documents({"metadata.bench_run": run_id})
         delta = counters_delta(before, after)
         e2e = end_to_end(accepted_at, watcher.seen) if watcher.available else []
+        seen_check = reconcile(accepted_at, batch, watcher.seen) if watcher.available else None
         shutdown = _SHUTDOWN.findall(serve.log_tail(20_000))
         api_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
         mongo_cpu = None if mcpu0 is None or mcpu1 is None else mcpu1 - mcpu0
@@ -204,6 +206,8 @@ def run_mode(
             },
             "records_stored": stored,
             "stored_ok": stored == accepted,
+            # from the change stream: which records those were (None without one)
+            "stored_check": seen_check,
             "end_to_end": {
                 **latency_summary(e2e),
                 "available": watcher.available,

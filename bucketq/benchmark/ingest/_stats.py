@@ -122,16 +122,40 @@ def load_summary(samples: Sequence[Sample], batch: int) -> dict[str, Any]:
     }
 
 
-def end_to_end(accepted_at: Mapping[int, float], seen: Iterable[tuple[int, float]]) -> list[float]:
-    """Per record seen in storage (its request number, when it was seen), the seconds from
-    its request's acceptance to then; a record visible before its answer arrived counts 0.
-    Records of requests that were not accepted are left out."""
+def end_to_end(
+    accepted_at: Mapping[int, float], seen: Iterable[tuple[int, int, float]]
+) -> list[float]:
+    """Per record seen in storage (request number, record index, when it was seen), the
+    seconds from its request's acceptance to then; a record visible before its answer
+    arrived counts 0. Records of requests that were not accepted, and a record seen
+    again (a duplicate), are left out."""
     out = []
-    for seq, t in seen:
+    done: set[tuple[int, int]] = set()
+    for seq, rec, t in seen:
         a = accepted_at.get(seq)
-        if a is not None:
+        if a is not None and (seq, rec) not in done:
+            done.add((seq, rec))
             out.append(max(0.0, t - a))
     return out
+
+
+def reconcile(
+    accepted: Iterable[int], batch: int, seen: Iterable[tuple[int, int, float]]
+) -> dict[str, int]:
+    """What storage holds against what was answered 200: records of accepted requests
+    never seen (``lost``), records seen twice or more (``duplicates``), and records of
+    requests that were not accepted (a timeout or an error) that were stored anyway
+    (``stored_unacknowledged``)."""
+    ok = set(accepted)
+    pairs: dict[tuple[int, int], int] = {}
+    for seq, rec, _ in seen:
+        pairs[(seq, rec)] = pairs.get((seq, rec), 0) + 1
+    seen_ok = sum(1 for (seq, _) in pairs if seq in ok)
+    return {
+        "lost": batch * len(ok) - seen_ok,
+        "duplicates": sum(n - 1 for n in pairs.values()),
+        "stored_unacknowledged": sum(1 for (seq, _) in pairs if seq not in ok),
+    }
 
 
 def per_thousand(count: float, records: int) -> float | None:
