@@ -26,6 +26,7 @@ from bucketq.benchmark.ingest._stats import (
     percentile,
     reconcile,
     schedule,
+    targets,
 )
 from bucketq.cli import build_parser
 from bucketq.errors import ConfigurationError
@@ -84,6 +85,27 @@ def test_end_to_end_and_reconcile_match_storage_to_requests():
         "duplicates": 1,
         "stored_unacknowledged": 1,
     }
+
+
+def _mode(p95, errors=0, timeouts=0, stored_ok=True, per_request=0.1, requests=100):
+    kinds = {"timeout": timeouts} if timeouts else {}
+    load = {"requests": requests, "errors": errors + timeouts, "errors_by_kind": kinds,
+            "latency": {"p95_ms": p95}}  # fmt: skip
+    return {"load": load, "stored_ok": stored_ok, "commands_per_request": per_request}
+
+
+def test_targets_judge_the_figures_and_leave_a_timed_out_p95_out():
+    met = {t["target"]: t["met"] for t in targets(
+        {"off": _mode(1000.0), "memory": _mode(20.0), "bucketq": _mode(25.0)})}  # fmt: skip
+    assert met["bucketq transport p95 <= 1.5x memory p95"] is True
+    assert met["bucketq transport p95 <= 1/10 of buffer-off p95"] is True
+    assert met["zero errors"] is True and met["stored = accepted in every mode"] is True
+    assert met["highest sustained rate with the bucketq transport >= 5x buffer off"] is None
+    met = {t["target"]: t["met"] for t in targets(
+        {"off": _mode(30000.0, timeouts=50), "memory": _mode(20.0), "bucketq": _mode(40.0, stored_ok=False)})}  # fmt: skip
+    assert met["bucketq transport p95 <= 1.5x memory p95"] is False
+    assert met["bucketq transport p95 <= 1/10 of buffer-off p95"] is None  # censored
+    assert met["zero errors"] is False and met["stored = accepted in every mode"] is False
 
 
 def test_bad_options_name_themselves():
