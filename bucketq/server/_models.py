@@ -5,13 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 #: Levels a log record may carry (case-insensitive on input, stored lower case).
 LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "fatal", "critical")
 Level = Literal["trace", "debug", "info", "warn", "warning", "error", "fatal", "critical"]
 
 _HEX_ID = r"^[0-9a-fA-F]{1,64}$"
+#: Object keys MongoDB can store (a NUL byte cannot be; nested keys are checked at encoding).
+_KEYS: dict[str, Any] = {"propertyNames": {"pattern": "^[^\\u0000]*$"}}
 
 
 def _to_utc(v: datetime) -> datetime:
@@ -24,8 +26,15 @@ def _to_utc(v: datetime) -> datetime:
         raise ValueError("time is out of range once converted to UTC") from None
 
 
+def _iso_text(v: Any) -> Any:
+    """A time comes as ISO 8601 text (as the schema says), not as a number."""
+    if isinstance(v, str | datetime):
+        return v
+    raise ValueError("time must be an ISO 8601 string, e.g. 2024-05-01T10:00:00Z")
+
+
 #: A time as stored: aware, in UTC.
-UtcTime = Annotated[datetime, AfterValidator(_to_utc)]
+UtcTime = Annotated[datetime, BeforeValidator(_iso_text), AfterValidator(_to_utc)]
 
 
 def _lower(v: Any) -> Any:
@@ -41,7 +50,7 @@ class LogIn(BaseModel):
     service: str = Field(min_length=1, max_length=100)
     level: Level
     message: str = Field(min_length=1, max_length=1_000_000)
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(default=None, json_schema_extra=_KEYS)
     trace_id: str | None = Field(default=None, pattern=_HEX_ID)
     span_id: str | None = Field(default=None, pattern=_HEX_ID)
     session_id: str | None = Field(default=None, max_length=200)
@@ -74,7 +83,7 @@ class SpanIn(BaseModel):
     start_time: UtcTime
     end_time: UtcTime | None = None
     status: SpanStatus | None = None
-    attributes: dict[str, Any] | None = None
+    attributes: dict[str, Any] | None = Field(default=None, json_schema_extra=_KEYS)
 
     _kind = field_validator("kind", mode="before")(_lower)
 
@@ -90,8 +99,8 @@ class MetricIn(BaseModel):
     service: str = Field(min_length=1, max_length=100)
     name: str = Field(min_length=1, max_length=1000)
     type: Literal["gauge", "counter", "histogram", "summary"] = "gauge"
-    value: float
-    labels: dict[str, str] | None = None
+    value: float = Field(strict=True)
+    labels: dict[str, str] | None = Field(default=None, json_schema_extra=_KEYS)
 
 
 class MetricsIn(BaseModel):

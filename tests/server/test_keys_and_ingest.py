@@ -100,6 +100,7 @@ def test_validation_names_the_field_and_index_and_stores_nothing(
         ("level", "loud", 422),
         ("time", "yesterday", 422),
         ("time", "0001-01-01T00:10:00+01:00", 422),  # before year 1 in UTC
+        ("time", 1714557600, 422),  # the schema says ISO 8601 text
         ("service", "", 422),
         ("service", "x" * 101, 422),
         ("message", "", 422),
@@ -192,8 +193,9 @@ def test_spans_and_metrics(serve: Serve, keys, mongo_client: MongoClient) -> Non
         assert r.status_code == 200, r.text
         r = c.post("/api/v1/ingest/spans", json={"spans": [span, {**span, "trace_id": "zz"}]})
         assert r.status_code == 422 and r.json()["details"][0]["field"] == "spans[1].trace_id"
-        r = c.post("/api/v1/ingest/metrics", json={"metrics": [{**metric, "value": "high"}]})
-        assert r.status_code == 422 and r.json()["details"][0]["index"] == 0
+        for value in ("high", "3", True):
+            r = c.post("/api/v1/ingest/metrics", json={"metrics": [{**metric, "value": value}]})
+            assert r.status_code == 422 and r.json()["details"][0]["field"] == "metrics[0].value"
     spans = list(db["spans"].find({"project_id": project}))
     assert len(spans) == 2 and spans[0]["kind"] == "server" and spans[0]["duration_ms"] == 250
     assert db["metrics"].count_documents({"project_id": project, "value": 12.5}) == 1
