@@ -38,6 +38,8 @@ log = logging.getLogger(LOGGER_NAME)
 sdk_thread = threading.local()
 
 _MONITOR_TICK = 0.1
+#: a replay stops (to start again later) when the queue is this full with new records
+REPLAY_YIELD_PERCENT = 50.0
 
 
 class Endpoint:
@@ -344,6 +346,7 @@ class Processor:
                     self._replay_wanted = True
                 if (
                     self._replay_wanted
+                    and self.queue.fill_percentage() < REPLAY_YIELD_PERCENT
                     and self.primary.available(time.monotonic())
                     and (self._replay_thread is None or not self._replay_thread.is_alive())
                     and not self._stop.is_set()
@@ -419,8 +422,12 @@ class Processor:
             return out
 
         try:
-            result = self.spill.replay(send, batch_size=self.cfg.batch_size,
-                                       should_stop=self._stop.is_set)  # fmt: skip
+            # Replay in quiet periods: it gives way (and resumes later) once new records
+            # fill half the queue, so it never competes with a burst for the senders' CPU.
+            def busy() -> bool:
+                return self._stop.is_set() or self.queue.fill_percentage() >= REPLAY_YIELD_PERCENT
+
+            result = self.spill.replay(send, batch_size=self.cfg.batch_size, should_stop=busy)
             self._count("replayed", result.sent)
             if result.sent:
                 log.info("replayed %d spilled record(s) to %s", result.sent, p.base_url)
