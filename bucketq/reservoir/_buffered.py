@@ -35,6 +35,7 @@ from ._policy import (
     retry_delay,
     shard_for,
     split,
+    storage_record,
 )
 from ._reservoir import IngestResult, Reservoir
 from ._transport import Delivery, Transport
@@ -110,6 +111,11 @@ class BufferedReservoir(Reservoir):
             ),
         )
         self._stop_report: dict[str, Any] | None = None
+
+    @property
+    def idempotent(self) -> bool:  # type: ignore[override]
+        """The storage engine's: rewrites of a record with the same ``_id`` are no-ops."""
+        return bool(getattr(self.storage, "idempotent", False))
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -228,7 +234,12 @@ class BufferedReservoir(Reservoir):
             if not isinstance(pid, str) or not pid:
                 errors.append({"index": i, "error": "project_id must be a non-empty string"})
                 continue
-            groups[self.shard_of(pid)].append((i, new_entry(kind, pid, rec)))
+            try:
+                entry = new_entry(kind, pid, rec)
+            except ValueError as exc:
+                errors.append({"index": i, "error": str(exc)})
+                continue
+            groups[self.shard_of(pid)].append((i, entry))
         if not groups:
             return result(0, len(errors), errors)  # type: ignore[return-value]
         if self._state != "running":
@@ -284,7 +295,7 @@ class BufferedReservoir(Reservoir):
     ) -> dict[str, Any]:
         """Write straight to storage; map the storage's error indices back to the call's."""
         index = [i for items in groups.values() for i, _ in items]
-        records = [e["record"] for items in groups.values() for _, e in items]
+        records = self._records([e for items in groups.values() for _, e in items])
         for s, items in groups.items():
             self.metrics.bypass.labels(kind, str(s)).inc(len(items))
         self._counts["bypassed"] += len(records)
@@ -407,8 +418,15 @@ class BufferedReservoir(Reservoir):
         else:
             self.breaker.record_success()
 
+    def _records(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What storage gets: with each record's stable id as ``_id`` when the engine is
+        idempotent (a rewrite is then a no-op), the records as they came otherwise."""
+        if self.idempotent:
+            return [storage_record(e) for e in entries]
+        return [e["record"] for e in entries]
+
     async def _write(self, shard: int, kind: str, ds: list[Delivery]) -> WriteOutcome:
-        records = [d.entry["record"] for d in ds]
+        records = self._records([d.entry for d in ds])
         t0 = time.perf_counter()
         try:
             outcome = interpret(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import bson
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import BulkWriteError, PyMongoError
 
@@ -15,6 +18,11 @@ from ._policy import result
 from ._reservoir import IngestResult, Reservoir
 
 log = logging.getLogger("bucketq.reservoir.mongo")
+
+#: MongoDB's duplicate-key error code: the record's ``_id`` is already stored.
+DUPLICATE_KEY = 11000
+#: The largest document MongoDB stores.
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 
 #: LogTide's log fields.
 LOG_FIELDS = ("time", "project_id", "service", "level", "message", "metadata",
@@ -34,7 +42,14 @@ def parse_time(value: Any, field: str) -> datetime:
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(float(value), UTC)
+        if not math.isfinite(value):
+            raise RecordError(f"{field} {value!r} is not a time (epoch seconds must be finite)")
+        try:
+            return datetime.fromtimestamp(float(value), UTC)
+        except (OverflowError, ValueError, OSError):
+            raise RecordError(
+                f"{field} {value!r} is out of range (epoch seconds of years 1-9999)"
+            ) from None
     if isinstance(value, str):
         try:
             d = datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -50,7 +65,14 @@ def _common(rec: Any, fields: tuple[str, ...]) -> dict[str, Any]:
     pid = rec.get("project_id")
     if not isinstance(pid, str) or not pid:
         raise RecordError("project_id must be a non-empty string")
-    return {k: rec[k] for k in fields if rec.get(k) is not None}
+    rid = rec.get("_id")
+    if rid is None:
+        rid = uuid.uuid4().hex  # assigned at acceptance: the same id on a driver retry
+    elif not isinstance(rid, str) or not rid:
+        raise RecordError("_id must be a non-empty string (the record's stable id)")
+    doc = {"_id": rid}
+    doc.update((k, rec[k]) for k in fields if rec.get(k) is not None)
+    return doc
 
 
 def log_document(rec: Any) -> dict[str, Any]:
@@ -90,13 +112,42 @@ def metric_document(rec: Any) -> dict[str, Any]:
     return doc
 
 
+def _already_stored(write_error: Mapping[str, Any]) -> bool:
+    """A duplicate-key error on ``_id``: the record is stored (by an earlier write)."""
+    if write_error.get("code") != DUPLICATE_KEY:
+        return False
+    pattern = write_error.get("keyPattern")
+    return pattern is None or list(pattern) == ["_id"]
+
+
+def unencodable(doc: Mapping[str, Any]) -> str | None:
+    """Why MongoDB cannot take ``doc`` (None when it can): the check run on the records
+    of a batch the driver refused to encode, so only the bad ones fail."""
+    try:
+        size = len(bson.encode(doc))
+    except RecursionError:
+        return "the record nests too deeply (or contains itself)"
+    except Exception as exc:  # noqa: BLE001 - any encoding failure is this record's
+        return f"the record cannot be stored as BSON: {exc}"
+    if size > MAX_DOCUMENT_BYTES:
+        return f"the record is {size} bytes as BSON; MongoDB stores at most {MAX_DOCUMENT_BYTES}"
+    return None
+
+
 class MongoReservoir(Reservoir):
     """Stores logs, spans and metrics in ``<prefix>logs``, ``<prefix>spans`` and
     ``<prefix>metrics`` of a pymongo ``AsyncDatabase``, indexed by project and time.
 
     Each call is one ``insert_many(ordered=False)``; records that fail validation or the
     insert are reported with their index in ``errors`` and never counted as ingested.
+    One bad record (a time out of range, a key MongoDB refuses) fails only itself.
+
+    Idempotent: a record's ``_id`` (a string; one is assigned when it has none) is its
+    document's ``_id``, and a record whose ``_id`` is already stored counts as stored,
+    so writing the same records again (a retry, a redelivery) stores nothing twice.
     """
+
+    idempotent = True
 
     def __init__(self, db: Any, *, prefix: str = "", create_indexes: bool = True) -> None:
         if not hasattr(db, "get_collection") or not hasattr(db, "command"):
@@ -141,18 +192,55 @@ class MongoReservoir(Reservoir):
             except RecordError as exc:
                 errors.append({"index": i, "error": str(exc)})
         if docs:
-            try:
-                await col.insert_many(docs, ordered=False)
-            except BulkWriteError as exc:
-                for e in exc.details.get("writeErrors", []):
-                    errors.append(
-                        {"index": positions[e["index"]], "error": e.get("errmsg", "write error")}
-                    )
-            except PyMongoError as exc:
-                for i in positions:
-                    errors.append({"index": i, "error": f"{type(exc).__name__}: {exc}"})
+            errors.extend(await self._insert_docs(col, docs, positions))
         errors.sort(key=lambda e: e["index"])
         return result(len(records) - len(errors), len(errors), errors)  # type: ignore[return-value]
+
+    async def _insert_docs(
+        self, col: Any, docs: list[dict[str, Any]], positions: list[int], *, again: bool = True
+    ) -> list[dict[str, Any]]:
+        """One unordered insert; the errors of the records that were not stored. A
+        duplicate ``_id`` is a record already stored. When the driver cannot encode the
+        batch, the records it cannot encode fail and the others are inserted again (what
+        part of the batch was sent already is a duplicate, so stored once)."""
+        try:
+            await col.insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            return [
+                {"index": positions[e["index"]], "error": e.get("errmsg", "write error")}
+                for e in exc.details.get("writeErrors", [])
+                if not _already_stored(e)
+            ]
+        except PyMongoError as exc:
+            if again and isinstance(exc, bson.errors.InvalidDocument):
+                return await self._insert_encodable(col, docs, positions, exc)
+            return [{"index": i, "error": f"{type(exc).__name__}: {exc}"} for i in positions]
+        except (bson.errors.BSONError, ValueError, OverflowError, TypeError, RecursionError) as exc:
+            if again:
+                return await self._insert_encodable(col, docs, positions, exc)
+            return [{"index": i, "error": f"{type(exc).__name__}: {exc}"} for i in positions]
+        return []
+
+    async def _insert_encodable(
+        self, col: Any, docs: list[dict[str, Any]], positions: list[int], exc: BaseException
+    ) -> list[dict[str, Any]]:
+        errors: list[dict[str, Any]] = []
+        good: list[dict[str, Any]] = []
+        good_pos: list[int] = []
+        for doc, pos in zip(docs, positions, strict=True):
+            why = unencodable(doc)
+            if why is None:
+                good.append(doc)
+                good_pos.append(pos)
+            else:
+                errors.append({"index": pos, "error": why})
+        if not errors:  # not a per-record problem after all: every record failed
+            return [{"index": i, "error": f"{type(exc).__name__}: {exc}"} for i in positions]
+        log.warning("%d of %d records cannot be stored as BSON: %s", len(errors), len(docs),
+                    errors[0]["error"])  # fmt: skip
+        if good:
+            errors.extend(await self._insert_docs(col, good, good_pos, again=False))
+        return errors
 
     async def ingest(self, logs: Sequence[dict[str, Any]]) -> IngestResult:
         return await self._insert(self.logs, logs, log_document)

@@ -70,12 +70,25 @@ class BatchPolicy:
         return self.full(count) or self.remaining(started, now) <= 0
 
 
+def record_id(record: Any) -> str | None:
+    """The stable id a record brings (its ``_id``), None when it brings none; raises
+    ``ValueError`` when it brings one that is not a non-empty string."""
+    rid = record.get("_id") if isinstance(record, Mapping) else None
+    if rid is None:
+        return None
+    if not isinstance(rid, str) or not rid:
+        raise ValueError("_id must be a non-empty string (the record's stable id)")
+    return rid
+
+
 def new_entry(
     kind: str, project_id: str, record: Mapping[str, Any], *, now: float | None = None
 ) -> dict[str, Any]:
-    """The envelope the transports carry for one record."""
+    """The envelope the transports carry for one record. Its ``id`` is the record's
+    stable id: the record's own ``_id`` when it has one, else a fresh one; it stays the
+    same through every retry, requeue, redelivery, DLQ entry and replay."""
     return {
-        "id": uuid.uuid4().hex,
+        "id": record_id(record) or uuid.uuid4().hex,
         "kind": kind,
         "project_id": project_id,
         "record": dict(record),
@@ -83,6 +96,15 @@ def new_entry(
         "error": None,
         "enqueued_at": time.time() if now is None else now,
     }
+
+
+def storage_record(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of an envelope as an idempotent storage engine gets it: with the
+    envelope's id as its ``_id``."""
+    rec = entry["record"]
+    if rec.get("_id") == entry["id"]:
+        return rec
+    return {**rec, "_id": entry["id"]}
 
 
 def dead_entry(

@@ -32,8 +32,18 @@ class Reservoir:
     - ``query(...)`` and ``health()`` read; a buffer passes them through unchanged.
     - ``close()`` releases resources; it must be idempotent.
 
-    Each record is a dict with at least a ``project_id``.
+    Each record is a dict with at least a ``project_id``. It may carry a string ``_id``,
+    the record's stable id.
+
+    ``idempotent``: True when the engine stores a record carrying an ``_id`` under that
+    id and counts a record whose ``_id`` is already stored as stored (not failed), so
+    writing the same record again is a no-op. A buffer then gives every record an
+    ``_id`` when it accepts it and keeps it through retries, redeliveries and DLQ
+    replays: each record is stored once. An engine that cannot (the default) gets the
+    records as they came, and a crash or a retry may store a record twice.
     """
+
+    idempotent: bool = False
 
     async def ingest(self, logs: Sequence[dict[str, Any]]) -> IngestResult:
         raise NotImplementedError

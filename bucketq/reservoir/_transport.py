@@ -251,7 +251,8 @@ class PassthroughTransport(MemoryTransport):
 
     def __init__(self, *, capacity: int = 100_000) -> None:
         super().__init__(capacity=capacity)
-        self._waiters: dict[str, asyncio.Future[str | None]] = {}
+        # Keyed by record id; a list, since a caller may send one id twice.
+        self._waiters: dict[str, list[asyncio.Future[str | None]]] = {}
 
     async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> list[str | None]:  # type: ignore[override]
         """Returns, per entry, None when it was stored or the reason it was dead-lettered."""
@@ -259,13 +260,13 @@ class PassthroughTransport(MemoryTransport):
         futs: list[asyncio.Future[str | None]] = []
         for e in entries:
             fut: asyncio.Future[str | None] = loop.create_future()
-            self._waiters[e["id"]] = fut
+            self._waiters.setdefault(e["id"], []).append(fut)
             futs.append(fut)
         try:
             self._put(shard, entries)
         except BaseException:
-            for e in entries:
-                self._waiters.pop(e["id"], None)
+            for e, fut in zip(entries, futs, strict=True):
+                self._forget(e["id"], fut)
             raise
         return list(await asyncio.gather(*futs))
 
@@ -283,9 +284,19 @@ class PassthroughTransport(MemoryTransport):
             pass
         return await super().dequeue(shard, max_batch, 0.0)
 
+    def _forget(self, rid: str, fut: asyncio.Future[str | None]) -> None:
+        waiting = self._waiters.get(rid, [])
+        if fut in waiting:
+            waiting.remove(fut)
+        if not waiting:
+            self._waiters.pop(rid, None)
+
     def _release(self, deliveries: Sequence[Delivery], reason: str | None = None) -> None:
         for d in deliveries:
-            fut = self._waiters.pop(d.entry["id"], None)
+            waiting = self._waiters.get(d.entry["id"])
+            fut = waiting.pop(0) if waiting else None
+            if waiting == []:
+                del self._waiters[d.entry["id"]]
             if fut is not None and not fut.done():
                 fut.set_result(
                     None if reason is None else (reason or d.entry.get("error") or "dead-lettered")
@@ -302,7 +313,8 @@ class PassthroughTransport(MemoryTransport):
         self._release(deliveries, reason or "")
 
     async def stop(self) -> None:
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.set_result("the passthrough transport stopped before the write")
+        for waiting in self._waiters.values():
+            for fut in waiting:
+                if not fut.done():
+                    fut.set_result("the passthrough transport stopped before the write")
         self._waiters.clear()

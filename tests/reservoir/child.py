@@ -1,10 +1,13 @@
 """A child ingest process for the restart and signal tests (run as a script).
 
-``python child.py <transport> <prefix> <mongo_uri> <db> <redis_url> <mode>``
+``python child.py <transport> <prefix> <mongo_uri> <db> <redis_url> <mode> [<config json>]``
 
+The optional last argument is a JSON object of :class:`BufferConfig` fields that
+replace those of ``CONFIG`` (e.g. ``{"shards": 4, "max_batch_size": 5000}``).
 It ingests batches of 10 logs (``message = rec-<seq>``) into a BufferedReservoir over
 a MongoDB storage engine whose writes are slowed down, and prints ``ACK <seq>`` once
-the ingest holding ``seq`` returned. ``mode=kill``: runs until killed. ``mode=sigterm``:
+the ingest holding ``seq`` returned, and ``STORED <n>`` after each storage write.
+``mode=kill``: runs until killed (a write waits 0.5 s between storage and ack). ``mode=sigterm``:
 installs the signal handlers, prints ``READY``, and on SIGTERM prints ``STOPPED <json>``.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -30,12 +34,17 @@ QUICK_QUEUE = {"lease": 2.0, "state_flush_period": 0.2, "poll_interval": 0.2}
 
 
 class SlowMongo(MongoReservoir):
-    """Storage writes take a while, so a kill lands with records in flight."""
+    """Storage writes take a while, so a kill lands with records in flight. After each
+    write it prints ``STORED <n>`` and waits ``tail`` seconds before the buffer can ack:
+    a kill in that window is the crash between a storage write and its ack."""
+
+    tail = 0.025
 
     async def ingest(self, logs):
         await asyncio.sleep(0.025)
         res = await super().ingest(logs)
-        await asyncio.sleep(0.025)  # stored, not yet acked: a kill here makes duplicates
+        print(f"STORED {res['ingested']}", flush=True)
+        await asyncio.sleep(self.tail)  # stored, not yet acked: a kill here makes duplicates
         return res
 
 
@@ -53,12 +62,27 @@ CONFIG = BufferConfig(enabled=True, shards=2, max_batch_size=50, max_batch_age_m
                       graceful_shutdown_ms=20_000)  # fmt: skip
 
 
+def config(overrides: str = "") -> BufferConfig:
+    return replace(CONFIG, **json.loads(overrides)) if overrides else CONFIG
+
+
 async def main(
-    transport: str, prefix: str, uri: str, dbname: str, redis_url: str, mode: str
+    transport: str,
+    prefix: str,
+    uri: str,
+    dbname: str,
+    redis_url: str,
+    mode: str,
+    overrides: str = "",
 ) -> None:
     client: AsyncMongoClient = AsyncMongoClient(uri)
     db = client[dbname]
-    buf = BufferedReservoir(SlowMongo(db), make_transport(transport, prefix, db, redis_url), CONFIG)
+    storage = SlowMongo(db)
+    if mode == "kill":
+        storage.tail = 0.5
+    buf = BufferedReservoir(
+        storage, make_transport(transport, prefix, db, redis_url), config(overrides)
+    )
     await buf.start()
     stopped = asyncio.Event()
     if mode == "sigterm":
@@ -93,4 +117,4 @@ async def main(
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:7]))
+    asyncio.run(main(*sys.argv[1:8]))

@@ -50,3 +50,50 @@ async def test_spans_and_metrics(adb):
         [{"project_id": "p", "name": "cpu", "value": 0.5}, {"project_id": "p", "name": "x"}]
     )
     assert res["ingested"] == 1 and res["errors"][0]["index"] == 1
+
+
+@pytest.mark.parametrize(
+    "bad,words",
+    [
+        ({"time": float("nan")}, ["time", "finite"]),
+        ({"time": float("inf")}, ["time", "finite"]),
+        ({"time": 1e20}, ["time", "out of range"]),
+        ({"metadata": {"a\x00b": 1}}, ["BSON", "NULL"]),
+        ({"metadata": {"n": 2**70}}, ["BSON", "8-byte"]),
+        ({"metadata": {1: "int key"}}, ["BSON", "string keys"]),
+        ({"message": "\udc80"}, ["BSON", "surrogates"]),
+        ({"_id": 12}, ["_id", "string"]),
+    ],
+)
+async def test_one_bad_record_fails_alone_and_its_neighbours_are_stored(adb, bad, words):
+    st = MongoReservoir(adb)
+    recs = [{"project_id": "p", "message": f"m{i}"} for i in range(5)]
+    recs[2] = {**recs[2], **bad}
+    res = await st.ingest(recs)
+    assert res["ingested"] == 4 and res["failed"] == 1
+    (err,) = res["errors"]
+    assert err["index"] == 2 and all(w in err["error"] for w in words), err
+    stored = sorted(d["message"] for d in await adb["logs"].find({}).to_list())
+    assert stored == ["m0", "m1", "m3", "m4"]
+
+
+async def test_a_record_is_stored_under_its_id_once_however_often_it_is_written(adb):
+    st = MongoReservoir(adb)
+    assert st.idempotent is True
+    recs = [{"project_id": "p", "message": f"m{i}", "_id": f"id-{i}"} for i in range(4)]
+    assert (await st.ingest(recs[:2]))["ingested"] == 2
+    # A rewrite (retry, redelivery) of stored records: stored, not failed, not copied.
+    res = await st.ingest(recs + [recs[3]])
+    assert res == {"ingested": 5, "failed": 0, "errors": []}
+    docs = await adb["logs"].find({}).to_list()
+    assert sorted(d["_id"] for d in docs) == ["id-0", "id-1", "id-2", "id-3"]
+    # Records without an id get one each (distinct, strings), so nothing is merged.
+    res = await st.ingest([{"project_id": "p", "message": "same"}] * 3)
+    assert res["ingested"] == 3
+    same = await adb["logs"].find({"message": "same"}).to_list()
+    assert len(same) == 3 and all(isinstance(d["_id"], str) for d in same)
+    # Other write errors stay failures of their record (a document over 16 MiB).
+    res = await st.ingest(
+        [{"project_id": "p", "message": "x" * (17 * 1024 * 1024), "_id": "big"}, recs[0]]
+    )
+    assert res["ingested"] == 1 and [e["index"] for e in res["errors"]] == [0]
