@@ -48,14 +48,22 @@ class SlowMongo(MongoReservoir):
         return res
 
 
-def make_transport(name: str, prefix: str, db, redis_url: str):
+def make_transport(name: str, prefix: str, db, redis_url: str, cfg: BufferConfig | None = None):
+    """The transport of the child and of the process after it: a dead consumer's records
+    come back within seconds, but never while a live consumer still collects its batch."""
+    age = (cfg or CONFIG).max_batch_age_ms / 1000
     if name == "redis":
         from bucketq.reservoir import RedisTransport
 
-        return RedisTransport(url=redis_url, prefix=prefix, claim_idle=1.0)
-    from bucketq.reservoir import BucketqTransport
+        return RedisTransport(url=redis_url, prefix=prefix, claim_idle=max(1.0, 2 * age))
+    if name == "bucketq":
+        from bucketq.reservoir import BucketqTransport
 
-    return BucketqTransport(db, prefix=prefix, queue_options=QUICK_QUEUE)
+        opts = dict(QUICK_QUEUE, lease=max(QUICK_QUEUE["lease"], 2 * age))
+        return BucketqTransport(db, prefix=prefix, queue_options=opts)
+    from bucketq.reservoir import MemoryTransport, PassthroughTransport
+
+    return MemoryTransport() if name == "memory" else PassthroughTransport()
 
 
 CONFIG = BufferConfig(enabled=True, shards=2, max_batch_size=50, max_batch_age_ms=100, base_delay_ms=20,
@@ -77,12 +85,11 @@ async def main(
 ) -> None:
     client: AsyncMongoClient = AsyncMongoClient(uri)
     db = client[dbname]
+    cfg = config(overrides)
     storage = SlowMongo(db)
     if mode == "kill":
         storage.tail = 0.5
-    buf = BufferedReservoir(
-        storage, make_transport(transport, prefix, db, redis_url), config(overrides)
-    )
+    buf = BufferedReservoir(storage, make_transport(transport, prefix, db, redis_url, cfg), cfg)
     await buf.start()
     stopped = asyncio.Event()
     if mode == "sigterm":

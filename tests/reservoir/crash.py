@@ -30,7 +30,6 @@ from pymongo import AsyncMongoClient, MongoClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 CHILD = Path(__file__).with_name("child.py")
-QUICK_QUEUE = {"lease": 2.0, "state_flush_period": 0.2, "poll_interval": 0.2}
 
 
 def start_child(
@@ -70,20 +69,6 @@ def acked(lines: list[str]) -> int:
     return max(seqs) + 1 if seqs else 0
 
 
-def new_transport(name: str, prefix: str, db: Any, redis_url: str) -> Any:
-    if name == "redis":
-        from bucketq.reservoir import RedisTransport
-
-        return RedisTransport(url=redis_url, prefix=prefix, claim_idle=1.0)
-    if name == "bucketq":
-        from bucketq.reservoir import BucketqTransport
-
-        return BucketqTransport(db, prefix=prefix, queue_options=QUICK_QUEUE)
-    from bucketq.reservoir import MemoryTransport, PassthroughTransport
-
-    return MemoryTransport() if name == "memory" else PassthroughTransport()
-
-
 async def crash_and_drain(
     transport: str,
     mongo_uri: str,
@@ -99,7 +84,7 @@ async def crash_and_drain(
     """Run the scenario once; the caller drops ``db_name`` and the Redis keys."""
     from bucketq.reservoir import BufferedReservoir, MongoReservoir
 
-    from .child import config
+    from .child import config, make_transport
 
     sync = MongoClient(mongo_uri)
     logs = sync[db_name]["logs"]
@@ -124,7 +109,7 @@ async def crash_and_drain(
     client: AsyncMongoClient = AsyncMongoClient(mongo_uri)
     buf = BufferedReservoir(
         MongoReservoir(client[db_name]),
-        new_transport(transport, prefix, client[db_name], redis_url),
+        make_transport(transport, prefix, client[db_name], redis_url, config(overrides)),
         config(overrides),
     )
     pending_at_restart = 0
