@@ -350,12 +350,42 @@ class BufferedReservoir(Reservoir):
                     return
                 continue
             try:
-                await self._flush(shard, deliveries)
+                await self._flush_held(shard, deliveries)
             except Exception as exc:  # noqa: BLE001 - unsettled deliveries come back; go on
                 log.warning("shard %d: %d records were not settled; they will be delivered again",
                             shard, len(deliveries))  # fmt: skip
                 self.breaker.record_failure()
                 await asyncio.sleep(guard.failed(exc))
+
+    async def _flush_held(self, shard: int, deliveries: list[Delivery]) -> None:
+        """``_flush`` while keeping the deliveries this consumer's: a keepalive every
+        ``transport.keepalive_interval`` seconds; on any failure or cancellation, what is
+        not settled is released to be delivered again."""
+        interval = self.transport.keepalive_interval
+        beat = (
+            asyncio.create_task(self._keepalive(shard, deliveries, interval)) if interval else None
+        )
+        try:
+            await self._flush(shard, deliveries)
+        except BaseException:
+            try:
+                await self.transport.release(shard, deliveries)
+            except Exception as exc:  # noqa: BLE001 - durable transports redeliver anyway
+                log.warning("shard %d: releasing unsettled records failed: %s", shard, exc)
+            raise
+        finally:
+            if beat is not None:
+                beat.cancel()
+
+    async def _keepalive(self, shard: int, deliveries: list[Delivery], interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.transport.keepalive(shard, deliveries)
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                log.warning(
+                    "shard %d: keeping %d deliveries failed: %s", shard, len(deliveries), exc
+                )
 
     async def _done_draining(self, shard: int, last: list[Delivery] | None) -> bool:
         """Stopping: an in-memory transport must be emptied (retries included) before its

@@ -11,7 +11,9 @@ stream's length is exactly what is pending (LogTide counted acked entries as pen
 A requeue moves the envelope to the delayed set in one MULTI/EXEC with its ack; a Lua
 script moves due ones back atomically. A dead-letter writes the DLQ entry and acks in
 one MULTI/EXEC. Deliveries left unacknowledged for ``claim_idle`` seconds (their
-consumer died) are taken over with XAUTOCLAIM.
+consumer died) are taken over with XAUTOCLAIM; while a batch is being written, its
+consumer re-claims it (XCLAIM JUSTID) every third of ``claim_idle``, so a slow storage
+write is not taken over by another consumer.
 
 Durability is Redis's: run it with ``appendonly yes`` to survive a Redis restart.
 """
@@ -94,6 +96,9 @@ class RedisTransport(Transport):
         self.group = group
         self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.claim_idle = claim_idle
+        # While a batch is written, its deliveries are claimed again (idle time reset)
+        # this often, so a storage write slower than claim_idle is not taken over.
+        self.keepalive_interval = claim_idle / 3
         self.shards = 0
         self._promote: Any = None
         self._last_claim: dict[int, float] = {}
@@ -205,6 +210,15 @@ class RedisTransport(Transport):
             if remaining <= 0.001:
                 break
         return out
+
+    async def keepalive(self, shard: int, deliveries: Sequence[Delivery]) -> None:
+        """XCLAIM ... JUSTID to this consumer: resets the deliveries' idle time."""
+        if deliveries:
+            await self._call(
+                "XCLAIM",
+                self.r.xclaim(self.stream(shard), self.group, self.consumer, 0,
+                              [d.token for d in deliveries], justid=True),
+            )  # fmt: skip
 
     async def ack(self, shard: int, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:

@@ -51,6 +51,11 @@ class Transport:
       ``delay`` seconds) or ``dead_letter(..., reason)`` (moved to the DLQ with the
       reason; the move and the ack happen together).
     - A delivery never settled (its consumer died) is delivered again: at-least-once.
+      ``release(shard, deliveries)`` gives back deliveries whose consumer failed or was
+      cancelled before settling them (the memory transport has no other way to see
+      that); ``keepalive(shard, deliveries)``, called every ``keepalive_interval``
+      seconds while a batch is being written, keeps another consumer from taking them
+      over meanwhile (``None``: the transport needs no keepalive).
     - ``pending()`` counts per shard what is not yet settled; it may cost round trips
       and is for a background refresher, never per request.
     - ``dlq_inspect(limit)``, ``dlq_replay(limit)``, ``dlq_purge()``, ``dlq_size()``.
@@ -58,9 +63,19 @@ class Transport:
 
     name = "base"
     durable = False
+    keepalive_interval: float | None = None
 
     async def start(self, shards: int) -> None:
         raise NotImplementedError
+
+    async def release(self, shard: int, deliveries: Sequence[Delivery]) -> None:
+        """Deliver again, at once, the ``deliveries`` not settled yet. Durable transports
+        redeliver what a dead consumer held by themselves (lease, claim): a no-op."""
+        return None
+
+    async def keepalive(self, shard: int, deliveries: Sequence[Delivery]) -> None:
+        """The consumer still works on ``deliveries``."""
+        return None
 
     async def stop(self) -> None:
         return None
@@ -184,6 +199,15 @@ class MemoryTransport(Transport):
                 await asyncio.wait_for(sh.wake.wait(), wait)
             except TimeoutError:
                 pass
+
+    async def release(self, shard: int, deliveries: Sequence[Delivery]) -> None:
+        sh = self._shard(shard)
+        back = self._settle(sh, deliveries)
+        if back:
+            sh.ready.extendleft(reversed(back))
+            sh.wake.set()
+            log.warning("shard %d: %d records whose flush did not finish are delivered again",
+                        shard, len(back))  # fmt: skip
 
     def _settle(self, sh: _MemShard, deliveries: Sequence[Delivery]) -> list[dict[str, Any]]:
         out = []
