@@ -49,9 +49,10 @@ DRAIN_START_PERCENT = 90.0
 DRAIN_STOP_PERCENT = 10.0
 #: records per POST of the drain worker
 DRAIN_BATCH_SIZE = 100
-#: the ingest route and the health route of ``bucketq serve``
+#: the ingest route and the probe routes of ``bucketq serve`` (``/ready``, else ``/health``)
 INGEST_PATH = "/api/v1/ingest"
 HEALTH_PATH = "/health"
+READY_PATH = "/ready"
 #: the logger the SDK writes its own warnings to; IngestHandler never sends its records
 LOGGER_NAME = "bucketq.sdk"
 

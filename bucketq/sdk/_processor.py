@@ -253,6 +253,17 @@ class Processor:
 
     def _deliver(self, sender: Sender, items: list[Item], *, drain: bool, token: int) -> str:
         target = self._route(drain=drain)
+        if target is None and self._paused_wait() > 0:
+            # Up but asked to wait (Retry-After) since this batch was taken: back it goes.
+            if self._claim(token):
+                try:
+                    self._count("retried", len(items))
+                    rest = self.queue.writeback_batch(items)
+                    if rest:
+                        self._spill_items(rest, "writeback full", retry=True)
+                finally:
+                    self._handled()
+            return RETRY
         if target is None:
             if self._claim(token):
                 try:

@@ -3,7 +3,9 @@
 ``add`` never waits for room: it returns False when the queue is full, and the caller
 spills the record instead. Senders take batches; a batch that could not be sent goes
 back through :meth:`SafeQueue.writeback_batch` into a separate writeback buffer that is
-served first, so fill can exceed 100% while room is being made. Only ``threading``.
+served first, so fill can exceed 100% while room is being made. A written-back batch
+stays one unit: ``get_batch`` hands it out whole and alone, so it is sent again with the
+same body (hence the same ``Idempotency-Key``). Only ``threading``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ class SafeQueue:
     - ``add(item)`` -> True when queued, False when the queue holds ``maxsize`` items.
     - ``get(timeout)`` -> one item (writeback first), or None after ``timeout`` seconds
       (None: wait for ever; 0: do not wait).
-    - ``get_batch(n, timeout=0, fill_wait=0)`` -> up to ``n`` items (writeback first); waits
-      up to ``timeout`` for the first one, then up to ``fill_wait`` for ``n``.
+    - ``get_batch(n, timeout=0, fill_wait=0)`` -> the oldest written-back batch (its first
+      ``n`` items), else up to ``n`` queued items; waits up to ``timeout`` for the first
+      one, then up to ``fill_wait`` for ``n``.
     - ``writeback_batch(items)`` -> the items that did not fit in the writeback buffer
-      (``writeback_size``, default ``maxsize``); the rest are served before anything else.
+      (``writeback_size`` items, default ``maxsize``); the rest are kept as one batch,
+      served before anything else.
     - ``fill_percentage()`` -> (queued + writeback) / maxsize * 100; may exceed 100.
     - ``high`` is an Event set once fill reaches ``high_water`` percent (the drain
       worker's signal); whoever handles it clears it.
@@ -45,7 +49,8 @@ class SafeQueue:
         self._maxsize = maxsize
         self._wb_size = maxsize if writeback_size is None else writeback_size
         self._items: deque[Any] = deque()
-        self._wb: deque[Any] = deque()
+        self._wb: deque[list[Any]] = deque()  # written-back batches, each kept whole
+        self._wb_n = 0
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._high_mark = max(1, int(maxsize * high_water / 100.0 + 0.999999))
@@ -61,10 +66,10 @@ class SafeQueue:
         return self._maxsize
 
     def __len__(self) -> int:
-        return len(self._items) + len(self._wb)
+        return len(self._items) + self._wb_n
 
     def fill_percentage(self) -> float:
-        return (len(self._items) + len(self._wb)) * 100.0 / self._maxsize
+        return (len(self._items) + self._wb_n) * 100.0 / self._maxsize
 
     def add(self, item: Any) -> bool:
         with self._lock:  # the lock itself: a C context manager, cheaper than the Condition
@@ -77,18 +82,25 @@ class SafeQueue:
             n += 1
             if n == 1 or n == self._notify_every:
                 self._cond.notify_all()
-            if n + len(self._wb) >= self._high_mark and not self.high.is_set():
+            if n + self._wb_n >= self._high_mark and not self.high.is_set():
                 self.high.set()
         return True
 
-    def _pop(self) -> Any:
-        return self._wb.popleft() if self._wb else self._items.popleft()
+    def _ready(self) -> bool:
+        return bool(self._items or self._wb)
 
     def get(self, timeout: float | None = None) -> Any:
         with self._cond:
-            if not self._wait(lambda: bool(self._items or self._wb), timeout):
+            if not self._wait(self._ready, timeout):
                 return None
-            return self._pop()
+            if self._wb:
+                group = self._wb[0]
+                item = group.pop(0)
+                if not group:
+                    self._wb.popleft()
+                self._wb_n -= 1
+                return item
+            return self._items.popleft()
 
     def _wait(self, ready: Any, timeout: float | None) -> bool:
         if ready():
@@ -99,42 +111,47 @@ class SafeQueue:
 
     def get_batch(self, n: int, *, timeout: float = 0.0, fill_wait: float = 0.0) -> list[Any]:
         with self._cond:
-            if not self._wait(lambda: bool(self._items or self._wb), timeout):
+            if not self._wait(self._ready, timeout):
                 return []
-            if fill_wait > 0 and len(self._items) + len(self._wb) < n:
+            if self._wb:  # a written-back batch comes first, whole and alone
+                group = self._wb.popleft()
+                if len(group) > n:
+                    self._wb.appendleft(group[n:])
+                    group = group[:n]
+                self._wb_n -= len(group)
+                return group
+            items = self._items
+            if fill_wait > 0 and len(items) < n:
                 deadline = time.monotonic() + fill_wait
-                while len(self._items) + len(self._wb) < n and not self.urgent:
+                while len(items) < n and not self.urgent and not self._wb:
                     left = deadline - time.monotonic()
                     if left <= 0 or not self._cond.wait(left):
                         break
             out: list[Any] = []
-            wb, items = self._wb, self._items
-            while len(out) < n and wb:
-                out.append(wb.popleft())
             while len(out) < n and items:
                 out.append(items.popleft())
             return out
 
     def writeback_batch(self, items: Iterable[Any]) -> list[Any]:
-        """Put ``items`` back to be served first; return those that did not fit."""
+        """Put a batch back, as one unit, to be served first; return what did not fit."""
         items = list(items)
         with self._cond:
-            room = max(0, self._wb_size - len(self._wb))
+            room = max(0, self._wb_size - self._wb_n)
             kept, rest = items[:room], items[room:]
-            # Older than anything in the writeback already? No: these were taken after it
-            # was served, so they go after it (order of first arrival is kept per sender).
-            self._wb.extend(kept)
             if kept:
+                self._wb.append(kept)
+                self._wb_n += len(kept)
                 self._cond.notify_all()
-                if len(self._items) + len(self._wb) >= self._high_mark:
+                if len(self._items) + self._wb_n >= self._high_mark:
                     self.high.set()
         return rest
 
     def take_all(self) -> list[Any]:
         """Everything queued (writeback first), removed; for shutdown."""
         with self._cond:
-            out = list(self._wb) + list(self._items)
+            out = [i for group in self._wb for i in group] + list(self._items)
             self._wb.clear()
+            self._wb_n = 0
             self._items.clear()
             return out
 

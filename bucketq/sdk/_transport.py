@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ._deps import require
-from ._options import HEALTH_PATH, Config
+from ._options import HEALTH_PATH, READY_PATH, Config
 from ._policy import Outcome, classify, connection_failed
 from ._record import dumps
 
@@ -66,12 +66,17 @@ class Sender:
         )
 
     def probe(self, base_url: str) -> bool:
-        """True when ``GET /health`` answers 2xx."""
-        try:
-            r = self._pool.request("GET", base_url + HEALTH_PATH, timeout=self._probe_timeout)
-        except self._errors:
-            return False
-        return 200 <= r.status < 300
+        """True when the server says it can take records: ``GET /ready`` answers 2xx (or,
+        on a server without ``/ready``, ``GET /health`` does). ``/health`` alone says the
+        process is alive, also while its storage does not answer."""
+        for path in (READY_PATH, HEALTH_PATH):
+            try:
+                r = self._pool.request("GET", base_url + path, timeout=self._probe_timeout)
+            except self._errors:
+                return False
+            if r.status != 404:
+                return 200 <= r.status < 300
+        return False
 
     def close(self) -> None:
         try:

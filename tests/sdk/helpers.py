@@ -39,11 +39,11 @@ class Serve:
     """``python -m bucketq serve`` on 127.0.0.1 with its own database; restartable on the
     same port (``start(port)``), stoppable for real (SIGKILL, SIGSTOP/SIGCONT)."""
 
-    def __init__(self, mongo_uri: str, database: str, log: Path) -> None:
+    def __init__(self, mongo_uri: str, database: str, log: Path, **env: str) -> None:
         self.database = database
         self.log = log
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "BUCKETQ_MONGODB_URI": mongo_uri,
-                    "BUCKETQ_DATABASE": database}  # fmt: skip
+                    "BUCKETQ_DATABASE": database, **env}  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self._offset = 0

@@ -60,8 +60,8 @@ def test_writeback_is_served_first_and_fill_can_pass_100():
     assert q.add(6) is False
     assert q.writeback_batch(batch) == []
     assert q.fill_percentage() == 150.0
-    assert q.get_batch(3) == [0, 1, 2]
-    assert q.get_batch(10) == [3, 4, 5]
+    assert q.get_batch(3) == [0, 1]  # the written-back batch, whole and alone
+    assert q.get_batch(10) == [2, 3, 4, 5]
     assert q.fill_percentage() == 0.0
 
 
@@ -69,7 +69,8 @@ def test_writeback_overflow_comes_back_to_the_caller():
     q = SafeQueue(4, writeback_size=3)
     assert q.writeback_batch([1, 2]) == []
     assert q.writeback_batch([3, 4, 5]) == [4, 5]
-    assert q.get_batch(10) == [1, 2, 3]
+    assert q.get_batch(10) == [1, 2]
+    assert q.get_batch(1) == [3]
 
 
 def test_high_water_event_at_90_percent():
@@ -142,7 +143,7 @@ def test_concurrent_producers_and_consumers_lose_and_duplicate_nothing():
 @given(st.lists(st.sampled_from(["add", "get", "batch", "wb"]), max_size=60), st.integers(1, 6))
 def test_model(ops, size):
     q = SafeQueue(size)
-    model_wb: list[int] = []
+    model_wb: list[list[int]] = []  # written-back batches, each served whole
     model_q: list[int] = []
     counter = 0
     held: list[int] = []
@@ -154,25 +155,34 @@ def test_model(ops, size):
                 model_q.append(counter)
             counter += 1
         elif op == "get":
-            want = (model_wb or model_q or [None])[0]
-            assert q.get(timeout=0) == want
             if model_wb:
-                held.append(model_wb.pop(0))
-            elif model_q:
-                held.append(model_q.pop(0))
+                want = model_wb[0].pop(0)
+                if not model_wb[0]:
+                    model_wb.pop(0)
+            else:
+                want = model_q.pop(0) if model_q else None
+            assert q.get(timeout=0) == want
+            if want is not None:
+                held.append(want)
         elif op == "batch":
             got = q.get_batch(3)
-            want = (model_wb + model_q)[:3]
+            if model_wb:
+                want = model_wb[0][:3]
+                model_wb[0] = model_wb[0][3:]
+                if not model_wb[0]:
+                    model_wb.pop(0)
+            else:
+                want = model_q[:3]
+                del model_q[:3]
             assert got == want
-            k = min(3, len(model_wb))
-            del model_wb[:k]
-            del model_q[: len(want) - k]
             held.extend(got)
         elif op == "wb" and held:
             rest = q.writeback_batch(held)
-            room = size - len(model_wb)
+            room = size - sum(map(len, model_wb))
             assert rest == held[room:]
-            model_wb.extend(held[:room])
+            if held[:room]:
+                model_wb.append(held[:room])
             held = []
-        assert len(q) == len(model_wb) + len(model_q)
-        assert q.fill_percentage() == (len(model_wb) + len(model_q)) * 100.0 / size
+        n = sum(map(len, model_wb)) + len(model_q)
+        assert len(q) == n
+        assert q.fill_percentage() == n * 100.0 / size
