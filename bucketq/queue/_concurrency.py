@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import logging
 import os
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 
 from .._guard import LoopGuard
 from ..errors import PushFailed, QueueClosed, WriteConcernNotConfirmed
+from ._deadline import StartupBusy
 
 log = logging.getLogger("bucketq.queue")
 
@@ -162,8 +164,11 @@ class AsyncWorker:
         stopped: Callable[[], bool] = lambda: False,
     ) -> None:
         self.name = name
+        # A fresh context: a task inherits its creator's context variables, and a
+        # pymongo.timeout() block around the first push would otherwise bound every
+        # call the worker ever makes by that block's deadline.
         self._task = asyncio.get_running_loop().create_task(
-            self._run(fn, guard, stopped), name=name
+            self._run(fn, guard, stopped), name=name, context=contextvars.Context()
         )
 
     @staticmethod
@@ -199,6 +204,48 @@ async def async_sleep(seconds: float) -> None:
 def async_register_exit(obj: Any) -> None:
     """Async queues cannot be flushed from atexit: close them with ``async with``."""
     watch_fork(obj)
+
+
+# -- start-up work: once per collection and process, never two at once ---------------
+
+#: Held while a shell creates a collection or an index. One lock for the whole process
+#: (sync and async shells alike): two concurrent creations stall the embedded server.
+_STARTUP_LOCK = threading.Lock()
+#: What start-up work is done in this process: (server addresses, db, collection, what).
+STARTUP_DONE: set[tuple[Any, ...]] = set()
+
+
+def startup_key(col: Any, what: str) -> tuple[Any, ...]:
+    """The key of one piece of start-up work on collection ``col`` (no I/O)."""
+    client = col.database.client
+    try:
+        servers = tuple(sorted(client.topology_description.server_descriptions()))
+    except Exception:  # noqa: BLE001 - a client we cannot describe: key by identity
+        servers = (id(client),)
+    return (servers, col.database.name, col.name, what)
+
+
+def _busy(timeout: float) -> StartupBusy:
+    return StartupBusy(f"other start-up work held the start-up lock for {timeout:.1f} s")
+
+
+class AsyncStartup:
+    """``async with AsyncStartup(timeout):`` around start-up work: waits (without
+    blocking the event loop) at most ``timeout`` seconds for the process-wide start-up
+    lock, else raises :class:`StartupBusy`."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+    async def __aenter__(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while not _STARTUP_LOCK.acquire(blocking=False):
+            if time.monotonic() >= deadline:
+                raise _busy(self.timeout)
+            await asyncio.sleep(0.005)
+
+    async def __aexit__(self, *exc: object) -> None:
+        _STARTUP_LOCK.release()
 
 
 # -- sync flavour --------------------------------------------------------------------
@@ -308,6 +355,21 @@ class Worker:
 
 def sleep(seconds: float) -> None:
     time.sleep(seconds)
+
+
+class Startup:
+    """``with Startup(timeout):`` around start-up work: the process-wide start-up lock,
+    waited for at most ``timeout`` seconds (else :class:`StartupBusy`)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+    def __enter__(self) -> None:
+        if not _STARTUP_LOCK.acquire(timeout=self.timeout):
+            raise _busy(self.timeout)
+
+    def __exit__(self, *exc: object) -> None:
+        _STARTUP_LOCK.release()
 
 
 _open_queues: weakref.WeakSet[Any] = weakref.WeakSet()

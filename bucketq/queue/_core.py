@@ -46,6 +46,9 @@ DEFAULT_RETRY_BASE = 0.1
 DEFAULT_RETRY_CAP = 5.0
 DEFAULT_RETRY_BUDGET = 60.0
 DEFAULT_DRAIN_TIMEOUT = 5.0
+#: How long one MongoDB operation not bounded by another budget may wait for its answer
+#: (claims, state flushes, index creation, size(), ...).
+DEFAULT_OP_TIMEOUT = 10.0
 DLQ_SUFFIX = ".dlq"
 
 #: Bytes a bucket document needs besides its items binary (ids, counters, bitmaps).
@@ -68,6 +71,7 @@ _TIME_OPTIONS: dict[str, tuple[float, bool]] = {
     "retry_cap": (0.0, True),
     "retry_budget": (0.0, False),
     "drain_timeout": (0.0, False),
+    "op_timeout": (0.0, True),
 }
 
 
@@ -97,6 +101,7 @@ class QueueOptions:
     retry_cap: float = DEFAULT_RETRY_CAP
     retry_budget: float = DEFAULT_RETRY_BUDGET
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    op_timeout: float = DEFAULT_OP_TIMEOUT
     write_concern: WriteConcern | dict[str, Any] | None = None
     change_streams: bool | None = None
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")

@@ -39,7 +39,10 @@ def create_transport(
                 )
             from pymongo import AsyncMongoClient
 
-            db = AsyncMongoClient(config.mongodb_uri).get_default_database("bucketq")
+            from ..queue._deadline import client_timeouts
+
+            uri = config.mongodb_uri
+            db = AsyncMongoClient(uri, **client_timeouts(uri)).get_default_database("bucketq")
         return BucketqTransport(db, prefix=config.stream_prefix, **options)
     raise ConfigurationError(
         f"Unknown transport {name!r}; use memory, redis, bucketq or passthrough."

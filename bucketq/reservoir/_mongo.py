@@ -14,6 +14,9 @@ from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ..errors import ConfigurationError
+from ..queue._concurrency import STARTUP_DONE, AsyncStartup, startup_key
+from ..queue._core import DEFAULT_OP_TIMEOUT
+from ..queue._deadline import Health, StartupBusy, bounded
 from ._policy import result
 from ._reservoir import IngestResult, Reservoir
 
@@ -145,11 +148,21 @@ class MongoReservoir(Reservoir):
     Idempotent: a record's ``_id`` (a string; one is assigned when it has none) is its
     document's ``_id``, and a record whose ``_id`` is already stored counts as stored,
     so writing the same records again (a retry, a redelivery) stores nothing twice.
+
+    Every MongoDB call waits at most ``op_timeout`` seconds for its answer (an insert
+    not answered in time fails its records; a query raises OperationTimeout).
     """
 
     idempotent = True
 
-    def __init__(self, db: Any, *, prefix: str = "", create_indexes: bool = True) -> None:
+    def __init__(
+        self,
+        db: Any,
+        *,
+        prefix: str = "",
+        create_indexes: bool = True,
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
+    ) -> None:
         if not hasattr(db, "get_collection") or not hasattr(db, "command"):
             raise ConfigurationError(
                 "MongoReservoir needs a pymongo AsyncDatabase (AsyncMongoClient()[name])."
@@ -159,24 +172,39 @@ class MongoReservoir(Reservoir):
         self.spans = db.get_collection(prefix + "spans")
         self.metrics = db.get_collection(prefix + "metrics")
         self._indexes_done = not create_indexes
+        self.op_timeout = op_timeout
+        self._health = Health("reservoir storage")
+
+    def _bounded(self, what: str | None = None) -> Any:
+        return bounded(self.op_timeout, self._health, what)
 
     async def _ensure_indexes(self) -> None:
+        """Once per process and storage, never alongside other start-up work (two
+        concurrent creations stall the embedded server)."""
         if self._indexes_done:
             return
+        key = startup_key(self.logs, "reservoir-indexes")
         try:
-            await self.logs.create_index(
-                [("project_id", ASCENDING), ("time", DESCENDING)], name="project_time"
-            )
-            await self.spans.create_index(
-                [("project_id", ASCENDING), ("start_time", DESCENDING)], name="project_time"
-            )
-            await self.spans.create_index([("trace_id", ASCENDING)], name="trace")
-            await self.metrics.create_index(
-                [("project_id", ASCENDING), ("time", DESCENDING)], name="project_time"
-            )
+            async with AsyncStartup(self.op_timeout):
+                if key not in STARTUP_DONE:
+                    with self._bounded():
+                        await self._create_indexes()
+                    STARTUP_DONE.add(key)
             self._indexes_done = True
-        except PyMongoError as exc:
+        except (PyMongoError, StartupBusy) as exc:
             log.warning("creating storage indexes failed (%s); will retry", exc)
+
+    async def _create_indexes(self) -> None:
+        await self.logs.create_index(
+            [("project_id", ASCENDING), ("time", DESCENDING)], name="project_time"
+        )
+        await self.spans.create_index(
+            [("project_id", ASCENDING), ("start_time", DESCENDING)], name="project_time"
+        )
+        await self.spans.create_index([("trace_id", ASCENDING)], name="trace")
+        await self.metrics.create_index(
+            [("project_id", ASCENDING), ("time", DESCENDING)], name="project_time"
+        )
 
     async def _insert(
         self, col: Any, records: Sequence[Any], build: Callable[[Any], dict[str, Any]]
@@ -204,7 +232,8 @@ class MongoReservoir(Reservoir):
         batch, the records it cannot encode fail and the others are inserted again (what
         part of the batch was sent already is a duplicate, so stored once)."""
         try:
-            await col.insert_many(docs, ordered=False)
+            with self._bounded():
+                await col.insert_many(docs, ordered=False)
         except BulkWriteError as exc:
             return [
                 {"index": positions[e["index"]], "error": e.get("errmsg", "write error")}
@@ -289,15 +318,22 @@ class MongoReservoir(Reservoir):
                 rng["$gte"] = parse_time(since, "since")
             if until is not None:
                 rng["$lt"] = parse_time(until, "until")
-        cursor = col.find(flt, {"_id": 0}).sort(tfield, DESCENDING).limit(limit)
-        return [d async for d in cursor]
+        with self._bounded(f"query({kind!r})"):
+            cursor = col.find(flt, {"_id": 0}).sort(tfield, DESCENDING).limit(limit)
+            return [d async for d in cursor]
 
     async def health(self) -> dict[str, Any]:
         try:
-            await self.db.command("ping")
+            with self._bounded():
+                await self.db.command("ping")
             return {"status": "ok", "storage": "mongodb"}
         except PyMongoError as exc:
-            return {"status": "error", "storage": "mongodb", "error": str(exc)}
+            return {
+                "status": "error",
+                "storage": "mongodb",
+                "error": str(exc),
+                "unreachable_since": self._health.unreachable_since,
+            }
 
     async def close(self) -> None:
         """The database's client belongs to the caller; nothing to release."""

@@ -41,6 +41,10 @@ log = logging.getLogger("bucketq.reservoir.redis")
 _JSON = json_util.RELAXED_JSON_OPTIONS.with_options(tz_aware=True, tzinfo=UTC)
 DEFAULT_CLAIM_IDLE = 60.0
 DEFAULT_GROUP = "flush"
+#: How long a Redis command (and a connection attempt) of a client built from ``url``
+#: may wait for an answer: longer than the 200 ms blocking reads of ``dequeue``. A
+#: server that stops answering then fails the call with TransportTimeout.
+DEFAULT_SOCKET_TIMEOUT = 5.0
 
 # Move due envelopes from the delayed set back into the stream, atomically.
 _PROMOTE = """
@@ -65,7 +69,9 @@ class RedisTransport(Transport):
     """Redis Streams with consumer groups. Pass a ``redis.asyncio.Redis`` client (it
     stays yours) or a ``url``; ``claim_idle`` seconds is how long a delivery may stay
     unacknowledged before another consumer takes it over (make it longer than your
-    slowest storage write)."""
+    slowest storage write). A client built from ``url`` waits at most ``socket_timeout``
+    seconds for each answer; give a client of your own a ``socket_timeout`` too, or a
+    Redis that stops answering hangs the calls."""
 
     name = "redis"
     durable = True
@@ -79,6 +85,7 @@ class RedisTransport(Transport):
         group: str = DEFAULT_GROUP,
         consumer: str | None = None,
         claim_idle: float = DEFAULT_CLAIM_IDLE,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
         self._redis_mod = require("redis")
         require("redis.asyncio")
@@ -87,7 +94,9 @@ class RedisTransport(Transport):
                 raise TransportUnavailable(
                     "The redis transport needs a client or a URL (REDIS_URL)."
                 )
-            client = self._redis_mod.asyncio.Redis.from_url(url)
+            client = self._redis_mod.asyncio.Redis.from_url(
+                url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+            )
             self._own_client = True
         else:
             self._own_client = False

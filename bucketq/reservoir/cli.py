@@ -107,11 +107,12 @@ async def _open(args: argparse.Namespace) -> tuple[Any, Any]:
         return t, None
     from pymongo import AsyncMongoClient
 
+    from ..queue._deadline import client_timeouts
     from ._bucketq import BucketqTransport
 
     if not args.mongodb_uri:
         raise BucketQError("The bucketq DLQ needs --mongodb-uri or BUCKETQ_MONGODB_URI.")
-    client: Any = AsyncMongoClient(args.mongodb_uri)
+    client: Any = AsyncMongoClient(args.mongodb_uri, **client_timeouts(args.mongodb_uri))
     db = client[args.database] if args.database else client.get_default_database("bucketq")
     return BucketqTransport(db, prefix=args.prefix), client
 

@@ -34,6 +34,7 @@ from ..embedded import URI_ENV
 from ..errors import ConfigurationError, Fenced, PayloadTooLarge
 from ..queue import _core as qcore
 from ..queue._codec import CODEC_OPTIONS, decode_items, encode_item
+from ..queue._deadline import client_timeouts
 from ..stream import _core as score
 
 DEFAULT_DATABASE = "bucketq"
@@ -132,7 +133,7 @@ def client(uri: str) -> MongoClient:
     with _clients_lock:
         c = _clients.get(uri)
         if c is None:
-            c = _clients[uri] = MongoClient(uri, appname="bucketq-spark")
+            c = _clients[uri] = MongoClient(uri, appname="bucketq-spark", **client_timeouts(uri))
         return c
 
 

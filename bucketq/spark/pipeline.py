@@ -108,11 +108,12 @@ def write_counts(spark: Any, out: Path) -> Any:
 def push_logs(uri: str, database: str, queue: str, records: list[dict[str, Any]]) -> float:
     from pymongo import MongoClient
 
+    from ..queue._deadline import client_timeouts
     from ..stream import StreamQueue
 
     t = time.perf_counter()
     client: MongoClient[dict[str, Any]]
-    with MongoClient(uri) as client:
+    with MongoClient(uri, **client_timeouts(uri)) as client:
         q = StreamQueue(client[database], queue)
         q.push_many(records)
         q.close()

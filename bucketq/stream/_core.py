@@ -32,6 +32,7 @@ from ..queue._core import (
     DEFAULT_BUCKET_MAX_SIZE,
     DEFAULT_BUCKET_MAX_WAIT,
     DEFAULT_MAX_PENDING_BYTES,
+    DEFAULT_OP_TIMEOUT,
     DEFAULT_RETRY_BASE,
     DEFAULT_RETRY_BUDGET,
     DEFAULT_RETRY_CAP,
@@ -90,6 +91,7 @@ class StreamOptions:
     stage_timeout: float = DEFAULT_STAGE_TIMEOUT
     tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL
     read_ahead: int = DEFAULT_READ_AHEAD
+    op_timeout: float = DEFAULT_OP_TIMEOUT
     write_concern: WriteConcern | dict[str, Any] | None = None
     packer: QueueOptions = field(init=False, repr=False, compare=False)
 
@@ -103,6 +105,7 @@ class StreamOptions:
             retry_base=self.retry_base,
             retry_cap=self.retry_cap,
             retry_budget=self.retry_budget,
+            op_timeout=self.op_timeout,
             write_concern=self.write_concern,
         )
         object.__setattr__(self, "packer", packer)

@@ -18,6 +18,7 @@ from typing import Any
 from ..._guard import LoopGuard
 from ...errors import QueueFull
 from .. import _core as core
+from .. import _deadline as deadlines
 from .._codec import encode_item
 from .._concurrency import (
     AsyncBatch,
@@ -31,7 +32,6 @@ from .._concurrency import (
 log = logging.getLogger("bucketq.queue")
 
 _now = time.time
-_monotonic = time.monotonic
 
 
 class AsyncProducer:
@@ -56,6 +56,20 @@ class AsyncProducer:
         self._space = AsyncNotifier()
         self._writer: AsyncWorker | None = None
         self._guards: dict[str, LoopGuard] = {}
+        self._health = deadlines.Health(f"{kind} {self.name}")
+
+    def health(self) -> dict[str, Any]:
+        """Whether MongoDB answers this object's operations, from what they met (no
+        query): ``ok``, ``unreachable_since`` (epoch seconds; None while it answers),
+        ``unreachable_for``, ``last_error`` and ``last_error_at`` (kept after recovery),
+        ``last_answer_at``."""
+        return self._health.report(_now())
+
+    def _bounded(self, seconds: float | None, what: str | None = None) -> Any:
+        """The driver calls in the block get ``seconds`` to be answered; see
+        ``_deadline.bounded`` (``what``: a public call, whose timeout is raised as
+        OperationTimeout)."""
+        return deadlines.bounded(seconds, self._health, what)
 
     async def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
         """Store sealed buckets; returns the ids of those NOT stored and why."""
@@ -220,26 +234,38 @@ class AsyncProducer:
             ob.items = []  # receipts keep the bucket; free its items
         self._space.notify()
 
-    def _retry_ok(self, exc: BaseException, started: float) -> bool:
-        """May a failed write be tried again (transient, within ``retry_budget``)?"""
-        return core.may_retry(exc, _monotonic() - started, self._push_opts.retry_budget)
+    def _write_deadline(self, buckets: list[core.OpenBucket]) -> float:
+        """When writing ``buckets`` gives up (epoch seconds): see ``_deadline.write_deadline``."""
+        opts = self._push_opts
+        return deadlines.write_deadline(
+            (ob.opened for ob in buckets), opts.bucket_max_wait, opts.retry_budget
+        )
 
-    async def _retry_insert(self, exc: BaseException, started: float, attempt: int) -> bool:
+    def _attempt(self, deadline: float) -> Any:
+        """One write attempt, bounded by what is left of its budget."""
+        return self._bounded(deadlines.attempt_timeout(deadline, _now()))
+
+    def _retry_ok(self, exc: BaseException, deadline: float) -> bool:
+        """May a failed write be tried again (transient or unanswered, budget left)?"""
+        return (core.is_transient(exc) or deadlines.is_unanswered(exc)) and deadlines.may_retry(
+            deadline, _now()
+        )
+
+    async def _backoff(self, attempt: int, deadline: float) -> None:
+        delay = core.backoff(attempt, self._push_opts.retry_base, self._push_opts.retry_cap)
+        await async_sleep(deadlines.backoff_within(delay, deadline, _now()))
+
+    async def _retry_insert(self, exc: BaseException, deadline: float, attempt: int) -> bool:
         """The retry step of every bucket insert (bucket queue and stream alike): False
-        when ``exc`` is not transient or the retry budget is spent; otherwise count it
-        (``stats()["insert_retries"]``), log it, back off, and True."""
-        if not self._retry_ok(exc, started):
+        when ``exc`` is neither transient nor unanswered, or the budget is spent;
+        otherwise count it (``stats()["insert_retries"]``), log it, back off, and True."""
+        if not self._retry_ok(exc, deadline):
             return False
         self._stats["insert_retries"] += 1
         log.warning("%s %s: bucket insert failed (%s); retry %d",
                     self._kind, self.name, exc, attempt)  # fmt: skip
-        await self._backoff(attempt)
+        await self._backoff(attempt, deadline)
         return True
-
-    async def _backoff(self, attempt: int) -> None:
-        await async_sleep(
-            core.backoff(attempt, self._push_opts.retry_base, self._push_opts.retry_cap)
-        )
 
     async def _flush_pushes(self) -> None:
         """Write every open bucket and wait until each is stored (or failed)."""

@@ -31,14 +31,18 @@ from ...errors import (
     WriteConcernNotConfirmed,
 )
 from .. import _core as core
+from .. import _deadline as deadlines
 from .._codec import CODEC_OPTIONS, encode_item
 from .._concurrency import (
+    STARTUP_DONE,
     AsyncLock,
     AsyncNotifier,
     AsyncReceipt,
+    AsyncStartup,
     AsyncWorker,
     async_register_exit,
     async_sleep,
+    startup_key,
     used_after_fork,
 )
 from .._db import check_async_database
@@ -97,14 +101,22 @@ class AsyncQueue(AsyncProducer):
 
     # -- setup --------------------------------------------------------------------------
 
-    async def _setup(self) -> None:
+    async def _setup(self, timeout: float | None = None) -> None:
+        """Create the claim index (and so the collection): once per collection and
+        process, never alongside other start-up work (see ``AsyncStartup``); within
+        ``timeout`` seconds (default ``op_timeout``), else it is tried again later."""
         if self._setup_done:
             return
-        self._setup_done = True
+        timeout = self.options.op_timeout if timeout is None else timeout
+        key = startup_key(self._col, "mature_id")
         try:
-            await self._col.create_index(core.CLAIM_SORT, name="mature_id")
-        except PyMongoError as exc:
-            self._setup_done = False
+            async with AsyncStartup(timeout):
+                if key not in STARTUP_DONE:
+                    with self._bounded(timeout):
+                        await self._col.create_index(core.CLAIM_SORT, name="mature_id")
+                    STARTUP_DONE.add(key)
+            self._setup_done = True
+        except (PyMongoError, deadlines.StartupBusy) as exc:
             log.warning(
                 "queue %s: creating the claim index failed (%s); will retry", self.name, exc
             )
@@ -165,17 +177,18 @@ class AsyncQueue(AsyncProducer):
     async def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
         """Insert sealed buckets (one command), retrying transient failures within the
         retry budget; an id already there is an earlier attempt that landed."""
-        await self._setup()
+        deadline = self._write_deadline(buckets)
+        await self._setup(deadlines.attempt_timeout(deadline, _now()))
         docs, bad = core.build_documents(buckets, core.OpenBucket.document)
         by_id = {ob.id: ob for ob in buckets}
-        started = _monotonic()
         attempt = 0
         while docs:
             try:
-                if len(docs) == 1:
-                    await self._col.insert_one(next(iter(docs.values())))
-                else:
-                    await self._col.insert_many(list(docs.values()), ordered=False)
+                with self._attempt(deadline):
+                    if len(docs) == 1:
+                        await self._col.insert_one(next(iter(docs.values())))
+                    else:
+                        await self._col.insert_many(list(docs.values()), ordered=False)
                 docs.clear()
             except DuplicateKeyError:
                 docs.clear()  # an earlier attempt landed
@@ -193,7 +206,7 @@ class AsyncQueue(AsyncProducer):
                     if not docs:
                         break
                 attempt += 1
-                if not await self._retry_insert(exc, started, attempt):
+                if not await self._retry_insert(exc, deadline, attempt):
                     return set(docs) | bad, exc
         return bad, None
 
@@ -211,7 +224,8 @@ class AsyncQueue(AsyncProducer):
         if self._forked:
             raise used_after_fork(self)
         await self._flush_pushes()
-        await self._flush_state()
+        with self._bounded(None, f"flush() of queue {self.name!r}"):
+            await self._flush_state()
 
     # -- consume ------------------------------------------------------------------------
 
@@ -322,7 +336,8 @@ class AsyncQueue(AsyncProducer):
                 if msg.bucket.finished():
                     self._flush_wake.notify()  # its last item: delete it now, not a period later
         if ok and flush:
-            await self._flush_state()
+            with self._bounded(None, f"commit(flush=True) on queue {self.name!r}"):
+                await self._flush_state()
             if msg.bucket.lost:
                 return False
         return ok
@@ -341,7 +356,8 @@ class AsyncQueue(AsyncProducer):
             if any(m.bucket.finished() for m in done):
                 self._flush_wake.notify()
         if done and flush:
-            await self._flush_state()
+            with self._bounded(None, f"commit_many(flush=True) on queue {self.name!r}"):
+                await self._flush_state()
             return sum(1 for m in done if not m.bucket.lost)
         return len(done)
 
@@ -409,7 +425,8 @@ class AsyncQueue(AsyncProducer):
                 await self._fetch_wake.wait(gen, None)
                 continue
             try:
-                got = await self._claim()
+                with self._bounded(self.options.op_timeout):
+                    got = await self._claim()
             except PyMongoError as exc:
                 idle_attempt += 1
                 log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
@@ -519,7 +536,9 @@ class AsyncQueue(AsyncProducer):
         pipeline = core.WAKEUP_PIPELINE
         while not self._closed:
             try:
-                async with await self._col.watch(pipeline, max_await_time_ms=500) as stream:
+                with self._bounded(self.options.op_timeout):
+                    stream = await self._col.watch(pipeline, max_await_time_ms=500)
+                async with stream:
                     while not self._closed:
                         if not self._starved:
                             # Claims succeed, so wake-ups are moot: leave the stream unread
@@ -528,7 +547,8 @@ class AsyncQueue(AsyncProducer):
                             if not self._starved:
                                 await self._starved_wake.wait(gen, 1.0)
                             continue
-                        change = await stream.try_next()
+                        with self._bounded(self.options.op_timeout):
+                            change = await stream.try_next()
                         if change is not None and self._fetcher is not None:
                             self._fetch_wake.notify()
             except OperationFailure as exc:
@@ -581,8 +601,12 @@ class AsyncQueue(AsyncProducer):
             targets = [(b, kind) for b, kind, _ in plan]
             if not writes:
                 return
+            # A renewal not answered in time counts as failed: the bucket's items are not
+            # handed out once a third of its lease is left, and the next flush tries again.
+            timeout = deadlines.state_flush_timeout(self.options.op_timeout, self.options.lease)
             try:
-                res = await self._col.bulk_write(writes, ordered=False)
+                with self._bounded(timeout):
+                    res = await self._col.bulk_write(writes, ordered=False)
                 done = res.matched_count + res.deleted_count
             except BulkWriteError as exc:
                 # Some writes failed on the server: the others landed. Only the failed
@@ -607,9 +631,11 @@ class AsyncQueue(AsyncProducer):
             lost: set[ObjectId] = set()
             if done < len(writes):
                 ids = [b.id for b, _ in targets]
-                now_docs = {
-                    d["_id"]: d async for d in self._col.find({"_id": {"$in": ids}}, {"lease": 1})
-                }
+                with self._bounded(timeout):
+                    now_docs = {
+                        d["_id"]: d
+                        async for d in self._col.find({"_id": {"$in": ids}}, {"lease": 1})
+                    }
                 lost = {
                     b.id
                     for b, kind in targets
@@ -686,6 +712,8 @@ class AsyncQueue(AsyncProducer):
                 self.options.dead_letter_name(self.name),
                 write_concern=self.options.write_concern,
                 bucket_max_bytes=core.HARD_MAX_BYTES,
+                retry_budget=self.options.retry_budget,
+                op_timeout=self.options.op_timeout,
             )
         now = _now()
         # Each item on its own: one that cannot be moved (its data, or its insert failed)
@@ -752,7 +780,8 @@ class AsyncQueue(AsyncProducer):
                 b.queued = 0
             self._ready = deque(m for m in self._ready if not m.bucket.released)
         if read_ahead:
-            await self._release(read_ahead)
+            with self._bounded(None, f"drain() of queue {self.name!r}"):
+                await self._release(read_ahead)
         served_before = self._stats["reserved"]
         deadline = _monotonic() + (self.options.drain_timeout if timeout is None else timeout)
         while _monotonic() < deadline:
@@ -770,7 +799,8 @@ class AsyncQueue(AsyncProducer):
             for b in self._held.values():
                 b.queued = 0
         released = len(self._held)
-        await self._flush_state(release_all=True)
+        with self._bounded(None, f"drain() of queue {self.name!r}"):
+            await self._flush_state(release_all=True)
         self._consumers.notify()
         self._drain_report = {
             "buckets_written": self._stats["buckets_written"] - written_before,
@@ -784,7 +814,8 @@ class AsyncQueue(AsyncProducer):
         async with self._flush_lock:
             now = _now()
             writes = [core.state_write(b, now, self.options.lease, release=True) for b in buckets]
-            await self._col.bulk_write(writes, ordered=False)
+            with self._bounded(self.options.op_timeout):
+                await self._col.bulk_write(writes, ordered=False)
             with self._mutex:
                 for b in buckets:
                     b.released = True
@@ -798,7 +829,14 @@ class AsyncQueue(AsyncProducer):
             return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
         if self._closed:
             return self._drain_report or {}
-        report = await self.drain()
+        try:
+            report = await self.drain()
+        finally:
+            await self._stop_workers()
+        return report
+
+    async def _stop_workers(self) -> None:
+        """Stop the background workers (each join is bounded: their driver calls are)."""
         self._closed = True
         for n in (
             self._fetch_wake,
@@ -817,7 +855,6 @@ class AsyncQueue(AsyncProducer):
             await self._watcher.join(0)
         if self._dlq is not None:
             await self._dlq.close()
-        return report
 
     async def __aenter__(self) -> AsyncQueue:
         return self
@@ -837,8 +874,9 @@ class AsyncQueue(AsyncProducer):
         self._consumers.notify()
 
     async def _live_sum(self, flt: dict[str, Any]) -> int:
-        cursor = await self._col.aggregate(core.live_sum_pipeline(flt))
-        return core.sum_result([r async for r in cursor])
+        with self._bounded(self.options.op_timeout, f"counting the items of queue {self.name!r}"):
+            cursor = await self._col.aggregate(core.live_sum_pipeline(flt))
+            return core.sum_result([r async for r in cursor])
 
     @boundary("size()")
     async def size(self) -> int:
@@ -864,11 +902,12 @@ class AsyncQueue(AsyncProducer):
     async def next_t(self) -> Any:
         """The mature time of the next bucket to become deliverable (None if empty)."""
         now = _now()
-        doc = await self._col.find_one(
-            core.not_leased(core.to_datetime(now)),
-            {"mature": 1},
-            sort=core.CLAIM_SORT,
-        )
+        with self._bounded(self.options.op_timeout, f"next_t() of queue {self.name!r}"):
+            doc = await self._col.find_one(
+                core.not_leased(core.to_datetime(now)),
+                {"mature": 1},
+                sort=core.CLAIM_SORT,
+            )
         return doc["mature"] if doc else None
 
     def stats(self) -> dict[str, int]:
@@ -916,6 +955,10 @@ class AsyncQueue(AsyncProducer):
         bid, index = core.parse_item_id(id)
         if bid in self._unwritten:
             await self._flush_pushes()
+        with self._bounded(self.options.op_timeout, f"remove() on queue {self.name!r}"):
+            return await self._remove(bid, index)
+
+    async def _remove(self, bid: ObjectId, index: int) -> bool:
         for _ in range(5):
             now = core.to_datetime(_now())
             doc = await self._col.find_one(

@@ -22,12 +22,16 @@ from ... import _validate as v
 from ..._driver import boundary
 from ...errors import PushFailed, QueueClosed
 from .. import _core as core
+from .. import _deadline as deadlines
 from .._codec import CODEC_OPTIONS, encode_item
 from .._concurrency import (
+    STARTUP_DONE,
     Batch,
     Notifier,
     Receipt,
+    Startup,
     register_exit,
+    startup_key,
     used_after_fork,
 )
 from .._db import check_database
@@ -72,17 +76,38 @@ class ElementQueue:
         self._closed = False
         self._setup_done = False
         register_exit(self)
+        self._health = deadlines.Health(f"queue {name}")
+
+    def health(self) -> dict[str, Any]:
+        """Whether MongoDB answers this queue's operations (no query); as
+        :meth:`Queue.health`."""
+        return self._health.report(_now())
+
+    def _bounded(self, what: str, seconds: float | None = None) -> Any:
+        """The block's driver calls get ``seconds`` (default ``op_timeout``); a timeout
+        is raised as OperationTimeout naming ``what``."""
+        seconds = self.options.op_timeout if seconds is None else seconds
+        return deadlines.bounded(seconds, self._health, f"{what} on queue {self.name!r}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.db.name}.{self.name}>"
 
     def _setup(self) -> None:
+        """The claim index, once per collection and process, never alongside other
+        start-up work."""
         if not self._setup_done:
-            try:
-                self._col.create_index(core.CLAIM_SORT, name="mature_id")
-            except WriteConcernError as exc:  # built; the write concern was not confirmed
-                log.warning("queue %s: claim index: %s", self.name, exc)
+            key = startup_key(self._col, "mature_id")
+            with Startup(self.options.op_timeout):
+                if key not in STARTUP_DONE:
+                    try:
+                        self._col.create_index(core.CLAIM_SORT, name="mature_id")
+                    except WriteConcernError as exc:  # built; the write concern was not confirmed
+                        log.warning("queue %s: claim index: %s", self.name, exc)
+                    STARTUP_DONE.add(key)
             self._setup_done = True
+
+    def _push_timeout(self) -> float:
+        return max(self.options.retry_budget, deadlines.MIN_ATTEMPT_TIMEOUT)
 
     def _check_open(self) -> None:
         if self._forked:
@@ -106,8 +131,9 @@ class ElementQueue:
         self._packer_check(encode_item(payload, headers))
         now = _now()
         doc = core.element_document(payload, headers, core.mature_time(now, delay, mature))
-        self._setup()
-        self._insert([doc])
+        with self._bounded("push()", self._push_timeout()):
+            self._setup()
+            self._insert([doc])
         self._stats["pushed"] += 1
         self._stats["buckets_written"] += 1
         self._wake.notify()
@@ -159,8 +185,9 @@ class ElementQueue:
         at = core.mature_time(_now(), delay, mature)
         docs = [core.element_document(p, headers, at) for p in payloads]
         if docs:
-            self._setup()
-            self._insert(docs)
+            with self._bounded("push_many()", self._push_timeout()):
+                self._setup()
+                self._insert(docs)
             self._stats["pushed"] += len(docs)
             self._stats["buckets_written"] += len(docs)
             self._wake.notify()
@@ -177,13 +204,20 @@ class ElementQueue:
         """Claim the next mature item, or None after ``timeout`` seconds."""
         self._check_open()
         v.timeout("timeout", timeout)
-        self._setup()
+        if not self._setup_done:
+            with self._bounded("reserve()"):
+                self._setup()
         deadline = None if timeout is None else _monotonic() + timeout
         attempt = 0
         while True:
             gen = self._wake.gen
             if not self._paused:
-                msg = self._claim()
+                bound = self.options.op_timeout
+                if deadline is not None:
+                    left = max(deadline - _monotonic(), deadlines.MIN_ATTEMPT_TIMEOUT)
+                    bound = min(bound, left)
+                with self._bounded("reserve()", bound):
+                    msg = self._claim()
                 if msg is not None:
                     return msg
             if self._closed:
@@ -205,7 +239,8 @@ class ElementQueue:
         first = self.reserve(timeout)
         out = [] if first is None else [first]
         while out and len(out) < max_items and not self._paused:
-            msg = self._claim()
+            with self._bounded("reserve_many()"):
+                msg = self._claim()
             if msg is None:
                 break
             out.append(msg)
@@ -252,7 +287,8 @@ class ElementQueue:
         core.check_message(msg, self, "commit")
         v.flag("flush", flush)
         ref = msg.bucket
-        res = self._col.delete_one({"_id": ref.id, "lease.tok": ref.token})
+        with self._bounded("commit()"):
+            res = self._col.delete_one({"_id": ref.id, "lease.tok": ref.token})
         if res.deleted_count:
             self._stats["committed"] += 1
             return True
@@ -291,11 +327,13 @@ class ElementQueue:
         why = core.over_tried(tries, self.options.max_tries, rolled_back=True)
         if why is not None:
             msg.tries = tries
-            return self._dead_letter(msg, reason or why)
+            with self._bounded("rollback()"):
+                return self._dead_letter(msg, reason or why)
         ref = msg.bucket
-        res = self._col.update_one(
-            {"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before)
-        )
+        with self._bounded("rollback()"):
+            res = self._col.update_one(
+                {"_id": ref.id, "lease.tok": ref.token}, core.element_rollback_update(not_before)
+            )
         if res.matched_count:
             self._stats["rolled_back"] += 1
             self._wake.notify()
@@ -350,29 +388,34 @@ class ElementQueue:
         self._paused = False
         self._wake.notify()
 
+    def _count(self, flt: dict[str, Any]) -> int:
+        with self._bounded("counting items"):
+            return self._col.count_documents(flt)
+
     @boundary("size()")
     def size(self) -> int:
-        return self._col.count_documents(core.ready_filter(_now()))
+        return self._count(core.ready_filter(_now()))
 
     @boundary("total_size()")
     def total_size(self) -> int:
-        return self._col.count_documents({})
+        return self._count({})
 
     @boundary("sched_size()")
     def sched_size(self) -> int:
-        return self._col.count_documents(core.sched_filter(_now()))
+        return self._count(core.sched_filter(_now()))
 
     @boundary("resv_size()")
     def resv_size(self) -> int:
-        return self._col.count_documents(core.leased_filter(_now()))
+        return self._count(core.leased_filter(_now()))
 
     @boundary("next_t()")
     def next_t(self) -> Any:
-        doc = self._col.find_one(
-            core.not_leased(core.to_datetime(_now())),
-            {"mature": 1},
-            sort=core.CLAIM_SORT,
-        )
+        with self._bounded("next_t()"):
+            doc = self._col.find_one(
+                core.not_leased(core.to_datetime(_now())),
+                {"mature": 1},
+                sort=core.CLAIM_SORT,
+            )
         return doc["mature"] if doc else None
 
     def stats(self) -> dict[str, int]:
@@ -384,5 +427,6 @@ class ElementQueue:
         if index != 0:
             return False  # one item per document: its id ends in ".0"
         now = core.to_datetime(_now())
-        res = self._col.delete_one({"_id": oid, **core.not_leased(now)})
+        with self._bounded("remove()"):
+            res = self._col.delete_one({"_id": oid, **core.not_leased(now)})
         return bool(res.deleted_count)

@@ -33,14 +33,18 @@ from ...errors import (
     WriteConcernNotConfirmed,
 )
 from .. import _core as core
+from .. import _deadline as deadlines
 from .._codec import CODEC_OPTIONS, encode_item
 from .._concurrency import (
+    STARTUP_DONE,
     Lock,
     Notifier,
     Receipt,
+    Startup,
     Worker,
     register_exit,
     sleep,
+    startup_key,
     used_after_fork,
 )
 from .._db import check_database
@@ -99,14 +103,22 @@ class Queue(Producer):
 
     # -- setup --------------------------------------------------------------------------
 
-    def _setup(self) -> None:
+    def _setup(self, timeout: float | None = None) -> None:
+        """Create the claim index (and so the collection): once per collection and
+        process, never alongside other start-up work (see ``Startup``); within
+        ``timeout`` seconds (default ``op_timeout``), else it is tried again later."""
         if self._setup_done:
             return
-        self._setup_done = True
+        timeout = self.options.op_timeout if timeout is None else timeout
+        key = startup_key(self._col, "mature_id")
         try:
-            self._col.create_index(core.CLAIM_SORT, name="mature_id")
-        except PyMongoError as exc:
-            self._setup_done = False
+            with Startup(timeout):
+                if key not in STARTUP_DONE:
+                    with self._bounded(timeout):
+                        self._col.create_index(core.CLAIM_SORT, name="mature_id")
+                    STARTUP_DONE.add(key)
+            self._setup_done = True
+        except (PyMongoError, deadlines.StartupBusy) as exc:
             log.warning(
                 "queue %s: creating the claim index failed (%s); will retry", self.name, exc
             )
@@ -167,17 +179,18 @@ class Queue(Producer):
     def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
         """Insert sealed buckets (one command), retrying transient failures within the
         retry budget; an id already there is an earlier attempt that landed."""
-        self._setup()
+        deadline = self._write_deadline(buckets)
+        self._setup(deadlines.attempt_timeout(deadline, _now()))
         docs, bad = core.build_documents(buckets, core.OpenBucket.document)
         by_id = {ob.id: ob for ob in buckets}
-        started = _monotonic()
         attempt = 0
         while docs:
             try:
-                if len(docs) == 1:
-                    self._col.insert_one(next(iter(docs.values())))
-                else:
-                    self._col.insert_many(list(docs.values()), ordered=False)
+                with self._attempt(deadline):
+                    if len(docs) == 1:
+                        self._col.insert_one(next(iter(docs.values())))
+                    else:
+                        self._col.insert_many(list(docs.values()), ordered=False)
                 docs.clear()
             except DuplicateKeyError:
                 docs.clear()  # an earlier attempt landed
@@ -195,7 +208,7 @@ class Queue(Producer):
                     if not docs:
                         break
                 attempt += 1
-                if not self._retry_insert(exc, started, attempt):
+                if not self._retry_insert(exc, deadline, attempt):
                     return set(docs) | bad, exc
         return bad, None
 
@@ -213,7 +226,8 @@ class Queue(Producer):
         if self._forked:
             raise used_after_fork(self)
         self._flush_pushes()
-        self._flush_state()
+        with self._bounded(None, f"flush() of queue {self.name!r}"):
+            self._flush_state()
 
     # -- consume ------------------------------------------------------------------------
 
@@ -322,7 +336,8 @@ class Queue(Producer):
                 if msg.bucket.finished():
                     self._flush_wake.notify()  # its last item: delete it now, not a period later
         if ok and flush:
-            self._flush_state()
+            with self._bounded(None, f"commit(flush=True) on queue {self.name!r}"):
+                self._flush_state()
             if msg.bucket.lost:
                 return False
         return ok
@@ -341,7 +356,8 @@ class Queue(Producer):
             if any(m.bucket.finished() for m in done):
                 self._flush_wake.notify()
         if done and flush:
-            self._flush_state()
+            with self._bounded(None, f"commit_many(flush=True) on queue {self.name!r}"):
+                self._flush_state()
             return sum(1 for m in done if not m.bucket.lost)
         return len(done)
 
@@ -409,7 +425,8 @@ class Queue(Producer):
                 self._fetch_wake.wait(gen, None)
                 continue
             try:
-                got = self._claim()
+                with self._bounded(self.options.op_timeout):
+                    got = self._claim()
             except PyMongoError as exc:
                 idle_attempt += 1
                 log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
@@ -519,7 +536,9 @@ class Queue(Producer):
         pipeline = core.WAKEUP_PIPELINE
         while not self._closed:
             try:
-                with self._col.watch(pipeline, max_await_time_ms=500) as stream:
+                with self._bounded(self.options.op_timeout):
+                    stream = self._col.watch(pipeline, max_await_time_ms=500)
+                with stream:
                     while not self._closed:
                         if not self._starved:
                             # Claims succeed, so wake-ups are moot: leave the stream unread
@@ -528,7 +547,8 @@ class Queue(Producer):
                             if not self._starved:
                                 self._starved_wake.wait(gen, 1.0)
                             continue
-                        change = stream.try_next()
+                        with self._bounded(self.options.op_timeout):
+                            change = stream.try_next()
                         if change is not None and self._fetcher is not None:
                             self._fetch_wake.notify()
             except OperationFailure as exc:
@@ -581,8 +601,12 @@ class Queue(Producer):
             targets = [(b, kind) for b, kind, _ in plan]
             if not writes:
                 return
+            # A renewal not answered in time counts as failed: the bucket's items are not
+            # handed out once a third of its lease is left, and the next flush tries again.
+            timeout = deadlines.state_flush_timeout(self.options.op_timeout, self.options.lease)
             try:
-                res = self._col.bulk_write(writes, ordered=False)
+                with self._bounded(timeout):
+                    res = self._col.bulk_write(writes, ordered=False)
                 done = res.matched_count + res.deleted_count
             except BulkWriteError as exc:
                 # Some writes failed on the server: the others landed. Only the failed
@@ -607,9 +631,10 @@ class Queue(Producer):
             lost: set[ObjectId] = set()
             if done < len(writes):
                 ids = [b.id for b, _ in targets]
-                now_docs = {
-                    d["_id"]: d for d in self._col.find({"_id": {"$in": ids}}, {"lease": 1})
-                }
+                with self._bounded(timeout):
+                    now_docs = {
+                        d["_id"]: d for d in self._col.find({"_id": {"$in": ids}}, {"lease": 1})
+                    }
                 lost = {
                     b.id
                     for b, kind in targets
@@ -686,6 +711,8 @@ class Queue(Producer):
                 self.options.dead_letter_name(self.name),
                 write_concern=self.options.write_concern,
                 bucket_max_bytes=core.HARD_MAX_BYTES,
+                retry_budget=self.options.retry_budget,
+                op_timeout=self.options.op_timeout,
             )
         now = _now()
         # Each item on its own: one that cannot be moved (its data, or its insert failed)
@@ -752,7 +779,8 @@ class Queue(Producer):
                 b.queued = 0
             self._ready = deque(m for m in self._ready if not m.bucket.released)
         if read_ahead:
-            self._release(read_ahead)
+            with self._bounded(None, f"drain() of queue {self.name!r}"):
+                self._release(read_ahead)
         served_before = self._stats["reserved"]
         deadline = _monotonic() + (self.options.drain_timeout if timeout is None else timeout)
         while _monotonic() < deadline:
@@ -770,7 +798,8 @@ class Queue(Producer):
             for b in self._held.values():
                 b.queued = 0
         released = len(self._held)
-        self._flush_state(release_all=True)
+        with self._bounded(None, f"drain() of queue {self.name!r}"):
+            self._flush_state(release_all=True)
         self._consumers.notify()
         self._drain_report = {
             "buckets_written": self._stats["buckets_written"] - written_before,
@@ -784,7 +813,8 @@ class Queue(Producer):
         with self._flush_lock:
             now = _now()
             writes = [core.state_write(b, now, self.options.lease, release=True) for b in buckets]
-            self._col.bulk_write(writes, ordered=False)
+            with self._bounded(self.options.op_timeout):
+                self._col.bulk_write(writes, ordered=False)
             with self._mutex:
                 for b in buckets:
                     b.released = True
@@ -798,7 +828,14 @@ class Queue(Producer):
             return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
         if self._closed:
             return self._drain_report or {}
-        report = self.drain()
+        try:
+            report = self.drain()
+        finally:
+            self._stop_workers()
+        return report
+
+    def _stop_workers(self) -> None:
+        """Stop the background workers (each join is bounded: their driver calls are)."""
         self._closed = True
         for n in (
             self._fetch_wake,
@@ -817,7 +854,6 @@ class Queue(Producer):
             self._watcher.join(0)
         if self._dlq is not None:
             self._dlq.close()
-        return report
 
     def __enter__(self) -> Queue:
         return self
@@ -837,8 +873,9 @@ class Queue(Producer):
         self._consumers.notify()
 
     def _live_sum(self, flt: dict[str, Any]) -> int:
-        cursor = self._col.aggregate(core.live_sum_pipeline(flt))
-        return core.sum_result([r for r in cursor])
+        with self._bounded(self.options.op_timeout, f"counting the items of queue {self.name!r}"):
+            cursor = self._col.aggregate(core.live_sum_pipeline(flt))
+            return core.sum_result([r for r in cursor])
 
     @boundary("size()")
     def size(self) -> int:
@@ -864,11 +901,12 @@ class Queue(Producer):
     def next_t(self) -> Any:
         """The mature time of the next bucket to become deliverable (None if empty)."""
         now = _now()
-        doc = self._col.find_one(
-            core.not_leased(core.to_datetime(now)),
-            {"mature": 1},
-            sort=core.CLAIM_SORT,
-        )
+        with self._bounded(self.options.op_timeout, f"next_t() of queue {self.name!r}"):
+            doc = self._col.find_one(
+                core.not_leased(core.to_datetime(now)),
+                {"mature": 1},
+                sort=core.CLAIM_SORT,
+            )
         return doc["mature"] if doc else None
 
     def stats(self) -> dict[str, int]:
@@ -916,6 +954,10 @@ class Queue(Producer):
         bid, index = core.parse_item_id(id)
         if bid in self._unwritten:
             self._flush_pushes()
+        with self._bounded(self.options.op_timeout, f"remove() on queue {self.name!r}"):
+            return self._remove(bid, index)
+
+    def _remove(self, bid: ObjectId, index: int) -> bool:
         for _ in range(5):
             now = core.to_datetime(_now())
             doc = self._col.find_one(

@@ -12,7 +12,13 @@ from collections import deque
 from typing import Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError, WriteConcernError
+from pymongo.errors import (
+    BulkWriteError,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+    WriteConcernError,
+)
 
 from ... import _validate as v
 from ..._driver import boundary
@@ -25,11 +31,15 @@ from ...errors import (
     QueueClosed,
 )
 from ...queue import _core as qcore
+from ...queue import _deadline as deadlines
 from ...queue._codec import CODEC_OPTIONS
 from ...queue._concurrency import (
+    STARTUP_DONE,
     AsyncReceipt,
+    AsyncStartup,
     async_register_exit,
     async_sleep,
+    startup_key,
     used_after_fork,
 )
 from ...queue._db import check_async_database
@@ -63,6 +73,7 @@ class AsyncStreamQueue(AsyncProducer):
         )
         self._init_producer(opts.packer, "stream")
         self._closed = False
+        self._setup_done = False
         self._stats = dict.fromkeys(
             ("pushed", "buckets_written", "insert_retries", "push_failed", "renumbered",
              "quarantined", "loop_errors"), 0,
@@ -122,27 +133,49 @@ class AsyncStreamQueue(AsyncProducer):
         except DuplicateKeyError:
             pass
 
+    async def _setup(self, timeout: float) -> None:
+        """Create the metadata document and the buckets' collection before the first
+        write: once per process, never alongside other start-up work (a collection
+        created by an insert at the same time as another's index stalls the embedded
+        server)."""
+        if self._setup_done:
+            return
+        key = startup_key(self._col, "stream")
+        async with AsyncStartup(timeout):
+            if key not in STARTUP_DONE:
+                with self._bounded(timeout):
+                    await self._ensure_meta()
+                    try:
+                        await self.db.command("create", self._col.name)
+                    except OperationFailure as exc:
+                        if exc.code != 48:  # NamespaceExists
+                            raise
+                STARTUP_DONE.add(key)
+        self._setup_done = True
+
     async def _write(
         self, buckets: list[qcore.OpenBucket]
     ) -> tuple[set[Any], BaseException | None]:
         """Number sealed buckets in seal order and write them; a number whose hole was
         closed meanwhile (a tombstone owns it) is given up and the bucket renumbered."""
-        started = _monotonic()
+        deadline = self._write_deadline(buckets)
         attempt = 0
         seqs: dict[Any, int] = {}
         todo = list(buckets)
         while todo:
             try:
-                need = [ob for ob in todo if ob.id not in seqs]
-                if need:
-                    for ob, seq in zip(need, await self._allocate(len(need)), strict=True):
-                        seqs[ob.id] = seq
-                now = _now()
-                docs = [core.bucket_document(seqs[ob.id], ob.items, ob.id, now) for ob in todo]
-                if len(docs) == 1:
-                    await self._col.insert_one(docs[0])
-                else:
-                    await self._col.insert_many(docs, ordered=False)
+                await self._setup(deadlines.attempt_timeout(deadline, _now()))
+                with self._attempt(deadline):
+                    need = [ob for ob in todo if ob.id not in seqs]
+                    if need:
+                        for ob, seq in zip(need, await self._allocate(len(need)), strict=True):
+                            seqs[ob.id] = seq
+                    now = _now()
+                    docs = [core.bucket_document(seqs[ob.id], ob.items, ob.id, now) for ob in todo]
+                    if len(docs) == 1:
+                        await self._col.insert_one(docs[0])
+                    else:
+                        await self._col.insert_many(docs, ordered=False)
                 todo = []
             except WriteConcernError as exc:  # stored; the write concern was not confirmed
                 for ob in todo:
@@ -158,7 +191,15 @@ class AsyncStreamQueue(AsyncProducer):
                 else:  # insert_one: the single bucket
                     dups, failed = [seqs[todo[0].id]], set()
                 by_seq = {seqs[ob.id]: ob for ob in todo}
-                lost = await self._not_ours(dups, by_seq)
+                try:
+                    with self._attempt(deadline):
+                        lost = await self._not_ours(dups, by_seq)
+                except PyMongoError as exc2:
+                    if not self._retry_ok(exc2, deadline):
+                        return {ob.id for ob in todo}, exc2
+                    attempt += 1
+                    await self._backoff(attempt, deadline)
+                    continue
                 for seq in lost:
                     del seqs[by_seq[seq].id]
                     self._stats["renumbered"] += 1
@@ -167,13 +208,13 @@ class AsyncStreamQueue(AsyncProducer):
                 todo = [by_seq[s] for s in sorted(failed | set(lost))]
                 if failed:
                     attempt += 1
-                    if not await self._retry_insert(exc, started, attempt):
+                    if not await self._retry_insert(exc, deadline, attempt):
                         return {ob.id for ob in todo}, exc
             except OperationFailed as exc:  # the counter could not be taken
                 return {ob.id for ob in todo}, exc
-            except PyMongoError as exc:
+            except (PyMongoError, deadlines.StartupBusy) as exc:
                 attempt += 1
-                if not await self._retry_insert(exc, started, attempt):
+                if not await self._retry_insert(exc, deadline, attempt):
                     return {ob.id for ob in todo}, exc
         return set(), None
 
@@ -206,11 +247,12 @@ class AsyncStreamQueue(AsyncProducer):
         """
         if self._forked:
             raise used_after_fork(self)
-        meta = await self._open_epoch()
-        start = core.check_resume(self.name, after, meta)
-        c = AsyncStreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start)
-        if start > c.acked:
-            await c._write_ack(start)
+        with self._bounded(self.options.op_timeout, f"consumer() of stream {self.name!r}"):
+            meta = await self._open_epoch()
+            start = core.check_resume(self.name, after, meta)
+            c = AsyncStreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start)
+            if start > c.acked:
+                await c._write_ack(start)
         return c
 
     async def _open_epoch(self) -> dict[str, Any]:
@@ -229,7 +271,8 @@ class AsyncStreamQueue(AsyncProducer):
     @boundary("position()")
     async def position(self) -> dict[str, int]:
         """``{"next", "acked", "epoch"}``: last seq handed out, last acknowledged, consumer epoch."""
-        meta = await self._meta.find_one(core.meta_filter()) or {}
+        with self._bounded(self.options.op_timeout, f"position() of stream {self.name!r}"):
+            meta = await self._meta.find_one(core.meta_filter()) or {}
         return {k: int(meta.get(k, 0)) for k in ("next", "acked", "epoch")}
 
     @boundary("size()")
@@ -335,14 +378,17 @@ class AsyncStreamConsumer:
         deadline = None if timeout is None else _monotonic() + timeout
         idle = 0
         fresh = False  # whether the epoch was just checked by a read
+        what = f"next_batch() on stream {self.stream.name!r}"
         while True:
             if self._buffer:
                 if not fresh:
-                    await self._check_epoch()  # every delivery is fenced, read-ahead too
+                    with self._bounded(deadline, what):
+                        await self._check_epoch()  # every delivery is fenced, read-ahead too
                 b = self._buffer.popleft()
                 self._delivered.append(b.seq)
                 return b
-            wait = await self._fill()
+            with self._bounded(deadline, what):
+                wait = await self._fill()
             fresh = True
             if self._buffer:
                 continue
@@ -360,6 +406,15 @@ class AsyncStreamConsumer:
                     return None
                 nap = min(nap, remaining)
             await async_sleep(nap)
+
+    def _bounded(self, deadline: float | None, what: str) -> Any:
+        """A read of ``next_batch``: ``op_timeout``, and no longer than the caller's
+        ``timeout`` (at least ``MIN_ATTEMPT_TIMEOUT``)."""
+        seconds = self.stream.options.op_timeout
+        if deadline is not None:
+            left = max(deadline - _monotonic(), deadlines.MIN_ATTEMPT_TIMEOUT)
+            seconds = min(seconds, left)
+        return self.stream._bounded(seconds, what)
 
     async def _check_epoch(self) -> dict[str, Any]:
         meta = await self.stream._meta.find_one(core.meta_filter())
@@ -459,7 +514,8 @@ class AsyncStreamConsumer:
         """Acknowledge the next unacknowledged bucket; it is deleted."""
         n = core.ack_target(self._delivered, self.acked, seq, through=False)
         if n:
-            await self._write_ack(seq)
+            with self._bounded(None, f"ack() on stream {self.stream.name!r}"):
+                await self._write_ack(seq)
             del self._delivered[:n]
 
     @boundary("ack_through()")
@@ -467,7 +523,8 @@ class AsyncStreamConsumer:
         """Acknowledge every delivered bucket up to and including ``seq``."""
         n = core.ack_target(self._delivered, self.acked, seq, through=True)
         if n:
-            await self._write_ack(seq)
+            with self._bounded(None, f"ack_through() on stream {self.stream.name!r}"):
+                await self._write_ack(seq)
             del self._delivered[:n]
 
     async def _write_ack(self, seq: int) -> None:

@@ -14,7 +14,13 @@ from collections import deque
 from typing import Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError, WriteConcernError
+from pymongo.errors import (
+    BulkWriteError,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+    WriteConcernError,
+)
 
 from ... import _validate as v
 from ..._driver import boundary
@@ -27,11 +33,15 @@ from ...errors import (
     QueueClosed,
 )
 from ...queue import _core as qcore
+from ...queue import _deadline as deadlines
 from ...queue._codec import CODEC_OPTIONS
 from ...queue._concurrency import (
+    STARTUP_DONE,
     Receipt,
+    Startup,
     register_exit,
     sleep,
+    startup_key,
     used_after_fork,
 )
 from ...queue._db import check_database
@@ -65,6 +75,7 @@ class StreamQueue(Producer):
         )
         self._init_producer(opts.packer, "stream")
         self._closed = False
+        self._setup_done = False
         self._stats = dict.fromkeys(
             ("pushed", "buckets_written", "insert_retries", "push_failed", "renumbered",
              "quarantined", "loop_errors"), 0,
@@ -122,25 +133,47 @@ class StreamQueue(Producer):
         except DuplicateKeyError:
             pass
 
+    def _setup(self, timeout: float) -> None:
+        """Create the metadata document and the buckets' collection before the first
+        write: once per process, never alongside other start-up work (a collection
+        created by an insert at the same time as another's index stalls the embedded
+        server)."""
+        if self._setup_done:
+            return
+        key = startup_key(self._col, "stream")
+        with Startup(timeout):
+            if key not in STARTUP_DONE:
+                with self._bounded(timeout):
+                    self._ensure_meta()
+                    try:
+                        self.db.command("create", self._col.name)
+                    except OperationFailure as exc:
+                        if exc.code != 48:  # NamespaceExists
+                            raise
+                STARTUP_DONE.add(key)
+        self._setup_done = True
+
     def _write(self, buckets: list[qcore.OpenBucket]) -> tuple[set[Any], BaseException | None]:
         """Number sealed buckets in seal order and write them; a number whose hole was
         closed meanwhile (a tombstone owns it) is given up and the bucket renumbered."""
-        started = _monotonic()
+        deadline = self._write_deadline(buckets)
         attempt = 0
         seqs: dict[Any, int] = {}
         todo = list(buckets)
         while todo:
             try:
-                need = [ob for ob in todo if ob.id not in seqs]
-                if need:
-                    for ob, seq in zip(need, self._allocate(len(need)), strict=True):
-                        seqs[ob.id] = seq
-                now = _now()
-                docs = [core.bucket_document(seqs[ob.id], ob.items, ob.id, now) for ob in todo]
-                if len(docs) == 1:
-                    self._col.insert_one(docs[0])
-                else:
-                    self._col.insert_many(docs, ordered=False)
+                self._setup(deadlines.attempt_timeout(deadline, _now()))
+                with self._attempt(deadline):
+                    need = [ob for ob in todo if ob.id not in seqs]
+                    if need:
+                        for ob, seq in zip(need, self._allocate(len(need)), strict=True):
+                            seqs[ob.id] = seq
+                    now = _now()
+                    docs = [core.bucket_document(seqs[ob.id], ob.items, ob.id, now) for ob in todo]
+                    if len(docs) == 1:
+                        self._col.insert_one(docs[0])
+                    else:
+                        self._col.insert_many(docs, ordered=False)
                 todo = []
             except WriteConcernError as exc:  # stored; the write concern was not confirmed
                 for ob in todo:
@@ -156,7 +189,15 @@ class StreamQueue(Producer):
                 else:  # insert_one: the single bucket
                     dups, failed = [seqs[todo[0].id]], set()
                 by_seq = {seqs[ob.id]: ob for ob in todo}
-                lost = self._not_ours(dups, by_seq)
+                try:
+                    with self._attempt(deadline):
+                        lost = self._not_ours(dups, by_seq)
+                except PyMongoError as exc2:
+                    if not self._retry_ok(exc2, deadline):
+                        return {ob.id for ob in todo}, exc2
+                    attempt += 1
+                    self._backoff(attempt, deadline)
+                    continue
                 for seq in lost:
                     del seqs[by_seq[seq].id]
                     self._stats["renumbered"] += 1
@@ -165,13 +206,13 @@ class StreamQueue(Producer):
                 todo = [by_seq[s] for s in sorted(failed | set(lost))]
                 if failed:
                     attempt += 1
-                    if not self._retry_insert(exc, started, attempt):
+                    if not self._retry_insert(exc, deadline, attempt):
                         return {ob.id for ob in todo}, exc
             except OperationFailed as exc:  # the counter could not be taken
                 return {ob.id for ob in todo}, exc
-            except PyMongoError as exc:
+            except (PyMongoError, deadlines.StartupBusy) as exc:
                 attempt += 1
-                if not self._retry_insert(exc, started, attempt):
+                if not self._retry_insert(exc, deadline, attempt):
                     return {ob.id for ob in todo}, exc
         return set(), None
 
@@ -202,11 +243,12 @@ class StreamQueue(Producer):
         """
         if self._forked:
             raise used_after_fork(self)
-        meta = self._open_epoch()
-        start = core.check_resume(self.name, after, meta)
-        c = StreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start)
-        if start > c.acked:
-            c._write_ack(start)
+        with self._bounded(self.options.op_timeout, f"consumer() of stream {self.name!r}"):
+            meta = self._open_epoch()
+            start = core.check_resume(self.name, after, meta)
+            c = StreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start)
+            if start > c.acked:
+                c._write_ack(start)
         return c
 
     def _open_epoch(self) -> dict[str, Any]:
@@ -225,7 +267,8 @@ class StreamQueue(Producer):
     @boundary("position()")
     def position(self) -> dict[str, int]:
         """``{"next", "acked", "epoch"}``: last seq handed out, last acknowledged, consumer epoch."""
-        meta = self._meta.find_one(core.meta_filter()) or {}
+        with self._bounded(self.options.op_timeout, f"position() of stream {self.name!r}"):
+            meta = self._meta.find_one(core.meta_filter()) or {}
         return {k: int(meta.get(k, 0)) for k in ("next", "acked", "epoch")}
 
     @boundary("size()")
@@ -331,14 +374,17 @@ class StreamConsumer:
         deadline = None if timeout is None else _monotonic() + timeout
         idle = 0
         fresh = False  # whether the epoch was just checked by a read
+        what = f"next_batch() on stream {self.stream.name!r}"
         while True:
             if self._buffer:
                 if not fresh:
-                    self._check_epoch()  # every delivery is fenced, read-ahead too
+                    with self._bounded(deadline, what):
+                        self._check_epoch()  # every delivery is fenced, read-ahead too
                 b = self._buffer.popleft()
                 self._delivered.append(b.seq)
                 return b
-            wait = self._fill()
+            with self._bounded(deadline, what):
+                wait = self._fill()
             fresh = True
             if self._buffer:
                 continue
@@ -356,6 +402,15 @@ class StreamConsumer:
                     return None
                 nap = min(nap, remaining)
             sleep(nap)
+
+    def _bounded(self, deadline: float | None, what: str) -> Any:
+        """A read of ``next_batch``: ``op_timeout``, and no longer than the caller's
+        ``timeout`` (at least ``MIN_ATTEMPT_TIMEOUT``)."""
+        seconds = self.stream.options.op_timeout
+        if deadline is not None:
+            left = max(deadline - _monotonic(), deadlines.MIN_ATTEMPT_TIMEOUT)
+            seconds = min(seconds, left)
+        return self.stream._bounded(seconds, what)
 
     def _check_epoch(self) -> dict[str, Any]:
         meta = self.stream._meta.find_one(core.meta_filter())
@@ -455,7 +510,8 @@ class StreamConsumer:
         """Acknowledge the next unacknowledged bucket; it is deleted."""
         n = core.ack_target(self._delivered, self.acked, seq, through=False)
         if n:
-            self._write_ack(seq)
+            with self._bounded(None, f"ack() on stream {self.stream.name!r}"):
+                self._write_ack(seq)
             del self._delivered[:n]
 
     @boundary("ack_through()")
@@ -463,7 +519,8 @@ class StreamConsumer:
         """Acknowledge every delivered bucket up to and including ``seq``."""
         n = core.ack_target(self._delivered, self.acked, seq, through=True)
         if n:
-            self._write_ack(seq)
+            with self._bounded(None, f"ack_through() on stream {self.stream.name!r}"):
+                self._write_ack(seq)
             del self._delivered[:n]
 
     def _write_ack(self, seq: int) -> None:
