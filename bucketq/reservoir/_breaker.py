@@ -2,12 +2,23 @@
 
 ::
 
-    CLOSED ──pending > threshold, or failures in the window > threshold──▶ OPEN
+    CLOSED ──pending > threshold, or flush failures (rule below) reach the threshold──▶ OPEN
     OPEN ──cooldown passed──▶ HALF_OPEN
     HALF_OPEN ──a flush succeeds──▶ CLOSED
     HALF_OPEN ──a flush fails, or pending > threshold──▶ OPEN
 
 While it is OPEN, ingests bypass the buffer and go straight to storage.
+
+What counts as a failure is one flush (one batch of a shard, all its kinds together)
+in which any record's storage write failed, or which raised; one flush counts once,
+however many kinds or records failed. Enqueue refusals and dequeue errors are transport
+trouble, not flush failures (a refused enqueue already goes straight to storage).
+Two rules (``BREAKER_RULE``):
+
+- ``consecutive`` (the seed's, the default): it opens when ``failure_threshold``
+  flushes in a row failed; a flush in which every record was stored resets the count.
+- ``window``: it opens when more than ``failure_threshold`` flushes failed within the
+  last ``window`` seconds; successes do not reset the count.
 """
 
 from __future__ import annotations
@@ -23,13 +34,16 @@ CLOSED = 0
 OPEN = 1
 HALF_OPEN = 2
 STATE_NAMES = {CLOSED: "closed", OPEN: "open", HALF_OPEN: "half-open"}
+RULES = ("consecutive", "window")
 
 Listener = Callable[[int, int, str], None]
 
 
 class CircuitBreaker:
-    """Opens on ``pending > pending_threshold`` or on more than ``failure_threshold``
-    failures within the last ``window`` seconds; half-opens ``cooldown`` seconds later.
+    """Opens on ``pending > pending_threshold`` or on flush failures by ``rule``
+    (``"consecutive"``: ``failure_threshold`` failed flushes in a row; ``"window"``: more
+    than ``failure_threshold`` within the last ``window`` seconds); half-opens
+    ``cooldown`` seconds later.
 
     ``clock`` returns seconds (monotonic by default). Listeners get ``(old, new, reason)``
     on every change; one that raises is logged and the others still run.
@@ -43,7 +57,12 @@ class CircuitBreaker:
         cooldown: float,
         window: float,
         clock: Callable[[], float] = time.monotonic,
+        rule: str = "consecutive",
     ) -> None:
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {', '.join(RULES)}; got {rule!r}")
+        self.rule = rule
+        self.consecutive_failures = 0
         self.pending_threshold = pending_threshold
         self.failure_threshold = failure_threshold
         self.cooldown = cooldown
@@ -93,18 +112,28 @@ class CircuitBreaker:
             self._open(f"{pending} records pending (threshold {self.pending_threshold})")
 
     def record_failure(self, count: int = 1) -> None:
+        """``count`` failed flushes."""
         now = self.clock()
         self._failures.extend([now] * count)
         self._prune()
+        self.consecutive_failures += count
         state = self._advance()
         if state == HALF_OPEN:
             self._open("a flush failed while half-open")
-        elif state == CLOSED and len(self._failures) > self.failure_threshold:
+        elif state != CLOSED:
+            return
+        elif self.rule == "consecutive":
+            if self.consecutive_failures >= self.failure_threshold:
+                self._open(f"{self.consecutive_failures} flushes failed in a row "
+                           f"(threshold {self.failure_threshold})")  # fmt: skip
+        elif len(self._failures) > self.failure_threshold:
             self._open(
                 f"{len(self._failures)} flush failures in {self.window:g} s (threshold {self.failure_threshold})"
             )
 
     def record_success(self) -> None:
+        """A flush in which every record was stored."""
+        self.consecutive_failures = 0
         if self._advance() == HALF_OPEN:
             self._failures.clear()
             self._set(CLOSED, "a flush succeeded while half-open")

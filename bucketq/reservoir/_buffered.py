@@ -83,6 +83,7 @@ class BufferedReservoir(Reservoir):
             cooldown=cfg.cooldown_ms / 1000,
             window=cfg.failure_window_ms / 1000,
             clock=clock,
+            rule=cfg.breaker_rule,
         )
         self.breaker.listeners.append(self._breaker_changed)
         self.metrics.breaker_state.set(0)
@@ -277,7 +278,6 @@ class BufferedReservoir(Reservoir):
             self._pending -= len(entries)
             log.warning("shard %d: %s transport refused %d records (%s); writing them directly",
                         shard, self.transport.name, len(entries), exc)  # fmt: skip
-            self.breaker.record_failure()
             return await self._bypass(kind, {shard: items}, str(exc))
         self.metrics.enqueued.labels(kind, str(shard)).inc(len(entries))
         self._counts["enqueued"] += len(entries)
@@ -334,9 +334,8 @@ class BufferedReservoir(Reservoir):
                     shard, self.batch.max_size, self.batch.max_age
                 )
                 attempt = 0
-            except TransportError as exc:
+            except TransportError as exc:  # transport trouble, not a failed flush
                 attempt += 1
-                self.breaker.record_failure()
                 log.warning("shard %d: dequeue failed (%s); retrying", shard, exc)
                 await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
                 continue
@@ -444,7 +443,7 @@ class BufferedReservoir(Reservoir):
         self._counts["retried"] += sum(len(g) for g in retry.values())
         self._last_progress = time.monotonic()
         if failed_kinds:
-            self.breaker.record_failure(failed_kinds)
+            self.breaker.record_failure()  # one flush, however many kinds failed
         else:
             self.breaker.record_success()
 
@@ -560,6 +559,7 @@ class BufferedReservoir(Reservoir):
             "breaker": STATE_NAMES[state],
             "breaker_reason": self.breaker.reason,
             "failures_in_window": self.breaker.failures_in_window(),
+            "consecutive_failures": self.breaker.consecutive_failures,
             **dict(self._counts),
         }
 

@@ -50,6 +50,13 @@ def _choice(text: str) -> str:
     return value
 
 
+def _rule(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("consecutive", "window"):
+        raise ValueError("must be consecutive or window")
+    return value
+
+
 def _text(text: str) -> str:
     return text.strip()
 
@@ -92,7 +99,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(PREFIX + "PENDING_THRESHOLD", "pending_threshold", "10000",
             "The breaker opens when more records than this are pending.", _int(1)),
     Setting(PREFIX + "FAILURE_THRESHOLD", "failure_threshold", "20",
-            "The breaker opens when more flush failures than this fall in the failure window.", _int(1)),
+            "The breaker opens after this many failed flushes in a row (`BREAKER_RULE=window`: more than this many in the failure window).", _int(1)),
     Setting(PREFIX + "COOLDOWN_MS", "cooldown_ms", "30000",
             "An open breaker half-opens after this long; one successful flush closes it.", _int(0)),
     Setting(PREFIX + "MAX_RETRY_ATTEMPTS", "max_retry_attempts", "3",
@@ -104,8 +111,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDIS_URL", "redis_url", "",
             "Redis for the `redis` transport; when missing, the buffer falls back to `memory` with a warning.", _text),
     Setting(PREFIX + "MAX_DELAY_MS", "max_delay_ms", "30000", "Cap of the retry delay.", _int(1), seed=False),
+    Setting(PREFIX + "BREAKER_RULE", "breaker_rule", "consecutive",
+            "`consecutive` (the seed's: failed flushes in a row; a fully stored flush resets the count) "
+            "or `window` (failed flushes within `FAILURE_WINDOW_MS`; no reset). A flush is one batch of a shard; "
+            "it failed when any of its records did not store.", _rule, seed=False),
     Setting(PREFIX + "FAILURE_WINDOW_MS", "failure_window_ms", "60000",
-            "The rolling window in which flush failures are counted.", _int(1), seed=False),
+            "`BREAKER_RULE=window`: the rolling window in which flush failures are counted.", _int(1), seed=False),
     Setting(PREFIX + "OVERFLOW_PROJECTS", "overflow_projects", "",
             "Comma-separated hot project ids pinned to an extra overflow shard (number `SHARDS`).",
             _projects, seed=False),
@@ -140,6 +151,7 @@ class BufferConfig:
     stream_prefix: str = "logtide:buffer"
     redis_url: str = ""
     max_delay_ms: int = 30000
+    breaker_rule: str = "consecutive"
     failure_window_ms: int = 60000
     overflow_projects: frozenset[str] = field(default_factory=frozenset)
     claim_idle_ms: int = 60000

@@ -36,7 +36,7 @@ def test_opens_on_pending_over_threshold(fake_clock):
 
 
 def test_opens_on_failures_in_the_rolling_window_only(fake_clock):
-    b = breaker(fake_clock)
+    b = breaker(fake_clock, rule="window")
     b.record_failure(3)
     assert b.state == CLOSED  # 3 is not more than 3
     fake_clock.advance(61)  # those fall out of the window
@@ -44,6 +44,54 @@ def test_opens_on_failures_in_the_rolling_window_only(fake_clock):
     assert b.state == CLOSED and b.failures_in_window() == 3
     b.record_failure()
     assert b.state == OPEN and "4 flush failures" in b.reason
+
+
+def test_consecutive_rule_opens_on_failed_flushes_in_a_row_and_a_success_resets(fake_clock):
+    b = breaker(fake_clock)  # the seed's rule is the default
+    assert b.rule == "consecutive"
+    b.record_failure()
+    b.record_failure()
+    b.record_success()  # a fully stored flush: the count starts over
+    b.record_failure()
+    b.record_failure()
+    assert b.state == CLOSED and b.consecutive_failures == 2
+    fake_clock.advance(3600)  # no window: time alone does not forgive
+    b.record_failure()
+    assert b.state == OPEN and "3 flushes failed in a row (threshold 3)" in b.reason
+    with pytest.raises(ValueError, match="rule"):
+        breaker(fake_clock, rule="sometimes")
+
+
+async def test_a_flush_counts_once_and_refused_enqueues_do_not_count(backends):
+    from bucketq.errors import TransportUnavailable
+
+    storage = FakeStorage(poison=lambda r: r.get("name") == "bad" or r.get("message") == "bad",
+                          mode="indexed")  # fmt: skip
+    transport = backends.transport("memory")
+    buf = BufferedReservoir(
+        storage, transport, FAST.with_(failure_threshold=3, max_retry_attempts=1)
+    )
+    async with buf:
+        # One flush in which two kinds fail: one failed flush, not two.
+        await asyncio.gather(
+            buf.ingest([{"project_id": "a0", "message": "bad"}]),
+            buf.ingest_metrics([{"project_id": "a0", "name": "bad", "value": 1}]),
+        )
+        await settled(buf)
+        assert buf.stats()["dead_lettered"] == 2 and storage.calls == {"log": 1, "metric": 1}
+        assert buf.breaker.consecutive_failures == 1 and buf.breaker.state == CLOSED
+        # A refused enqueue goes straight to storage and is no flush failure.
+        inner = transport.enqueue_many
+
+        async def refuse(shard, entries):
+            raise TransportUnavailable("full")
+
+        transport.enqueue_many = refuse
+        failures = buf.breaker.consecutive_failures
+        for _ in range(5):
+            assert (await buf.ingest(logs(2)))["ingested"] == 2
+        assert buf.breaker.consecutive_failures == failures and buf.breaker.state == CLOSED
+        transport.enqueue_many = inner
 
 
 def test_half_opens_after_cooldown_then_success_closes_and_failure_reopens(fake_clock):
@@ -120,7 +168,7 @@ async def test_buffer_trips_on_flush_failures_and_bypass_reports_storage_errors(
     async with buf:
         await buf.ingest(logs(4))
         await eventually(lambda: buf.breaker.state == OPEN, what="the breaker to open on failures")
-        assert "flush failures" in buf.breaker.reason
+        assert "flushes failed in a row" in buf.breaker.reason
         with pytest.raises(OSError):  # the caller sees storage's failure, not a false ack
             await buf.ingest(logs(1, start=50))
         storage.down = False
