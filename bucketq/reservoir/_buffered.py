@@ -146,7 +146,12 @@ class BufferedReservoir(Reservoir):
         return self
 
     async def stop(self, timeout: float | None = None) -> dict[str, Any]:
-        """Stop accepting (later ingests go straight to storage), drain for at most
+        """Stop the buffer; call it after the HTTP server stopped accepting and its
+        in-flight requests returned (the seed's order: server first, then the drain).
+        Ingests that still arrive while it drains, or after, are not refused: they go
+        straight to storage and return the storage's result.
+
+        Stop accepting (later ingests go straight to storage), drain for at most
         ``timeout`` seconds (default ``GRACEFUL_SHUTDOWN_MS``), stop the transport, and
         report: ``flushed`` (records stored while draining), ``left`` (records not yet
         stored), ``kept`` (of those, kept by a durable transport for the next process),
@@ -621,10 +626,13 @@ def install_signal_handlers(
     *,
     signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
     on_stopped: Callable[[dict[str, Any]], Any] | None = None,
+    before_stop: Callable[[], Any] | None = None,
 ) -> Callable[[], None]:
-    """On SIGTERM/SIGINT, stop ``buffer`` gracefully (once), then call
-    ``on_stopped(report)`` (e.g. to stop the server). Call from the running loop;
-    returns a function that removes the handlers."""
+    """On SIGTERM/SIGINT (once): call ``before_stop()`` and wait for it (stop the HTTP
+    server: no new requests, in-flight ones finish into the buffer), then stop
+    ``buffer`` gracefully (drain), then call ``on_stopped(report)``. That is the seed's
+    order: server first, then the drain. Either callback may be a coroutine function.
+    Call from the running loop; returns a function that removes the handlers."""
     loop = asyncio.get_running_loop()
     holder: dict[str, asyncio.Task[None]] = {}
 
@@ -634,6 +642,13 @@ def install_signal_handlers(
             signum,
             buffer.config.graceful_shutdown_ms,
         )
+        if before_stop is not None:
+            try:
+                res = before_stop()
+                if asyncio.iscoroutine(res):
+                    await res
+            except Exception:  # the drain must happen anyway
+                log.exception("before_stop failed; draining the buffer anyway")
         report = await buffer.stop()
         log.warning("buffer stopped: %s", report)
         if on_stopped is not None:

@@ -61,3 +61,39 @@ async def test_wrap_reservoir_is_off_by_default_and_health_reports_the_buffer():
         h = await buf.health()
         assert h["status"] == "ok" and h["buffer"]["state"] == "running" and h["buffer"]["ok"]
         assert buf.stats()["pending"] >= 0
+
+
+async def test_a_signal_stops_the_http_server_first_then_drains_the_buffer(backends):
+    import os
+    import signal
+
+    from bucketq.reservoir import install_signal_handlers
+
+    storage = SlowStorage()
+    buf = BufferedReservoir(storage, backends.transport("memory"), FAST)
+    await buf.start()
+    await buf.ingest(logs(50))
+    events: list[tuple[str, object]] = []
+    done = asyncio.Event()
+
+    async def stop_server():
+        events.append(("server stopping; buffer", buf.stats()["state"]))
+        # A request still in flight while the server shuts down lands in the buffer.
+        events.append(("late request ingested", (await buf.ingest(logs(5, start=500)))["ingested"]))
+
+    def stopped(report):
+        events.append(("buffer stopped; left", report["left"]))
+        done.set()
+
+    remove = install_signal_handlers(buf, before_stop=stop_server, on_stopped=stopped)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        remove()
+    assert events == [
+        ("server stopping; buffer", "running"),
+        ("late request ingested", 5),
+        ("buffer stopped; left", 0),
+    ]
+    assert buf.stats()["bypassed"] == 0 and len(storage.messages()) == 55
