@@ -56,9 +56,10 @@ def run_quarantine(args: argparse.Namespace) -> int:
     from pymongo import MongoClient
 
     from .queue import Queue
+    from .queue._deadline import client_timeouts
     from .stream import StreamQueue
 
-    client: Any = MongoClient(args.mongodb_uri)
+    client: Any = MongoClient(args.mongodb_uri, **client_timeouts(args.mongodb_uri))
     try:
         db = client[args.database] if args.database else client.get_default_database("bucketq")
         q: Any = (StreamQueue if args.stream else Queue)(db, args.queue)
