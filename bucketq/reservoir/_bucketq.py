@@ -1,8 +1,8 @@
 """The ``bucketq`` transport: one bucketq queue per shard, on MongoDB.
 
 ``enqueue`` returns once the records are durable: it pushes them and waits for their
-bucket's insert, and every request that arrives within ``bucket_max_wait`` shares that
-one insert (group commit). A flush consumer reserves items; an ack commits them (and
+bucket's insert, which the queue's writer makes at its next turn; requests that arrive
+while its previous insert is in flight share the next one (group commit). A flush consumer reserves items; an ack commits them (and
 flushes the queue state, so a crash redelivers as little as possible). A requeue pushes
 the updated envelope with a delay, durably, and only then commits the old one; a
 dead-letter pushes to the DLQ queue ``<prefix>:dlq`` durably, then commits. Either way
