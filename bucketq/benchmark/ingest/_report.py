@@ -34,8 +34,8 @@ def notes(doc: Mapping[str, Any]) -> list[str]:
         "say more about the machine than the server.",
         f"A request not answered within {DEFAULT_REQUEST_TIMEOUT:g} s counts as an error "
         "('timeout', at that latency); where over "
-        f"{CENSORED_SHARE:.0%} of a mode's requests timed out its p95 is the timeout, and the "
-        "p95 targets call it not comparable.",
+        f"{CENSORED_SHARE:.0%} of a mode's requests failed (timeouts, 503s) its p95 is not the "
+        "latency of accepted requests, and the p95 targets call it not comparable.",
         "Each mode ran its own `bucketq serve` process (uvicorn, one process) on a fresh "
         "database of the same MongoDB server, one mode after the other; API CPU is that "
         "process's CPU time from the first request until every accepted record was visible "
