@@ -47,7 +47,7 @@ def notes(doc: Mapping[str, Any]) -> list[str]:
         "answer arrived).",
         "MongoDB commands = the server's request counter (serverStatus network.numRequests) "
         "over the same window plus the graceful stop, minus every request the benchmark's own "
-        "client sent (its change stream, counts, serverStatus), per 1,000 records accepted.",
+        "client sent (its change stream, counts, serverStatus), per 1,000 records stored.",
         "Seed p95 = the published figures of the system the buffer design comes from (k6, "
         "100 requests/s × 10 logs, 3 minutes, zero errors) on TimescaleDB and on MongoDB, on "
         "its own hardware: compare the ratios between modes, not the milliseconds.",

@@ -225,7 +225,9 @@ def run_mode(
             "window_s": window,
             "mongodb_requests": delta["requests"],
             "mongodb_opcounters": delta["opcounters"],
-            "commands_per_1000_records": per_thousand(delta["requests"], accepted),
+            # per record stored: what the server did write (= accepted when all went well;
+            # a failed request's records may be stored too)
+            "commands_per_1000_records": per_thousand(delta["requests"], stored),
             "commands_per_request": None
             if not summary["requests"]
             else delta["requests"] / summary["requests"],
