@@ -2,7 +2,7 @@
 answers every POST with 200 ``{"received": n}`` and, with ``--stall-at SEQ``, blocks its
 whole event loop for ``--stall-seconds`` when the request whose first record has
 ``metadata.bench_req == SEQ`` arrives, like a server paused by a long GC or a stuck
-write. It writes ``{"port"}`` then ``{"stall_start", "stall_end"}`` (``time.monotonic()``,
+write; with ``--idle-close S`` it closes a connection idle for S seconds. It writes ``{"port"}`` then ``{"stall_start", "stall_end"}`` (``time.monotonic()``,
 system-wide on Linux) as JSON lines to ``--out``."""
 
 from __future__ import annotations
@@ -18,13 +18,17 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--stall-at", type=int, default=-1)
     p.add_argument("--stall-seconds", type=float, default=0.0)
+    p.add_argument("--idle-close", type=float, default=None, help="close idle connections")
     args = p.parse_args()
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 - open for the process's life
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                line = await reader.readline()
+                try:
+                    line = await asyncio.wait_for(reader.readline(), args.idle_close)
+                except TimeoutError:
+                    return  # like uvicorn's keep-alive timeout
                 if not line:
                     return
                 length = 0

@@ -180,6 +180,15 @@ def test_latency_counts_from_the_schedule_so_a_stall_shows_in_every_request_it_d
     assert len([s for s in during if t0 + s.sent < stall["stall_end"]]) > 1
 
 
+def test_a_connection_the_server_closed_while_idle_is_not_an_error(standin):
+    url, _ = standin(idle_close=0.2)  # closes before the generator stops reusing it
+    spec = LoadSpec(url=f"{url}/x", rate=4, duration=2.0, batch=1, run_id="t")
+    result = asyncio.run(run_load(spec))
+    summary = load_summary(result["samples"], 1)
+    assert summary["requests"] == 8 and summary["errors"] == 0, summary["errors_by_kind"]
+    assert result["connections"] > 1  # it did go back to the server for new ones
+
+
 def test_a_refused_connection_is_an_error_with_its_latency(tmp_path):
     spec = LoadSpec(
         url=f"http://127.0.0.1:{free_port()}/x", rate=20, duration=0.2, batch=1, run_id="t"

@@ -32,6 +32,9 @@ from ._stats import Sample, schedule
 DEFAULT_MAX_CONNECTIONS = 512
 #: Seconds a request may take before it counts as an error ("timeout").
 DEFAULT_REQUEST_TIMEOUT = 30.0
+#: Seconds a kept-alive connection may stay idle and still be reused (uvicorn closes
+#: them after 5 s; reusing one as it closes would fail the request).
+IDLE_MAX = 3.0
 #: The message of every record is about this long, like an application's log line.
 MESSAGE_BYTES = 120
 
@@ -87,19 +90,31 @@ class _Pool:
 
     def __init__(self, host: str, port: int, limit: int) -> None:
         self.host, self.port, self.limit = host, port, limit
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        # (connection, when it went idle); the last one in is the first reused
+        self.idle: list[tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], float]] = []
         self.open = 0
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.opened_total = 0
 
-    async def get(self) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], bool]:
-        """A connection and whether it was reused (a reused one may have been closed)."""
-        while not self.idle and self.open >= self.limit:
+    async def get(
+        self, fresh: bool = False
+    ) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], bool]:
+        """A connection and whether it was reused (a reused one may have been closed);
+        ``fresh``: a new one. Connections idle longer than :data:`IDLE_MAX` are closed
+        rather than reused: the server is about to close them."""
+        now = time.monotonic()
+        while self.idle and now - self.idle[0][1] > IDLE_MAX:
+            old, _ = self.idle.pop(0)
+            self.drop(old)
+        while (fresh or not self.idle) and self.open >= self.limit:
+            if fresh and self.idle:
+                self.drop(self.idle.pop(0)[0])
+                continue
             fut = asyncio.get_running_loop().create_future()
             self.waiters.append(fut)
             await fut
-        if self.idle:
-            return self.idle.pop(), True
+        if self.idle and not fresh:
+            return self.idle.pop()[0], True
         self.open += 1
         try:
             conn = await asyncio.open_connection(self.host, self.port)
@@ -117,7 +132,7 @@ class _Pool:
                 return
 
     def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
-        self.idle.append(conn)
+        self.idle.append((conn, time.monotonic()))
         self._wake()
 
     def drop(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None) -> None:
@@ -127,7 +142,7 @@ class _Pool:
         self._wake()
 
     def close(self) -> None:
-        for _, w in self.idle:
+        for (_, w), _since in self.idle:
             w.close()
         self.idle.clear()
 
@@ -212,13 +227,13 @@ async def run_load(
         try:
             async with asyncio.timeout(spec.timeout):
                 for attempt in (0, 1):
-                    conn, reused = await pool.get()
+                    conn, reused = await pool.get(fresh=attempt > 0)
                     try:
                         status, keep, _ = await _exchange(conn, head(len(payload)), payload)
                     except (_Closed, ConnectionError) as exc:
                         pool.drop(conn)
-                        # A kept-alive connection the server closed while idle: once more
-                        # on a fresh one (still timed from the schedule).
+                        # A kept-alive connection the server closed as it went idle: once
+                        # more on a new one (still timed from the schedule).
                         if reused and attempt == 0:
                             continue
                         raise ConnectionError(str(exc) or type(exc).__name__) from exc
