@@ -208,3 +208,28 @@ def test_health_and_metrics(serve: Serve) -> None:
         text = c.get("/metrics").text
     assert 'bucketq_http_requests_total{method="GET",route="/health",status="200"}' in text
     assert "bucketq_http_request_duration_seconds_bucket" in text
+
+
+def test_idempotency_key_stores_a_retried_request_once(
+    serve: Serve, keys, mongo_client: MongoClient
+) -> None:
+    project = _project()
+    body = log_batch(5, prefix="idem")
+    with serve.client(keys(project)) as c:
+        for _ in range(3):  # a client retrying after a lost answer
+            r = c.post("/api/v1/ingest", json=body, headers={"Idempotency-Key": "req-1"})
+            assert r.status_code == 200 and r.json()["received"] == 5
+        assert (
+            c.post("/api/v1/ingest", json=body, headers={"Idempotency-Key": "req-2"}).status_code
+            == 200
+        )
+        assert c.post("/api/v1/ingest", json=body).status_code == 200  # no key: stored again
+        assert len(c.get("/api/v1/logs", params={"limit": 100}).json()["logs"]) == 15
+    assert _stored(mongo_client, serve.database, project) == 15
+    # The same key from another project is another request.
+    with serve.client(keys(project + "-b")) as c:
+        assert (
+            c.post("/api/v1/ingest", json=body, headers={"Idempotency-Key": "req-1"}).status_code
+            == 200
+        )
+    assert _stored(mongo_client, serve.database, project + "-b") == 5
