@@ -76,6 +76,7 @@ class BufferedReservoir(Reservoir):
         self.config = cfg = config or BufferConfig(enabled=True)
         self.shards = cfg.total_shards
         self.batch = BatchPolicy(cfg.max_batch_size, cfg.max_batch_age_ms / 1000)
+        self.retry = cfg.retry_policies()
         self.metrics = BufferMetrics(registry)
         self.breaker = CircuitBreaker(
             pending_threshold=cfg.pending_threshold,
@@ -409,7 +410,7 @@ class BufferedReservoir(Reservoir):
         outcomes = await asyncio.gather(*(self._write_kind(shard, k, by_kind[k]) for k in kinds))
         stored: list[Delivery] = []
         dead: list[Delivery] = []
-        retry: dict[int, list[Delivery]] = defaultdict(list)
+        retry: dict[tuple[str, int], list[Delivery]] = defaultdict(list)
         failed_kinds = 0
         for kind, (ok, failed) in zip(kinds, outcomes, strict=True):
             stored.extend(ok)
@@ -422,20 +423,14 @@ class BufferedReservoir(Reservoir):
             for d, reason in failed:
                 d.entry["attempts"] = int(d.entry.get("attempts") or 0) + 1
                 d.entry["error"] = reason
-                if d.entry["attempts"] >= self.config.max_retry_attempts:
+                if d.entry["attempts"] >= self.retry[kind].attempts:
                     dead.append(d)
                     self.metrics.dlq.labels(kind, str(shard)).inc()
                 else:
-                    retry[d.entry["attempts"]].append(d)
+                    retry[(kind, d.entry["attempts"])].append(d)
         await self.transport.ack(shard, stored)
-        for attempts, group in retry.items():
-            delay = retry_delay(
-                attempts,
-                self.config.base_delay_ms / 1000,
-                self.config.max_delay_ms / 1000,
-                self.rng,
-            )
-            await self.transport.requeue(shard, group, delay)
+        for (kind, attempts), group in retry.items():
+            await self.transport.requeue(shard, group, self.retry[kind].delay(attempts, self.rng))
         if dead:
             await self.transport.dead_letter(shard, dead)
             for d in dead:
@@ -488,7 +483,7 @@ class BufferedReservoir(Reservoir):
     ) -> tuple[list[Delivery], list[tuple[Delivery, str]]]:
         # Records that failed before are suspects: find exactly which fail, however many
         # writes it takes; a first failure of fresh records may stop early at an outage.
-        thorough = self.config.max_retry_attempts <= 1 or any(
+        thorough = self.retry[kind].attempts <= 1 or any(
             int(d.entry.get("attempts") or 0) for d in ds
         )
         return await self._isolate(shard, kind, ds, await self._write(shard, kind, ds), thorough)

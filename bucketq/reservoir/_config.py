@@ -57,6 +57,19 @@ def _rule(text: str) -> str:
     return value
 
 
+def _preset(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("seed", "langfuse"):
+        raise ValueError("must be seed or langfuse")
+    return value
+
+
+def _by_kind(text: str) -> dict[str, tuple[int, int]]:
+    from ._policy import parse_retry_by_kind
+
+    return parse_retry_by_kind(text)
+
+
 def _text(text: str) -> str:
     return text.strip()
 
@@ -117,6 +130,12 @@ SETTINGS: tuple[Setting, ...] = (
             "it failed when any of its records did not store.", _rule, seed=False),
     Setting(PREFIX + "FAILURE_WINDOW_MS", "failure_window_ms", "60000",
             "`BREAKER_RULE=window`: the rolling window in which flush failures are counted.", _int(1), seed=False),
+    Setting(PREFIX + "RETRY_PRESET", "retry_preset", "seed",
+            "`seed`: `MAX_RETRY_ATTEMPTS` attempts from `BASE_DELAY_MS`; `langfuse`: 6 attempts, exponential from 5 s "
+            "(the cap is raised to 80 s so the series is not cut short).", _preset, seed=False),
+    Setting(PREFIX + "RETRY_BY_KIND", "retry_by_kind", "",
+            "Per-kind attempts and first delay over the preset, e.g. `span=6:5000,metric=2:100` "
+            "(`kind=attempts:base_ms`; kinds log, span, metric).", _by_kind, seed=False),
     Setting(PREFIX + "OVERFLOW_PROJECTS", "overflow_projects", "",
             "Comma-separated hot project ids pinned to an extra overflow shard (number `SHARDS`).",
             _projects, seed=False),
@@ -153,6 +172,8 @@ class BufferConfig:
     max_delay_ms: int = 30000
     breaker_rule: str = "consecutive"
     failure_window_ms: int = 60000
+    retry_preset: str = "seed"
+    retry_by_kind: Any = ""
     overflow_projects: frozenset[str] = field(default_factory=frozenset)
     claim_idle_ms: int = 60000
     memory_capacity: int = 100000
@@ -162,6 +183,14 @@ class BufferConfig:
         # Keyword construction gets the same checks as the environment.
         for s in SETTINGS:
             value = getattr(self, s.field)
+            if s.field == "retry_by_kind":
+                if isinstance(value, str):
+                    try:
+                        value = _by_kind(value)
+                    except ValueError as exc:
+                        raise ConfigurationError(f"retry_by_kind ({s.env}) {exc}.") from None
+                object.__setattr__(self, s.field, dict(value))
+                continue
             if s.field == "overflow_projects":
                 if isinstance(value, str):
                     object.__setattr__(self, s.field, _projects(value))
@@ -177,6 +206,13 @@ class BufferConfig:
     def total_shards(self) -> int:
         """Shards including the overflow shard (if any project is pinned)."""
         return self.shards + (1 if self.overflow_projects else 0)
+
+    def retry_policies(self) -> dict[str, Any]:
+        """Each kind's :class:`~bucketq.reservoir._policy.RetryPolicy`."""
+        from ._policy import retry_policies
+
+        return retry_policies(self.retry_preset, self.max_retry_attempts, self.base_delay_ms,
+                              self.max_delay_ms, self.retry_by_kind)  # fmt: skip
 
     def with_(self, **changes: Any) -> BufferConfig:
         return replace(self, **changes)

@@ -52,6 +52,70 @@ def retry_delay(
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often a record of one kind is written before it goes to the DLQ, and how
+    long it waits between attempts (seconds): ``base`` doubled per attempt, capped."""
+
+    attempts: int
+    base: float
+    cap: float
+
+    def delay(self, attempts: int, rng: Callable[[], float] = random.random) -> float:
+        return retry_delay(attempts, self.base, self.cap, rng)
+
+
+#: Named retry presets: ``seed`` is LogTide's (3 attempts from 100 ms, or whatever
+#: MAX_RETRY_ATTEMPTS / BASE_DELAY_MS say); ``langfuse`` is Langfuse's ingestion queue
+#: (6 attempts, exponential from 5 s).
+RETRY_PRESETS: dict[str, tuple[int, int] | None] = {"seed": None, "langfuse": (6, 5000)}
+
+
+def parse_retry_by_kind(text: str) -> dict[str, tuple[int, int]]:
+    """``"span=6:5000,metric=2:100"`` -> ``{"span": (6, 5000), "metric": (2, 100)}``
+    (attempts, base delay in ms); ``ValueError`` naming what is wrong."""
+    out: dict[str, tuple[int, int]] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        kind, sep, spec = part.partition("=")
+        attempts, colon, base = spec.partition(":")
+        kind = kind.strip()
+        if not sep or not colon or kind not in KINDS:
+            raise ValueError(
+                f"must look like span=6:5000,metric=2:100 (kind=attempts:base_ms, kinds "
+                f"{', '.join(KINDS)}); got {part!r}"
+            )
+        try:
+            a, b = int(attempts), int(base)
+        except ValueError:
+            raise ValueError(f"attempts and base_ms must be whole numbers; got {part!r}") from None
+        if a < 1 or b < 1:
+            raise ValueError(f"attempts and base_ms must be >= 1; got {part!r}")
+        out[kind] = (a, b)
+    return out
+
+
+def retry_policies(
+    preset: str,
+    attempts: int,
+    base_ms: int,
+    cap_ms: int,
+    by_kind: Mapping[str, tuple[int, int]] | None = None,
+) -> dict[str, RetryPolicy]:
+    """The retry policy of each kind: the preset's (``seed``: ``attempts``/``base_ms``),
+    then per-kind overrides. The cap is ``cap_ms``, raised when needed so that the last
+    retry of a kind's exponential series is not cut short."""
+    fixed = RETRY_PRESETS[preset]
+    default = fixed or (attempts, base_ms)
+    out = {}
+    for kind in KINDS:
+        a, b = (by_kind or {}).get(kind, default)
+        cap = max(cap_ms, b * 2 ** max(a - 2, 0)) if (fixed or kind in (by_kind or {})) else cap_ms
+        out[kind] = RetryPolicy(a, b / 1000, cap / 1000)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class BatchPolicy:
     """A flush batch is complete at ``max_size`` records or ``max_age`` seconds after
     the consumer started collecting it, whichever comes first."""
