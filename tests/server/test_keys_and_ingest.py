@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import subprocess
-import sys
 import uuid
+from contextlib import redirect_stderr, redirect_stdout
+from unittest import mock
 
 from pymongo import MongoClient
 
+from bucketq.cli import main
 from waiting import eventually
 
-from .helpers import ROOT, Serve, create_key, log_batch
+from .helpers import Serve, create_key, log_batch
 
 
 def _project() -> str:
@@ -24,8 +28,13 @@ def _stored(mongo_client: MongoClient, db: str, project: str) -> int:
 
 
 def _keys_cli(serve: Serve, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bucketq", "keys", *args], env=serve.env,
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    """``bucketq keys ...`` run in this process (the command line's own code, without
+    an interpreter start per call); ``create`` is run as a real command below."""
+    out, err = io.StringIO(), io.StringIO()
+    env = {k: serve.env[k] for k in ("BUCKETQ_MONGODB_URI", "BUCKETQ_DATABASE")}
+    with mock.patch.dict(os.environ, env), redirect_stdout(out), redirect_stderr(err):
+        code = main(["keys", *args])
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def test_key_lifecycle_from_the_command_line(serve: Serve, mongo_client: MongoClient) -> None:
