@@ -142,3 +142,17 @@ def test_importing_the_sdk_does_not_import_urllib3():
     code = "import sys, bucketq.sdk; print('urllib3' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_replay_command_refuses_bad_arguments_with_a_clear_message(tmp_path, capsys):
+    from bucketq.cli import main
+
+    assert main(["sdk", "replay", str(tmp_path / "nope"), "--url", "http://127.0.0.1:1",
+                 "--api-key", "k"]) == 2  # fmt: skip
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["sdk", "replay", str(tmp_path), "--url", "ftp://x", "--api-key", "k"]) == 2
+    assert "url must be an http:// or https:// URL" in capsys.readouterr().err
+    # An empty directory: nothing to send, nothing left.
+    assert main(["sdk", "replay", str(tmp_path), "--url", "http://127.0.0.1:1",
+                 "--api-key", "k"]) == 0  # fmt: skip
+    assert "sent 0 record(s)" in capsys.readouterr().out
