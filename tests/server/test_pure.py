@@ -79,3 +79,32 @@ def test_otlp_severity_and_bodies() -> None:
         _otlp.decode("logs", b"[1]", _otlp.JSON)
     assert _otlp.media_type("application/json; charset=utf-8") == _otlp.JSON
     assert _otlp.media_type("text/plain") is None
+
+
+async def test_an_exception_in_the_app_is_a_500_carrying_the_logged_request_id(caplog) -> None:
+    pytest.importorskip("fastapi")
+    import json
+
+    import prometheus_client
+
+    from bucketq.server._app import HttpMetrics, _Observe
+
+    async def broken(scope, receive, send):
+        raise RuntimeError("boom")
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    app = _Observe(broken, max_body=100, metrics=HttpMetrics(prometheus_client.CollectorRegistry()))
+    scope = {"type": "http", "method": "GET", "path": "/x", "headers": []}
+    with caplog.at_level("ERROR", logger="bucketq.server"):
+        await app(scope, receive, send)
+    assert sent[0]["status"] == 500
+    rid = dict(sent[0]["headers"])[b"x-request-id"].decode()
+    assert json.loads(sent[1]["body"])["request_id"] == rid
+    assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
