@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..errors import (
@@ -210,10 +210,13 @@ class BucketqTransport(Transport):
         await self._read_dlq(limit, keep)
         return seen
 
-    async def dlq_replay(self, limit: int | None = None) -> int:
+    async def dlq_replay(
+        self, limit: int | None = None, shard_of: Callable[[Mapping[str, Any]], int] | None = None
+    ) -> int:
         async def replay(reader: AsyncQueue, msg: Any) -> None:
             dead = dict(msg.payload)
-            await self._push_durable(self._queue(int(dead["shard"])), [replayed_entry(dead)])
+            shard = shard_of(dead) if shard_of is not None else int(dead["shard"])
+            await self._push_durable(self._queue(shard), [replayed_entry(dead)])
             await reader.commit(msg)
 
         return await self._read_dlq(limit, replay)

@@ -31,6 +31,7 @@ from ._policy import (
     exception_outcome,
     interpret,
     new_entry,
+    record_shard,
     result,
     retry_delay,
     shard_for,
@@ -233,6 +234,12 @@ class BufferedReservoir(Reservoir):
     def shard_of(self, project_id: str) -> int:
         return shard_for(project_id, self.config.shards, self.config.overflow_projects)
 
+    def shard_of_record(self, kind: str, project_id: str, record: dict[str, Any]) -> int:
+        """The record's shard under ``SHARD_KEY`` and the current shard count."""
+        cfg = self.config
+        return record_shard(kind, project_id, record, cfg.shards, cfg.overflow_projects,
+                            cfg.shard_key)  # fmt: skip
+
     async def _ingest(self, kind: str, records: Sequence[dict[str, Any]]) -> IngestResult:
         errors: list[dict[str, Any]] = []
         groups: dict[int, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
@@ -246,7 +253,7 @@ class BufferedReservoir(Reservoir):
             except ValueError as exc:
                 errors.append({"index": i, "error": str(exc)})
                 continue
-            groups[self.shard_of(pid)].append((i, entry))
+            groups[self.shard_of_record(kind, pid, rec)].append((i, entry))
         if not groups:
             return result(0, len(errors), errors)  # type: ignore[return-value]
         if self._state != "running":
@@ -605,9 +612,16 @@ class BufferedReservoir(Reservoir):
         return await self.transport.dlq_inspect(limit)
 
     async def dlq_replay(self, limit: int | None = None) -> int:
-        n = await self.transport.dlq_replay(limit)
+        """Dead records back with fresh attempts, each on its shard under the current
+        ``SHARDS`` and ``SHARD_KEY`` (not the shard it died on: the count may have
+        changed since)."""
+        n = await self.transport.dlq_replay(limit, self._dead_shard)
         self._pending += n
         return n
+
+    def _dead_shard(self, dead: Any) -> int:
+        rec = dead.get("record") if isinstance(dead.get("record"), dict) else {}
+        return self.shard_of_record(str(dead.get("kind") or "log"), str(dead["project_id"]), rec)
 
     async def dlq_purge(self) -> int:
         return await self.transport.dlq_purge()

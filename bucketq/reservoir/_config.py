@@ -57,6 +57,13 @@ def _rule(text: str) -> str:
     return value
 
 
+def _shard_key(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("project", "entity"):
+        raise ValueError("must be project or entity")
+    return value
+
+
 def _preset(text: str) -> str:
     value = text.strip().lower()
     if value not in ("seed", "langfuse"):
@@ -130,6 +137,10 @@ SETTINGS: tuple[Setting, ...] = (
             "it failed when any of its records did not store.", _rule, seed=False),
     Setting(PREFIX + "FAILURE_WINDOW_MS", "failure_window_ms", "60000",
             "`BREAKER_RULE=window`: the rolling window in which flush failures are counted.", _int(1), seed=False),
+    Setting(PREFIX + "SHARD_KEY", "shard_key", "project",
+            "`project`: shard by `project_id`; `entity`: by `{project_id}-{trace_id}` for spans and for logs "
+            "that carry a `trace_id` (else the project), so one trace's records share a shard, in order.",
+            _shard_key, seed=False),
     Setting(PREFIX + "RETRY_PRESET", "retry_preset", "seed",
             "`seed`: `MAX_RETRY_ATTEMPTS` attempts from `BASE_DELAY_MS`; `langfuse`: 6 attempts, exponential from 5 s "
             "(the cap is raised to 80 s so the series is not cut short).", _preset, seed=False),
@@ -172,6 +183,7 @@ class BufferConfig:
     max_delay_ms: int = 30000
     breaker_rule: str = "consecutive"
     failure_window_ms: int = 60000
+    shard_key: str = "project"
     retry_preset: str = "seed"
     retry_by_kind: Any = ""
     overflow_projects: frozenset[str] = field(default_factory=frozenset)

@@ -41,6 +41,36 @@ def shard_for(
     return _mmh3_hash(project_id.encode(), 0, signed=False) % shards
 
 
+SHARD_KEYS = ("project", "entity")
+
+
+def shard_key(kind: str, project_id: str, record: Mapping[str, Any], mode: str = "project") -> str:
+    """What a record is sharded by: its ``project_id`` (``mode="project"``), or with
+    ``mode="entity"`` ``{project_id}-{entity}``, the entity being a span's ``trace_id``,
+    a log's ``trace_id`` when it has one, else the project (metrics: the project). All
+    records of one entity land on one shard, in the order they were accepted."""
+    if mode == "entity" and kind != "metric":
+        trace = record.get("trace_id")
+        if isinstance(trace, str) and trace:
+            return f"{project_id}-{trace}"
+    return project_id
+
+
+def record_shard(
+    kind: str,
+    project_id: str,
+    record: Mapping[str, Any],
+    shards: int,
+    overflow_projects: frozenset[str] | set[str] = frozenset(),
+    mode: str = "project",
+) -> int:
+    """The shard of one record: a pinned hot project's overflow shard, else
+    ``mmh3(shard_key(...)) % shards``."""
+    if project_id in overflow_projects:
+        return shards
+    return shard_for(shard_key(kind, project_id, record, mode), shards)
+
+
 def retry_delay(
     attempts: int, base: float, cap: float, rng: Callable[[], float] = random.random
 ) -> float:

@@ -25,7 +25,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC
 from typing import Any
 
@@ -285,14 +285,17 @@ class RedisTransport(Transport):
         rows = await self._call("XRANGE", self.r.xrange(self.dlq, count=limit))
         return [dict(decode(f[b"e"]), dlq_id=i.decode()) for i, f in rows]
 
-    async def dlq_replay(self, limit: int | None = None) -> int:
+    async def dlq_replay(
+        self, limit: int | None = None, shard_of: Callable[[Mapping[str, Any]], int] | None = None
+    ) -> int:
         rows = await self._call("XRANGE", self.r.xrange(self.dlq, count=limit))
         if not rows:
             return 0
         pipe = self.r.pipeline(transaction=True)
         for _, f in rows:
             dead = decode(f[b"e"])
-            pipe.xadd(self.stream(int(dead["shard"])), {"e": encode(replayed_entry(dead))})
+            shard = shard_of(dead) if shard_of is not None else int(dead["shard"])
+            pipe.xadd(self.stream(shard), {"e": encode(replayed_entry(dead))})
         pipe.xdel(self.dlq, *[i for i, _ in rows])
         await self._call("replay", pipe.execute())
         return len(rows)

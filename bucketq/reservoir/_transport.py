@@ -8,7 +8,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import TransportUnavailable
@@ -112,7 +112,12 @@ class Transport:
     async def dlq_inspect(self, limit: int = 100) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    async def dlq_replay(self, limit: int | None = None) -> int:
+    async def dlq_replay(
+        self, limit: int | None = None, shard_of: Callable[[Mapping[str, Any]], int] | None = None
+    ) -> int:
+        """Put dead records back with fresh attempts: on ``shard_of(dead)`` (their shard
+        under the current shard count and shard key) or, without it, on the shard they
+        died on."""
         raise NotImplementedError
 
     async def dlq_purge(self) -> int:
@@ -243,11 +248,13 @@ class MemoryTransport(Transport):
     async def dlq_inspect(self, limit: int = 100) -> list[dict[str, Any]]:
         return [dict(e) for e in self._dlq[:limit]]
 
-    async def dlq_replay(self, limit: int | None = None) -> int:
+    async def dlq_replay(
+        self, limit: int | None = None, shard_of: Callable[[Mapping[str, Any]], int] | None = None
+    ) -> int:
         take = self._dlq if limit is None else self._dlq[:limit]
         n = 0
         for dead in list(take):
-            shard = int(dead["shard"])
+            shard = shard_of(dead) if shard_of is not None else int(dead["shard"])
             if shard not in self._shards:
                 continue
             self._put(shard, [replayed_entry(dead)])

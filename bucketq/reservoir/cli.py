@@ -117,6 +117,22 @@ async def _open(args: argparse.Namespace) -> tuple[Any, Any]:
     return BucketqTransport(db, prefix=args.prefix), client
 
 
+def _current_shard() -> Any:
+    """Where a replayed record goes: its shard under today's RESERVOIR_BUFFER_SHARDS,
+    OVERFLOW_PROJECTS and SHARD_KEY (the shard count may have changed since it died)."""
+    from ._config import from_env
+    from ._policy import record_shard
+
+    cfg = from_env()
+
+    def shard_of(dead: Any) -> int:
+        rec = dead.get("record") if isinstance(dead.get("record"), dict) else {}
+        return record_shard(str(dead.get("kind") or "log"), str(dead["project_id"]), rec,
+                            cfg.shards, cfg.overflow_projects, cfg.shard_key)  # fmt: skip
+
+    return shard_of
+
+
 def _line(e: dict[str, Any]) -> str:
     when = datetime.fromtimestamp(float(e.get("dead_at") or 0), UTC).isoformat(timespec="seconds")
     rec = e.get("record") or {}
@@ -143,7 +159,7 @@ async def _run(args: argparse.Namespace) -> int:
                 for e in rows:
                     print(_line(e))
         elif args.dlq_command == "replay":
-            n = await transport.dlq_replay(args.limit)
+            n = await transport.dlq_replay(args.limit, _current_shard())
             print(f"replayed {n} record(s) onto their shards")
         else:
             size = await transport.dlq_size()

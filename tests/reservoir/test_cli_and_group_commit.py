@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from bucketq.reservoir._policy import new_entry
+from bucketq.reservoir._policy import new_entry, shard_for
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bucketq.reservoir.cli", "dlq", *args],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["redis", "bucketq"])
@@ -50,7 +52,9 @@ async def test_dlq_inspect_replay_purge_from_the_command_line(backends, name, re
     out = cli("inspect", *where)
     assert out.stdout.startswith("3 dead-lettered record(s)") and "reason: bad m1" in out.stdout
 
-    out = cli("replay", *where, "--limit", "1")
+    # The replay goes to the record's shard under today's configuration: 3 shards now.
+    home = shard_for("p", 3)
+    out = cli("replay", *where, "--limit", "1", env={"RESERVOIR_BUFFER_SHARDS": "3"})
     assert out.returncode == 0 and "replayed 1 record" in out.stdout, out.stderr
     out = cli("purge", *where)
     assert "2 record(s) would be purged" in out.stdout
@@ -58,15 +62,15 @@ async def test_dlq_inspect_replay_purge_from_the_command_line(backends, name, re
     assert "purged 2 record(s)" in out.stdout, out.stderr
 
     t2 = backends.transport(name)
-    await t2.start(2)
+    await t2.start(3)
     assert await t2.dlq_size() == 0
     back = []
     for _ in range(40):
-        back += await t2.dequeue(1, 10, 0.3)
+        back += await t2.dequeue(home, 10, 0.3)
         if back:
             break
     assert len(back) == 1 and back[0].entry["attempts"] == 0 and back[0].entry["error"] is None
-    await t2.ack(1, back)
+    await t2.ack(home, back)
     await t2.stop()
 
 

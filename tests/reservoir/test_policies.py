@@ -3,6 +3,8 @@ retries (issue 13)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from bucketq.errors import ConfigurationError
@@ -47,3 +49,59 @@ async def test_each_kind_is_retried_as_its_policy_says(backends, transport):
         dead = await buf.dlq_inspect(10)
     assert {d["kind"]: d["attempts"] for d in dead} == {"log": 3, "span": 2, "metric": 4}
     assert storage.calls == {"log": 3, "span": 2, "metric": 4}
+
+
+class Gate(FakeStorage):
+    """Holds every write until ``open`` is set, so the transport's shards can be seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = asyncio.Event()
+
+    async def ingest_spans(self, spans):
+        await self.open.wait()
+        return self._write("span", spans)
+
+
+@pytest.mark.parametrize("transport", ["memory", "redis", "bucketq"])
+async def test_entity_shard_key_spreads_a_project_by_trace_and_keeps_each_trace_in_order(
+    backends, transport
+):
+    storage = Gate()
+    cfg = FAST.with_(shards=4, shard_key="entity", max_batch_size=1000)
+    buf = BufferedReservoir(storage, backends.transport(transport), cfg)
+    async with buf:
+        for seq in range(5):  # five calls, each with one span of each of 12 traces
+            spans = [{"project_id": "one", "trace_id": f"t{t}", "span_id": f"s{seq}",
+                      "start_time": 0} for t in range(12)]  # fmt: skip
+            await buf.ingest_spans(spans)
+        used = {s for s, n in (await buf.transport.pending()).items() if n}
+        assert len(used) > 1  # one project, several shards (project sharding: one)
+        for t in range(12):
+            assert buf.shard_of_record("span", "one", {"trace_id": f"t{t}"}) in used
+        storage.open.set()
+        await settled(buf)
+    order: dict[str, list[str]] = {}
+    for r in storage.stored["span"]:
+        order.setdefault(r["trace_id"], []).append(r["span_id"])
+    assert order == {f"t{t}": [f"s{i}" for i in range(5)] for t in range(12)}
+
+
+@pytest.mark.parametrize("transport", ["memory", "redis", "bucketq"])
+async def test_dlq_replay_after_the_shard_count_changed_stores_everything(backends, transport):
+    storage = FakeStorage()
+    storage.down = True
+    t = backends.transport(transport)
+    records = [{"project_id": f"p{i}", "message": f"rec-{i}"} for i in range(40)]
+    async with BufferedReservoir(storage, t, FAST.with_(shards=6, max_retry_attempts=1)) as buf:
+        await buf.ingest(records)
+        await settled(buf)
+        dead = await buf.dlq_inspect(100)
+    assert len(dead) == 40 and max(d["shard"] for d in dead) >= 2
+    storage.down = False
+    again = t if transport == "memory" else backends.transport(transport)
+    async with BufferedReservoir(storage, again, FAST.with_(shards=2)) as buf:
+        assert await buf.dlq_replay() == 40
+        await settled(buf)
+        assert await buf.dlq_size() == 0
+    assert sorted(storage.messages()) == sorted(r["message"] for r in records)
