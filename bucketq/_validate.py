@@ -233,3 +233,66 @@ def url(name: str, value: Any, schemes: tuple[str, ...], *, optional: bool = Tru
             + f"; got {value!r}."
         )
     return v
+
+
+# -- command-line arguments (argparse ``type=`` functions) --------------------------------
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line for a command's stderr (the driver's topology
+    dumps and configured timeouts are cut off)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    for cut in (" (configured timeouts", ", Timeout: ", ", Topology Description:"):
+        text = text.split(cut, 1)[0]
+    return text[:400]
+
+
+def cli_count(lo: int = 0, hi: int | None = None) -> Any:
+    """An argparse ``type`` for a whole number in ``[lo, hi]``."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            value = None
+        if value is None or value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number {_range(lo, hi, open_lo=False, unit='')}; got {text!r}"
+            )
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def cli_count_list(lo: int = 1) -> Any:
+    """An argparse ``type`` for a comma-separated list of whole numbers >= ``lo``."""
+    import argparse
+
+    one = cli_count(lo)
+
+    def parse(text: str) -> list[int]:
+        values = [one(x.strip()) for x in text.split(",") if x.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"must be whole numbers like 1,2,4; got {text!r}")
+        return values
+
+    return parse
+
+
+def cli_url(*schemes: str) -> Any:
+    """An argparse ``type`` for a URL with one of ``schemes``."""
+    import argparse
+
+    def parse(text: str) -> str:
+        try:
+            return url("the URL", text, schemes, optional=True)
+        except ConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("the URL ")) from None
+
+    return parse
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+MONGODB_SCHEMES = ("mongodb", "mongodb+srv")

@@ -3,11 +3,68 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import socket
 import sys
 import threading
+from typing import Any, NoReturn
 
+from . import _validate as v
 from .embedded import URI_ENV
+from .errors import BucketQError
+
+#: How long a command waits for an unreachable MongoDB before it says so.
+CLI_SERVER_TIMEOUT_MS = 3000
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr (no usage block), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What a command may fail with through no bug of its own: bucketq's errors, and
+    servers that cannot be reached or refuse (driver errors, refused connections)."""
+    kinds: list[type[BaseException]] = [BucketQError, ConnectionError, TimeoutError]
+    try:
+        from pymongo.errors import PyMongoError
+
+        kinds.append(PyMongoError)
+    except ImportError:  # pragma: no cover - pymongo is a dependency
+        pass
+    if "redis" in sys.modules:  # imported only by the commands that use it
+        from redis.exceptions import RedisError
+
+        kinds.append(RedisError)
+    return tuple(kinds)
+
+
+def _check_reachable(uri: str) -> None:
+    """Ping ``uri`` with a short server-selection timeout, so a dead server is one line
+    after a few seconds, not a traceback after the driver's 30."""
+    from pymongo import MongoClient
+    from pymongo.errors import PyMongoError
+
+    try:
+        client: MongoClient[dict[str, Any]]
+        with MongoClient(uri, serverSelectionTimeoutMS=CLI_SERVER_TIMEOUT_MS) as client:
+            client.admin.command("ping")
+    except PyMongoError as exc:
+        raise BucketQError(f"cannot reach MongoDB at {uri}: {v.one_line(exc)}") from exc
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise BucketQError(
+                f"{host}:{port} is not free ({exc.strerror or exc}); another server is "
+                "listening there. Choose another --port (0 picks a free one)."
+            ) from exc
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -22,6 +79,9 @@ def _bench(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C: workers are stopped, the run's database dropped, the
     # embedded server stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    uri = args.mongodb_uri or os.environ.get(URI_ENV)
+    if uri:
+        _check_reachable(uri)
     try:
         run(
             args.mongodb_uri,
@@ -41,13 +101,11 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(text: str) -> list[int]:
-    return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
-
-
 def _server(args: argparse.Namespace) -> int:
     from .embedded import EmbeddedServer
 
+    if args.port:
+        _check_port_free("127.0.0.1", args.port)
     server = EmbeddedServer(args.data, port=args.port, standalone=args.standalone).start()
     print(server.uri, flush=True)
     print(
@@ -66,9 +124,7 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bucketq", description="A durable bucket-packing queue on MongoDB."
-    )
+    p = _Parser(prog="bucketq", description="A durable bucket-packing queue on MongoDB.")
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser(
@@ -80,14 +136,24 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="100,000 items (per-element 500) plus a small scaling slice: under two minutes",
     )
-    b.add_argument("--n", type=int, help="one N for bucketq (instead of the preset's sizes)")
-    b.add_argument("--sizes", type=_int_list, help="Ns for bucketq, e.g. 10000,100000,1000000")
-    b.add_argument("--procs", type=_int_list, help="producer and consumer processes, e.g. 1,2,4")
-    b.add_argument("--element-n", type=int, help="per-element N at the largest size (halved below)")
+    b.add_argument(
+        "--n", type=v.cli_count(1), help="one N for bucketq (instead of the preset's sizes)"
+    )
+    b.add_argument(
+        "--sizes", type=v.cli_count_list(1), help="Ns for bucketq, e.g. 10000,100000,1000000"
+    )
+    b.add_argument(
+        "--procs", type=v.cli_count_list(1), help="producer and consumer processes, e.g. 1,2,4"
+    )
+    b.add_argument(
+        "--element-n",
+        type=v.cli_count(1),
+        help="per-element N at the largest size (halved below)",
+    )
     b.add_argument("--contender", action="append", help="run only this contender (repeatable)")
     b.add_argument(
         "--repeat",
-        type=int,
+        type=v.cli_count(1),
         default=1,
         metavar="K",
         help="run each (N, processes) group K times; the table shows medians and their range",
@@ -114,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "server", help="run the embedded MongoDB-wire server in the foreground, print its URI"
     )
-    s.add_argument("--port", type=int, default=27017)
+    s.add_argument("--port", type=v.cli_count(0, 65535), default=27017)
     s.add_argument("--data", help="data directory (default: a temporary one, removed on exit)")
     s.add_argument("--standalone", action="store_true", help="faster writes, no change streams")
     s.set_defaults(func=_server)
@@ -142,8 +208,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. Bad arguments and unreachable or refusing servers end it with one
+    line on stderr and a non-zero exit status, never a traceback."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if not isinstance(exc, _user_errors()):
+            raise
+        command = " ".join(
+            x for x in ("bucketq", args.command, getattr(args, "dlq_command", None)) if x
+        )
+        print(f"{command}: error: {v.one_line(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

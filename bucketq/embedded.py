@@ -152,13 +152,23 @@ class EmbeddedServer:
 
         threading.Thread(target=pump, name="bucketq-embedded-log", daemon=True).start()
         if not ready.wait(self.startup_timeout) or not found:
+            exited = self._proc.poll() is not None
             self.kill()
             tail = (
                 self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
             )
+            if re.search(r"address already in use|errno 98|eaddrinuse", tail, re.IGNORECASE):
+                raise EmbeddedServerError(
+                    f"The embedded server cannot listen on {self.host}:{self.port}: the address "
+                    "is already in use. Choose another port (0 picks a free one)."
+                )
+            what = (
+                "exited before it listened"
+                if exited
+                else f"did not start within {self.startup_timeout:.0f} s"
+            )
             raise EmbeddedServerError(
-                f"The embedded server did not start within {self.startup_timeout:.0f} s. "
-                f"Its log ({self.log_path}) ends with:\n{tail}"
+                f"The embedded server {what}. Its log ({self.log_path}) ends with:\n{tail}"
             )
         return found[0]
 

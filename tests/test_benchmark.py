@@ -174,8 +174,11 @@ def test_cli_rejects_an_unknown_contender(capsys):
 
 
 def test_cli_passes_repeat_and_rejects_less_than_one(capsys):
-    assert main(["bench", "--repeat", "0", "--no-plots"]) == 1
-    assert "repeat must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--repeat", "0", "--no-plots"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--repeat" in err and "at least 1" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_missing_peer_says_which_extra_to_install(monkeypatch):

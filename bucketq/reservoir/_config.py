@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .. import _validate as v
 from ..errors import ConfigurationError
 
 log = logging.getLogger("bucketq.reservoir.config")
@@ -81,6 +82,16 @@ def _text(text: str) -> str:
     return text.strip()
 
 
+def _url(*schemes: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return v.url("it", text, schemes)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc).removeprefix("it ").split("; got")[0]) from None
+
+    return parse
+
+
 def _prefix(text: str) -> str:
     value = text.strip()
     if not value or "$" in value or " " in value:
@@ -129,7 +140,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(PREFIX + "STREAM_PREFIX", "stream_prefix", "logtide:buffer",
             "Name prefix of the Redis keys / bucketq queues (`<prefix>:<shard>`, `<prefix>:dlq`).", _prefix),
     Setting("REDIS_URL", "redis_url", "",
-            "Redis for the `redis` transport; when missing, the buffer falls back to `memory` with a warning.", _text),
+            "Redis for the `redis` transport; when missing, the buffer falls back to `memory` with a warning.",
+            _url(*v.REDIS_SCHEMES)),
     Setting(PREFIX + "MAX_DELAY_MS", "max_delay_ms", "30000", "Cap of the retry delay.", _int(1), seed=False),
     Setting(PREFIX + "BREAKER_RULE", "breaker_rule", "consecutive",
             "`consecutive` (the seed's: failed flushes in a row; a fully stored flush resets the count) "
@@ -156,7 +168,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(PREFIX + "MEMORY_CAPACITY", "memory_capacity", "100000",
             "`memory`: records it holds at most; past it, ingests write to storage directly.", _int(1), seed=False),
     Setting("BUCKETQ_MONGODB_URI", "mongodb_uri", "",
-            "MongoDB for the `bucketq` transport (database from the URI, else `bucketq`).", _text, seed=False),
+            "MongoDB for the `bucketq` transport (database from the URI, else `bucketq`).",
+            _url(*v.MONGODB_SCHEMES), seed=False),
 )  # fmt: skip
 
 
@@ -209,6 +222,12 @@ class BufferConfig:
                 elif not isinstance(value, frozenset):
                     object.__setattr__(self, s.field, frozenset(value))
                 continue
+            # The type first (a count is an int, never a bool or a string), then the range.
+            want = _FIELD_TYPES[s.field]
+            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                raise ConfigurationError(
+                    f"{s.field} ({s.env}) must be {_TYPE_WORDS[want]}; got {value!r}."
+                )
             try:
                 s.parse(str(value).lower() if isinstance(value, bool) else str(value))
             except ValueError as exc:
@@ -265,3 +284,16 @@ def config_table() -> str:
         note = "" if s.seed else " *(bucketq addition)*"
         lines.append(f"| `{s.env}` | {default} | {s.help}{note} |")
     return "\n".join(lines) + "\n"
+
+
+#: Each field's Python type, checked on keyword construction (the environment gives text).
+_FIELD_TYPES: dict[str, type] = {
+    f.name: {"bool": bool, "int": int, "str": str}.get(str(f.type), object)
+    for f in fields(BufferConfig)
+}
+_TYPE_WORDS = {
+    bool: "True or False",
+    int: "a whole number (an int)",
+    str: "a string",
+    object: "set",
+}

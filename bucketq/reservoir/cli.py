@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from .. import _validate as v
 from ..errors import BucketQError
 from ._config import PREFIX, from_env
 
@@ -44,9 +45,15 @@ def _defaults() -> dict[str, Any]:
 def _common(p: argparse.ArgumentParser, d: dict[str, Any]) -> None:
     p.add_argument("--transport", choices=("redis", "bucketq"), default=d["transport"],
                    help=f"where the DLQ is (default: {PREFIX}TRANSPORT when it is redis or bucketq)")  # fmt: skip
-    p.add_argument("--redis-url", default=d["redis_url"], help="Redis URL (default: $REDIS_URL)")
+    p.add_argument(
+        "--redis-url",
+        type=v.cli_url(*v.REDIS_SCHEMES),
+        default=d["redis_url"],
+        help="Redis URL (default: $REDIS_URL)",
+    )
     p.add_argument(
         "--mongodb-uri",
+        type=v.cli_url(*v.MONGODB_SCHEMES),
         default=d["mongodb_uri"],
         help="MongoDB URI (default: $BUCKETQ_MONGODB_URI)",
     )
@@ -68,14 +75,18 @@ def add_dlq_parser(subparsers: Any) -> argparse.ArgumentParser:
     sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="{inspect,replay,purge}")
     p = sub.add_parser("inspect", help="print dead-lettered records with their reason (read-only)")
     _common(p, d)
-    p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    p.add_argument(
+        "--limit", type=v.cli_count(1), default=20, help="at most this many (default 20)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(func=run_dlq)
     p = sub.add_parser(
         "replay", help="put dead-lettered records back on their shard with fresh attempts"
     )
     _common(p, d)
-    p.add_argument("--limit", type=int, default=None, help="at most this many (default all)")
+    p.add_argument(
+        "--limit", type=v.cli_count(1), default=None, help="at most this many (default all)"
+    )
     p.set_defaults(func=run_dlq)
     p = sub.add_parser("purge", help="delete every dead-lettered record")
     _common(p, d)
@@ -89,7 +100,7 @@ def run_dlq(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
     except BucketQError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"bucketq dlq {args.dlq_command}: error: {v.one_line(exc)}", file=sys.stderr)
         return 1
 
 
