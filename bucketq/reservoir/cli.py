@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -97,6 +98,9 @@ def add_dlq_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_dlq(args: argparse.Namespace) -> int:
     """Run the parsed ``dlq`` command; returns the exit code."""
+    # A one-shot command: its outcome is the one line below, not the queue's warnings
+    # (which, with no logging configured, Python would print as extra lines).
+    logging.getLogger("bucketq").setLevel(logging.ERROR)
     try:
         return asyncio.run(_run(args))
     except BucketQError as exc:
