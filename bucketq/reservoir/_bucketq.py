@@ -163,13 +163,37 @@ class BucketqTransport(Transport):
 
     async def dead_letter(
         self, shard: int, deliveries: Sequence[Delivery], reason: str | None = None
-    ) -> None:
+    ) -> int:
         dead = [
             dead_entry(d.entry, shard, reason or d.entry.get("error") or "dead-lettered")
             for d in deliveries
         ]
         await self._push_durable(self._dlq_queue(), dead)
         await self._commit(self._queue(shard), deliveries)
+        if not self.dlq_max:
+            return 0
+        over = await self.dlq_size() - self.dlq_max
+        if over <= 0:
+            return 0
+
+        async def drop(reader: AsyncQueue, msg: Any) -> None:
+            await reader.commit(msg)
+
+        dropped = await self._read_dlq(over, drop)  # the oldest first
+        await _call(
+            "counting dropped DLQ records",
+            self.db[self.dlq_name + ".dropped"].update_one(
+                {"_id": "dropped"}, {"$inc": {"n": dropped}}, upsert=True
+            ),
+        )
+        return dropped
+
+    async def dlq_dropped(self) -> int:
+        doc = await _call(
+            "reading the dropped DLQ count",
+            self.db[self.dlq_name + ".dropped"].find_one({"_id": "dropped"}),
+        )
+        return int((doc or {}).get("n", 0))
 
     async def pending(self) -> dict[int, int]:
         return {

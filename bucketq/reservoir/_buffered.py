@@ -74,6 +74,8 @@ class BufferedReservoir(Reservoir):
     ) -> None:
         self.storage = reservoir
         self.transport = transport
+        if transport.dlq_max is None:
+            transport.dlq_max = (config or BufferConfig(enabled=True)).dlq_max
         self.config = cfg = config or BufferConfig(enabled=True)
         self.shards = cfg.total_shards
         self.batch = BatchPolicy(cfg.max_batch_size, cfg.max_batch_age_ms / 1000)
@@ -108,6 +110,7 @@ class BufferedReservoir(Reservoir):
                     "storage_writes",
                     "retried",
                     "dead_lettered",
+                    "dlq_dropped",
                     "loop_errors",
                 ),
                 0,
@@ -439,7 +442,12 @@ class BufferedReservoir(Reservoir):
         for (kind, attempts), group in retry.items():
             await self.transport.requeue(shard, group, self.retry[kind].delay(attempts, self.rng))
         if dead:
-            await self.transport.dead_letter(shard, dead)
+            dropped = await self.transport.dead_letter(shard, dead)
+            if dropped:
+                self.metrics.dlq_dropped.inc(dropped)
+                self._counts["dlq_dropped"] += dropped
+                log.warning("shard %d: the DLQ is full (DLQ_MAX %s); dropped its %d oldest records",
+                            shard, self.transport.dlq_max, dropped)  # fmt: skip
             for d in dead:
                 log.error("shard %d: %s record %s dead-lettered after %d attempts: %s", shard, d.entry.get("kind"),
                           d.entry.get("id"), d.entry["attempts"], d.entry["error"])  # fmt: skip

@@ -159,6 +159,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(PREFIX + "RETRY_BY_KIND", "retry_by_kind", "",
             "Per-kind attempts and first delay over the preset, e.g. `span=6:5000,metric=2:100` "
             "(`kind=attempts:base_ms`; kinds log, span, metric).", _by_kind, seed=False),
+    Setting(PREFIX + "DLQ_MAX", "dlq_max", "100000",
+            "The DLQ keeps at most this many records; past it the oldest are dropped and counted "
+            "(`reservoir_buffer_dlq_dropped_total`, `bucketq dlq inspect`).", _int(1), seed=False),
     Setting(PREFIX + "OVERFLOW_PROJECTS", "overflow_projects", "",
             "Comma-separated hot project ids pinned to an extra overflow shard (number `SHARDS`).",
             _projects, seed=False),
@@ -197,6 +200,7 @@ class BufferConfig:
     breaker_rule: str = "consecutive"
     failure_window_ms: int = 60000
     shard_key: str = "project"
+    dlq_max: int = 100000
     retry_preset: str = "seed"
     retry_by_kind: Any = ""
     overflow_projects: frozenset[str] = field(default_factory=frozenset)

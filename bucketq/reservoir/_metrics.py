@@ -13,6 +13,7 @@ NAMES = {
     "flush_failure": "reservoir_buffer_flush_failure_total",
     "flush_duration": "reservoir_buffer_flush_duration_ms",
     "dlq": "reservoir_buffer_dlq_total",
+    "dlq_dropped": "reservoir_buffer_dlq_dropped_total",
     "breaker_state": "reservoir_buffer_breaker_state",
     "pending": "reservoir_buffer_pending",
 }
@@ -54,6 +55,8 @@ class BufferMetrics:
             labels,
             registry=self.registry,
         )
+        self.dlq_dropped = c(NAMES["dlq_dropped"][:-6], "Oldest dead-lettered records dropped to keep the DLQ within DLQ_MAX.",
+                             registry=self.registry)  # fmt: skip
         self.flush_duration = prom.Histogram(NAMES["flush_duration"], "Duration of one storage write in milliseconds.",
                                              labels, buckets=DURATION_BUCKETS, registry=self.registry)  # fmt: skip
         self.breaker_state = prom.Gauge(NAMES["breaker_state"], "Circuit breaker: 0 closed, 1 open, 2 half-open.",

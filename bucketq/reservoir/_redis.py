@@ -251,25 +251,33 @@ class RedisTransport(Transport):
 
     async def dead_letter(
         self, shard: int, deliveries: Sequence[Delivery], reason: str | None = None
-    ) -> None:
+    ) -> int:
         if not deliveries:
-            return
+            return 0
         ids = [d.token for d in deliveries]
         pipe = self.r.pipeline(transaction=True)
+        pipe.xlen(self.dlq)
         for d in deliveries:
-            pipe.xadd(
-                self.dlq,
-                {
-                    "e": encode(
-                        dead_entry(
-                            d.entry, shard, reason or d.entry.get("error") or "dead-lettered"
-                        )
-                    )
-                },
-            )
+            entry = dead_entry(d.entry, shard, reason or d.entry.get("error") or "dead-lettered")
+            if self.dlq_max:  # exact MAXLEN: the oldest beyond the bound go, counted below
+                pipe.xadd(self.dlq, {"e": encode(entry)}, maxlen=self.dlq_max, approximate=False)
+            else:
+                pipe.xadd(self.dlq, {"e": encode(entry)})
+        pipe.xlen(self.dlq)
         pipe.xack(self.stream(shard), self.group, *ids)
         pipe.xdel(self.stream(shard), *ids)
-        await self._call("dead-letter", pipe.execute())
+        res = await self._call("dead-letter", pipe.execute())
+        dropped = int(res[0]) + len(deliveries) - int(res[len(deliveries) + 1])
+        if dropped > 0:
+            await self._call("DLQ dropped count", self.r.incrby(self.dlq_dropped_key, dropped))
+        return max(dropped, 0)
+
+    @property
+    def dlq_dropped_key(self) -> str:
+        return f"{self.prefix}:dlq:dropped"
+
+    async def dlq_dropped(self) -> int:
+        return int(await self._call("GET", self.r.get(self.dlq_dropped_key)) or 0)
 
     async def pending(self) -> dict[int, int]:
         pipe = self.r.pipeline(transaction=False)
@@ -304,6 +312,7 @@ class RedisTransport(Transport):
         pipe = self.r.pipeline(transaction=True)
         pipe.xlen(self.dlq)
         pipe.delete(self.dlq)
+        pipe.delete(self.dlq_dropped_key)
         res = await self._call("purge", pipe.execute())
         return int(res[0])
 

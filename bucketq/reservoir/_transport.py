@@ -64,6 +64,8 @@ class Transport:
     name = "base"
     durable = False
     keepalive_interval: float | None = None
+    #: The DLQ keeps at most this many records (the oldest are dropped past it).
+    dlq_max: int | None = None
 
     async def start(self, shards: int) -> None:
         raise NotImplementedError
@@ -98,8 +100,14 @@ class Transport:
 
     async def dead_letter(
         self, shard: int, deliveries: Sequence[Delivery], reason: str | None = None
-    ) -> None:
+    ) -> int | None:
+        """Returns how many of the oldest DLQ records were dropped to stay within
+        ``dlq_max`` (None or 0: none)."""
         raise NotImplementedError
+
+    async def dlq_dropped(self) -> int:
+        """Records dropped from the DLQ by its bound, in total (kept by durable ones)."""
+        return 0
 
     async def pending(self) -> dict[int, int]:
         raise NotImplementedError
@@ -107,7 +115,8 @@ class Transport:
     async def stats(self) -> dict[str, Any]:
         pend = await self.pending()
         return {"transport": self.name, "durable": self.durable, "pending": sum(pend.values()),
-                "pending_by_shard": pend, "dlq": await self.dlq_size()}  # fmt: skip
+                "pending_by_shard": pend, "dlq": await self.dlq_size(), "dlq_max": self.dlq_max,
+                "dlq_dropped": await self.dlq_dropped()}  # fmt: skip
 
     async def dlq_inspect(self, limit: int = 100) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -149,6 +158,7 @@ class MemoryTransport(Transport):
         self.capacity = capacity
         self._shards: dict[int, _MemShard] = {}
         self._dlq: list[dict[str, Any]] = []
+        self._dropped = 0
         self._count = 0
         self._tokens = itertools.count()
 
@@ -233,12 +243,20 @@ class MemoryTransport(Transport):
 
     async def dead_letter(
         self, shard: int, deliveries: Sequence[Delivery], reason: str | None = None
-    ) -> None:
+    ) -> int:
         for entry in self._settle(self._shard(shard), deliveries):
             self._dlq.append(
                 dead_entry(entry, shard, reason or entry.get("error") or "dead-lettered")
             )
             self._count -= 1
+        over = len(self._dlq) - self.dlq_max if self.dlq_max else 0
+        if over > 0:
+            del self._dlq[:over]
+            self._dropped += over
+        return max(over, 0)
+
+    async def dlq_dropped(self) -> int:
+        return self._dropped
 
     async def pending(self) -> dict[int, int]:
         return {
@@ -339,9 +357,10 @@ class PassthroughTransport(MemoryTransport):
 
     async def dead_letter(
         self, shard: int, deliveries: Sequence[Delivery], reason: str | None = None
-    ) -> None:
-        await super().dead_letter(shard, deliveries, reason)
+    ) -> int:
+        dropped = await super().dead_letter(shard, deliveries, reason)
         self._release(deliveries, reason or "")
+        return dropped
 
     async def stop(self) -> None:
         for waiting in self._waiters.values():

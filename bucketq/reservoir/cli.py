@@ -168,8 +168,15 @@ async def _run(args: argparse.Namespace) -> int:
                 for e in rows:
                     print(json.dumps(e, default=str))
             else:
+                from ._config import from_env
+
+                dropped = await transport.dlq_dropped()
                 print(
                     f"{size} dead-lettered record(s) in {args.transport} DLQ {args.prefix}:dlq; showing {len(rows)}"
+                )
+                print(
+                    f"bound: RESERVOIR_BUFFER_DLQ_MAX={from_env().dlq_max}; "
+                    f"{dropped} oldest record(s) dropped by it so far"
                 )
                 for e in rows:
                     print(_line(e))

@@ -11,7 +11,7 @@ from bucketq.errors import ConfigurationError
 from bucketq.reservoir import BufferedReservoir, from_env
 
 from .conftest import FakeStorage
-from .helpers import FAST, settled
+from .helpers import FAST, eventually, settled
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,3 +105,22 @@ async def test_dlq_replay_after_the_shard_count_changed_stores_everything(backen
         await settled(buf)
         assert await buf.dlq_size() == 0
     assert sorted(storage.messages()) == sorted(r["message"] for r in records)
+
+
+@pytest.mark.parametrize("transport", ["memory", "redis", "bucketq"])
+async def test_the_dlq_keeps_at_most_dlq_max_records_dropping_and_counting_the_oldest(
+    backends, transport
+):
+    storage = FakeStorage()
+    storage.down = True
+    cfg = FAST.with_(shards=1, max_retry_attempts=1, dlq_max=5)
+    buf = BufferedReservoir(storage, backends.transport(transport), cfg)
+    async with buf:
+        for i in range(0, 12, 3):  # four rounds of three: each dead-lettered before the next
+            await buf.ingest([{"project_id": "p", "message": f"rec-{j}"} for j in range(i, i + 3)])
+            await eventually(lambda i=i: buf.stats()["dead_lettered"] == i + 3, timeout=30)
+        assert await buf.dlq_size() == 5
+        kept = sorted(d["record"]["message"] for d in await buf.dlq_inspect(100))
+        assert kept == sorted(f"rec-{j}" for j in range(7, 12))  # the newest five
+        assert buf.stats()["dlq_dropped"] == 7 == await buf.transport.dlq_dropped()
+        assert "reservoir_buffer_dlq_dropped_total 7.0" in buf.render_metrics()
