@@ -208,7 +208,14 @@ def test_exactly_once_into_a_sink_that_stores_the_seq_while_consumers_are_killed
     while len(progress) < 4:
         p = worker("sink", mongo_uri, db_name)
         assert p.stdout.readline().strip() == "started"
-        time.sleep(rng.uniform(0.05, 0.3))
+        # Kill mid-run: once this consumer has stored something (a fixed delay after
+        # "started" can pass before its first batch on a busy machine), then a random
+        # moment later.
+        before = progress[-1] if progress else 0
+        eventually(
+            lambda before=before: db.sink.count_documents({}) > before, timeout=60, what="progress"
+        )
+        time.sleep(rng.uniform(0.0, 0.2))
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         progress.append(db.sink.count_documents({}))
