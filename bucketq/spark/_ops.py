@@ -174,49 +174,183 @@ def _json_default(v: Any) -> Any:
     return str(v)
 
 
+_json_encode = json.JSONEncoder(separators=(",", ":"), default=_json_default).encode
+
+
 def to_json(v: Any) -> str:
-    return json.dumps(v, default=_json_default, separators=(",", ":"))
-
-
-def _payload_out(p: Any, fmt: str) -> Any:
-    if fmt == "binary":
-        return p if isinstance(p, bytes) else to_json(p).encode()
-    return to_json(p)
+    """Compact JSON text of a decoded BSON value (dates ISO 8601, ObjectIds and
+    decimals as strings, bytes base64)."""
+    return _json_encode(v)
 
 
 def stream_rows(doc: dict[str, Any], fmt: str) -> Iterator[tuple]:
-    """Rows of one stream bucket (none for a tombstone)."""
-    if score.is_tombstone(doc):
-        return
-    seq = int(doc["_id"])
-    at = doc.get("at")
-    bucket = str(seq)
-    for i, it in enumerate(decode_items(doc["items"])):
-        h = it.get("h")
-        yield (seq, bucket, i, _payload_out(it["p"], fmt), None if h is None else to_json(h), at, 0)
+    """Rows of one stream bucket (none for a tombstone), as tuples."""
+    cols = Columns(fmt)
+    cols.add_stream(doc)
+    yield from cols.rows()
 
 
 def queue_rows(doc: dict[str, Any], fmt: str) -> Iterator[tuple]:
-    """Rows of one bucket-queue bucket: its live (not consumed) items."""
-    done = doc.get("done") or b""
-    tries = doc.get("tries") or {}
-    nxt = doc.get("next") or {}
-    bucket = str(doc["_id"])
-    mature = doc.get("mature")
-    seq = doc.get("seq")
-    for i, it in enumerate(decode_items(doc["items"])):
-        if done and done[i >> 3] & (1 << (i & 7)):
-            continue
-        h = it.get("h")
-        yield (
-            seq,
-            bucket,
-            i,
-            _payload_out(it["p"], fmt),
-            None if h is None else to_json(h),
-            nxt.get(str(i), mature),
-            int(tries.get(str(i), 0)),
+    """Rows of one bucket-queue bucket (its live, not consumed, items), as tuples."""
+    cols = Columns(fmt)
+    cols.add_queue(doc)
+    yield from cols.rows()
+
+
+#: Rows per Arrow record batch a read task yields (whole buckets, so a batch may be larger).
+ARROW_BATCH_ROWS = 10_000
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+_US = _dt.timedelta(microseconds=1)
+
+
+def _micros(t: Any) -> int | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.UTC)
+    return (t - _EPOCH) // _US
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+    except ImportError as exc:  # pragma: no cover - the spark extra installs it
+        raise ConfigurationError(
+            "The bucketq Spark source needs pyarrow: pip install 'bucketq[spark]'."
+        ) from exc
+    return pyarrow
+
+
+def arrow_schema(fmt: str):
+    """The read schema as Arrow types (what Spark's ``schema_ddl`` maps to)."""
+    pa = _pyarrow()
+    return pa.schema(
+        [
+            ("seq", pa.int64()),
+            ("bucket", pa.string()),
+            ("index", pa.int32()),
+            ("payload", pa.binary() if fmt == "binary" else pa.string()),
+            ("headers", pa.string()),
+            ("mature", pa.timestamp("us", tz="UTC")),
+            ("tries", pa.int32()),
+        ]
+    )
+
+
+class Columns:
+    """The read columns of some buckets, filled bucket by bucket: one ``bson.decode_all``
+    per bucket, one JSON encoding per payload, bucket-wide values repeated in C."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self.clear()
+
+    def clear(self) -> None:
+        self.seq: list[int | None] = []
+        self.bucket: list[str] = []
+        self.index: list[int] = []
+        self.payload: list[Any] = []
+        self.headers: list[str | None] = []
+        self.mature: list[int | None] = []
+        self.tries: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _items(self, items: list[dict[str, Any]]) -> None:
+        enc = _json_encode
+        pay = self.payload
+        hdr = self.headers
+        if self.fmt == "binary":
+            for it in items:
+                p = it["p"]
+                pay.append(p if isinstance(p, bytes) else enc(p).encode())
+                h = it.get("h")
+                hdr.append(None if h is None else enc(h))
+        else:
+            for it in items:
+                pay.append(enc(it["p"]))
+                h = it.get("h")
+                hdr.append(None if h is None else enc(h))
+
+    def add_stream(self, doc: dict[str, Any]) -> None:
+        if score.is_tombstone(doc):
+            return
+        items = decode_items(doc["items"])
+        n = len(items)
+        seq = int(doc["_id"])
+        self.seq += [seq] * n
+        self.bucket += [str(seq)] * n
+        self.index += range(n)
+        self.mature += [_micros(doc.get("at"))] * n
+        self.tries += [0] * n
+        self._items(items)
+
+    def add_queue(self, doc: dict[str, Any]) -> None:
+        items = decode_items(doc["items"])
+        done = doc.get("done") or b""
+        if done:
+            keep = [i for i in range(len(items)) if not done[i >> 3] & (1 << (i & 7))]
+            items = [items[i] for i in keep]
+        else:
+            keep = range(len(items))
+        n = len(items)
+        tries = doc.get("tries") or {}
+        nxt = doc.get("next") or {}
+        mature = _micros(doc.get("mature"))
+        self.seq += [doc.get("seq")] * n
+        self.bucket += [str(doc["_id"])] * n
+        self.index += keep
+        if nxt:
+            self.mature += [_micros(nxt[str(i)]) if str(i) in nxt else mature for i in keep]
+        else:
+            self.mature += [mature] * n
+        self.tries += [int(tries.get(str(i), 0)) for i in keep] if tries else [0] * n
+        self._items(items)
+
+    def record_batch(self):
+        """The rows so far as one ``pyarrow.RecordBatch``; empties the columns."""
+        pa = _pyarrow()
+        schema = arrow_schema(self.fmt)
+        arrays = [
+            pa.array(self.seq, pa.int64()),
+            pa.array(self.bucket, pa.string()),
+            pa.array(self.index, pa.int32()),
+            pa.array(self.payload, schema.field("payload").type),
+            pa.array(self.headers, pa.string()),
+            pa.array(self.mature, pa.int64()).cast(schema.field("mature").type),
+            pa.array(self.tries, pa.int32()),
+        ]
+        self.clear()
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def rows(self) -> Iterator[tuple]:
+        """The rows so far as tuples (``mature`` as a datetime); empties the columns."""
+        mature = [None if m is None else _EPOCH + m * _US for m in self.mature]
+        out = zip(
+            self.seq,
+            self.bucket,
+            self.index,
+            self.payload,
+            self.headers,
+            mature,
+            self.tries,
+            strict=True,
         )
+        self.clear()
+        return out
+
+
+def arrow_batches(docs: Iterable[dict[str, Any]], fmt: str, mode: str) -> Iterator[Any]:
+    """Buckets -> ``pyarrow.RecordBatch``es of about :data:`ARROW_BATCH_ROWS` rows."""
+    cols = Columns(fmt)
+    add = cols.add_stream if mode == "stream" else cols.add_queue
+    for doc in docs:
+        add(doc)
+        if len(cols) >= ARROW_BATCH_ROWS:
+            yield cols.record_batch()
+    if len(cols):
+        yield cols.record_batch()
 
 
 def live_filter(mode: str, acked: int = 0) -> dict[str, Any]:
@@ -244,12 +378,11 @@ def batch_plan(o: Options) -> tuple[str, list[tuple[Any, Any]]]:
     return mode, plan_ranges(ids, o.num_partitions or DEFAULT_NUM_PARTITIONS)
 
 
-def read_range(o: Options, mode: str, lo: Any, hi: Any) -> Iterator[tuple]:
+def read_range(o: Options, mode: str, lo: Any, hi: Any) -> Iterator[Any]:
+    """``pyarrow.RecordBatch``es of the live items of buckets ``lo <= _id <= hi``."""
     flt = dict(live_filter(mode))
     flt["_id"] = {"$gte": lo, "$lte": hi}
-    rows = stream_rows if mode == "stream" else queue_rows
-    for doc in col(o).find(flt).sort("_id", 1):
-        yield from rows(doc, o.payload_format)
+    return arrow_batches(col(o).find(flt).sort("_id", 1), o.payload_format, mode)
 
 
 # -- streaming read: offsets are sequence numbers ------------------------------------------
@@ -321,6 +454,12 @@ class StreamSource:
             close_hole(self.o, kind, seq, doc)
             self.holes_closed += 1
 
+    def target(self) -> int:
+        """Where a ``Trigger.AvailableNow`` run stops: the highest seq reachable without
+        a gap from the acknowledged position, now."""
+        meta = self.open()
+        return self.latest(int(meta.get("acked", 0)), None)
+
     def commit(self, end: int) -> None:
         """Acknowledge through ``end`` (fenced) and delete what is acknowledged."""
         if self.epoch is None:
@@ -351,15 +490,20 @@ def close_hole(o: Options, kind: str, seq: int, doc: dict[str, Any] | None) -> N
         col(o).update_one(flt, upd)
 
 
-def read_seq_range(o: Options, lo: int, hi: int) -> Iterator[tuple]:
-    """Rows of the buckets ``lo < seq <= hi``; every number must be there (bucket or
-    tombstone): latestOffset only ever hands out gapless ranges."""
+def read_seq_range(o: Options, lo: int, hi: int) -> Iterator[Any]:
+    """``pyarrow.RecordBatch``es of the buckets ``lo < seq <= hi``; every number must be
+    there (bucket or tombstone): latestOffset only ever hands out gapless ranges."""
+    cols = Columns(o.payload_format)
     expect = lo + 1
     for doc in col(o).find({"_id": {"$gt": lo, "$lte": hi}}).sort("_id", 1):
         if doc["_id"] != expect or score.is_staged(doc):
             break
         expect += 1
-        yield from stream_rows(doc, o.payload_format)
+        cols.add_stream(doc)
+        if len(cols) >= ARROW_BATCH_ROWS:
+            yield cols.record_batch()
+    if len(cols):
+        yield cols.record_batch()
     if expect != hi + 1:
         raise ConfigurationError(
             f"Stream {o.queue!r}: bucket {expect} of the planned range {lo + 1}..{hi} is gone; "

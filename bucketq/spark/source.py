@@ -29,6 +29,14 @@ from pyspark.sql.types import StructType
 
 from . import _ops as ops
 
+try:  # pyspark >= 4.2
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+except ImportError:  # pragma: no cover - older pyspark runs Trigger.AvailableNow as one batch
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        pass
+
+
 __all__ = ["BucketQDataSource"]
 
 
@@ -96,25 +104,31 @@ class BatchReader(DataSourceReader):
         mode, ranges = ops.batch_plan(self.opts)
         return [BucketRange(mode, lo, hi) for lo, hi in ranges]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, BucketRange)
         return ops.read_range(self.opts, partition.mode, partition.lo, partition.hi)
 
 
-class StreamReader(DataSourceStreamReader):
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """A stream-mode queue as a stream. Offsets are ``{"seq": n}``: everything through
     seq n. ``latestOffset`` stops at the highest seq reachable without a gap;
     ``commit(end)`` acknowledges (and deletes) through ``end`` under this query's fenced
     consumer epoch. Spark commits a batch to the source only when it starts a later
     one, after the sink committed it, so a restarted query re-reads exactly the
-    batches its sink did not commit."""
+    batches its sink did not commit.
+
+    ``Trigger.AvailableNow``: when the query starts, :meth:`prepareForTriggerAvailableNow`
+    fixes the target (the highest seq reachable without a gap from the acknowledged
+    position); micro-batches then run, ``maxRowsPerTrigger`` at a time, up to it and the
+    query ends. Buckets pushed later wait for the next run."""
 
     def __init__(self, opts: ops.Options) -> None:
         self.opts = opts
         self._source: ops.StreamSource | None = None
+        self._target: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"opts": self.opts, "_source": None}
+        return {"opts": self.opts, "_source": None, "_target": self._target}
 
     @property
     def source(self) -> ops.StreamSource:
@@ -131,7 +145,15 @@ class StreamReader(DataSourceStreamReader):
         if limit is None:
             max_rows = self.opts.max_rows_per_trigger
         begin = int(start["seq"]) if start else self.source.initial()
-        return {"seq": self.source.latest(begin, max_rows)}
+        if self._target is not None and begin >= self._target:
+            return {"seq": begin}  # Trigger.AvailableNow: reached; the query ends
+        end = self.source.latest(begin, max_rows)
+        if self._target is not None:
+            end = min(end, self._target)
+        return {"seq": end}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.source.target()
 
     def getDefaultReadLimit(self) -> Any:
         from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # pyspark >= 4.2
@@ -147,7 +169,7 @@ class StreamReader(DataSourceStreamReader):
         step = -(-(hi - lo) // parts)
         return [SeqRange(a, min(a + step, hi)) for a in range(lo, hi, step)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, SeqRange)
         return ops.read_seq_range(self.opts, partition.lo, partition.hi)
 
