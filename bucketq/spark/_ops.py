@@ -293,7 +293,7 @@ class Columns:
             keep = [i for i in range(len(items)) if not done[i >> 3] & (1 << (i & 7))]
             items = [items[i] for i in keep]
         else:
-            keep = range(len(items))
+            keep = list(range(len(items)))
         n = len(items)
         tries = doc.get("tries") or {}
         nxt = doc.get("next") or {}
