@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import re
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -47,6 +49,9 @@ from ._models import (
 
 log = logging.getLogger("bucketq.server")
 
+#: Seconds the buffer's stop may take beyond ``RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS``
+#: (counting what is left, stopping the transport) before the service gives up on it.
+DEFAULT_STOP_MARGIN = 5.0
 #: How long ``/ready`` waits for the storage's ping, in seconds.
 DEFAULT_READY_TIMEOUT = 2.0
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -311,19 +316,40 @@ class Service:
 
     async def close(self) -> None:
         if self.buffered:
-            report = await self.reservoir.stop()
-            log.warning(
-                "buffer stopped: flushed=%d left=%d kept=%d lost=%d timed_out=%s (%.1f s)",
-                report.get("flushed", 0), report.get("left", 0), report.get("kept", 0),
-                report.get("lost", 0), report.get("timed_out", False), report.get("seconds", 0.0),
-            )  # fmt: skip
+            budget = self.buffer_config.graceful_shutdown_ms / 1000 + DEFAULT_STOP_MARGIN
+            try:
+                report = await asyncio.wait_for(self.reservoir.stop(), budget)
+            except TimeoutError:
+                # Storage (or the transport) does not answer: the drain could not end.
+                stats = self.reservoir.stats()
+                durable = self.reservoir.transport.durable
+                log.error(
+                    "buffer stop did not finish within %.0f s (storage or transport not answering); "
+                    "%d records pending were %s",
+                    budget, stats.get("pending", 0),
+                    "kept by the transport for the next process" if durable else "lost",
+                )  # fmt: skip
+                report = None
+                # Tasks the buffer leaves behind may not end while storage is down, and
+                # asyncio.run would wait for them forever: exit after a grace period.
+                exit_soon(DEFAULT_STOP_MARGIN, 1)
+            if report is not None:
+                self._log_report(report)
         if self.tee is not None:
             try:
-                await self.tee.close()
+                await asyncio.wait_for(self.tee.close(), DEFAULT_STOP_MARGIN)
             except Exception:
                 log.exception("closing the tee stream failed")
         if self.client is not None:
             await self.client.close()
+
+    @staticmethod
+    def _log_report(report: dict[str, Any]) -> None:
+        log.warning(
+            "buffer stopped: flushed=%d left=%d kept=%d lost=%d timed_out=%s (%.1f s)",
+            report.get("flushed", 0), report.get("left", 0), report.get("kept", 0),
+            report.get("lost", 0), report.get("timed_out", False), report.get("seconds", 0.0),
+        )  # fmt: skip
 
     def unavailable(self, message: str) -> ApiError:
         return ApiError(
@@ -375,6 +401,29 @@ class Service:
                 )
                 raise self.unavailable("The tee stream is unavailable.") from exc
         return len(records)
+
+
+#: Called before a forced exit (``bucketq serve`` stops its embedded server there).
+AT_FORCED_EXIT: list[Any] = []
+
+
+def exit_soon(delay: float, code: int) -> None:
+    """In ``delay`` seconds, unless the process ended by itself, run
+    :data:`AT_FORCED_EXIT` and leave with ``code`` (a daemon timer thread)."""
+
+    def force() -> None:
+        log.error("the process did not end %.0f s after shutdown; exiting (%d)", delay, code)
+        for fn in AT_FORCED_EXIT:
+            try:
+                fn()
+            except Exception:
+                log.exception("cleanup before a forced exit failed")
+        logging.shutdown()
+        os._exit(code)
+
+    t = threading.Timer(delay, force)
+    t.daemon = True
+    t.start()
 
 
 def record_id(project: str, kind: str, key: str, index: int) -> str:

@@ -83,6 +83,15 @@ def serve(
             cfg = cfg.with_(mongodb_uri=embedded.uri)
             if bcfg.transport == "bucketq" and not bcfg.mongodb_uri:
                 bcfg = bcfg.with_(mongodb_uri=embedded.uri)
+        if embedded is not None:
+            from ._app import AT_FORCED_EXIT
+
+            def cleanup(server: EmbeddedServer = embedded, path: Path | None = uri_file) -> None:
+                server.stop(keep_data=True)
+                if path is not None:
+                    path.unlink(missing_ok=True)
+
+            AT_FORCED_EXIT.append(cleanup)
         app = create_app(cfg, buffer_config=bcfg)
         bound = sock.getsockname()
         app.state.listen_url = f"http://{host}:{bound[1]}"
