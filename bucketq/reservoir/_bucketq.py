@@ -127,9 +127,12 @@ class BucketqTransport(Transport):
             f"writing to queue {q.name!r}", q.push_many(list(entries), delay=delay, durable=True)
         )
 
-    async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> None:
+    async def enqueue_many(
+        self, shard: int, entries: Sequence[dict[str, Any]], delay: float = 0.0
+    ) -> None:
+        # A dispatch delay is the queue's own: the bucket is durable now, mature later.
         if entries:
-            await self._push_durable(self._queue(shard), entries)
+            await self._push_durable(self._queue(shard), entries, delay if delay > 0 else None)
 
     async def dequeue(self, shard: int, max_batch: int, max_wait: float) -> list[Delivery]:
         q = self._queue(shard)

@@ -25,6 +25,7 @@ from ._config import BufferConfig
 from ._metrics import BufferMetrics
 from ._policy import (
     KINDS,
+    ORIGINS,
     STORAGE_METHOD,
     BatchPolicy,
     WriteOutcome,
@@ -58,7 +59,10 @@ class BufferedReservoir(Reservoir):
     - ``query``/``health`` pass through (``health`` adds the buffer's state).
     - ``stats()`` is cached: it never makes a round trip.
     - ``registry``: a ``prometheus_client.CollectorRegistry`` for the metrics (a fresh
-      one by default); ``clock``/``rng``: the breaker's clock and the backoff jitter.
+      one by default); ``clock``/``rng``: the breaker's clock and the backoff jitter;
+      ``wall_clock``: the POSIX time the date-boundary window is checked against.
+    - ``ingest*(records, origin="otlp")``: records a collector batched already; they get
+      no dispatch delay (``DISPATCH_DELAY_BY_KIND``, ``DATE_BOUNDARY_DELAY_MS``).
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class BufferedReservoir(Reservoir):
         clock: Callable[[], float] = time.monotonic,
         rng: Callable[[], float] = random.random,
         stats_interval: float = DEFAULT_STATS_INTERVAL,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.storage = reservoir
         self.transport = transport
@@ -80,6 +85,12 @@ class BufferedReservoir(Reservoir):
         self.shards = cfg.total_shards
         self.batch = BatchPolicy(cfg.max_batch_size, cfg.max_batch_age_ms / 1000)
         self.retry = cfg.retry_policies()
+        # No dispatch delay through passthrough: its caller waits for the write.
+        delays = cfg.delay_policy()
+        self.delays = delays if delays.active and not getattr(transport, "eager", False) else None
+        self.wall_clock = wall_clock
+        # Until then (monotonic) records may wait for their dispatch delay: not a stall.
+        self._held_until = 0.0
         self.metrics = BufferMetrics(registry)
         self.breaker = CircuitBreaker(
             pending_threshold=cfg.pending_threshold,
@@ -105,6 +116,7 @@ class BufferedReservoir(Reservoir):
             dict.fromkeys(
                 (
                     "enqueued",
+                    "delayed",
                     "bypassed",
                     "stored",
                     "storage_writes",
@@ -168,6 +180,8 @@ class BufferedReservoir(Reservoir):
             self._stop_report = {"flushed": 0, "left": 0, "kept": 0, "lost": 0, "timed_out": False}
             return self._stop_report
         self._state = "stopping"
+        if not self.transport.durable:  # held in this process only: flush them now
+            await self.transport.expedite()
         budget = self.config.graceful_shutdown_ms / 1000 if timeout is None else timeout
         started = time.monotonic()
         stored_before = self._counts["stored"]
@@ -225,14 +239,18 @@ class BufferedReservoir(Reservoir):
 
     # -- ingest ------------------------------------------------------------------------------
 
-    async def ingest(self, logs: Sequence[dict[str, Any]]) -> IngestResult:
-        return await self._ingest("log", logs)
+    async def ingest(self, logs: Sequence[dict[str, Any]], *, origin: str = "api") -> IngestResult:
+        return await self._ingest("log", logs, origin)
 
-    async def ingest_spans(self, spans: Sequence[dict[str, Any]]) -> IngestResult:
-        return await self._ingest("span", spans)
+    async def ingest_spans(
+        self, spans: Sequence[dict[str, Any]], *, origin: str = "api"
+    ) -> IngestResult:
+        return await self._ingest("span", spans, origin)
 
-    async def ingest_metrics(self, metrics: Sequence[dict[str, Any]]) -> IngestResult:
-        return await self._ingest("metric", metrics)
+    async def ingest_metrics(
+        self, metrics: Sequence[dict[str, Any]], *, origin: str = "api"
+    ) -> IngestResult:
+        return await self._ingest("metric", metrics, origin)
 
     def shard_of(self, project_id: str) -> int:
         return shard_for(project_id, self.config.shards, self.config.overflow_projects)
@@ -243,7 +261,11 @@ class BufferedReservoir(Reservoir):
         return record_shard(kind, project_id, record, cfg.shards, cfg.overflow_projects,
                             cfg.shard_key)  # fmt: skip
 
-    async def _ingest(self, kind: str, records: Sequence[dict[str, Any]]) -> IngestResult:
+    async def _ingest(
+        self, kind: str, records: Sequence[dict[str, Any]], origin: str = "api"
+    ) -> IngestResult:
+        if origin not in ORIGINS:
+            raise ValueError(f"origin must be one of {', '.join(ORIGINS)}; got {origin!r}")
         errors: list[dict[str, Any]] = []
         groups: dict[int, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
         for i, rec in enumerate(records):
@@ -268,8 +290,11 @@ class BufferedReservoir(Reservoir):
         if why:
             out = await self._bypass(kind, groups, why)
         else:
+            delay = self.delays.delay(kind, origin, self.wall_clock()) if self.delays else 0.0
+            if delay:
+                self._held_until = max(self._held_until, time.monotonic() + delay)
             outs = await asyncio.gather(
-                *(self._enqueue(kind, s, items) for s, items in groups.items())
+                *(self._enqueue(kind, s, items, delay) for s, items in groups.items())
             )
             out = result()
             for o in outs:
@@ -284,12 +309,16 @@ class BufferedReservoir(Reservoir):
         return out  # type: ignore[return-value]
 
     async def _enqueue(
-        self, kind: str, shard: int, items: list[tuple[int, dict[str, Any]]]
+        self, kind: str, shard: int, items: list[tuple[int, dict[str, Any]]], delay: float = 0.0
     ) -> dict[str, Any]:
         entries = [e for _, e in items]
         self._pending += len(entries)  # before the await: the consumer may settle them first
         try:
-            outcomes = await self.transport.enqueue_many(shard, entries)
+            outcomes = (
+                await self.transport.enqueue_many(shard, entries, delay)
+                if delay
+                else await self.transport.enqueue_many(shard, entries)
+            )
         except TransportError as exc:
             self._pending -= len(entries)
             log.warning("shard %d: %s transport refused %d records (%s); writing them directly",
@@ -297,6 +326,9 @@ class BufferedReservoir(Reservoir):
             return await self._bypass(kind, {shard: items}, str(exc))
         self.metrics.enqueued.labels(kind, str(shard)).inc(len(entries))
         self._counts["enqueued"] += len(entries)
+        if delay:
+            self.metrics.delayed.labels(kind, str(shard)).inc(len(entries))
+            self._counts["delayed"] += len(entries)
         if isinstance(outcomes, list):  # passthrough: the write already happened
             errs = [
                 {"index": i, "error": why}
@@ -586,8 +618,11 @@ class BufferedReservoir(Reservoir):
         dead = (
             [s for s, t in self._consumers.items() if t.done()] if self._state == "running" else []
         )
-        idle = time.monotonic() - self._last_progress
-        ok = not dead and (self._pending == 0 or idle < stall_after or self._state != "running")
+        now = time.monotonic()
+        idle = now - self._last_progress
+        # Records waiting for their dispatch delay are not a stall: count from when they are due.
+        stalled = now - max(self._last_progress, self._held_until) >= stall_after
+        ok = not dead and (self._pending == 0 or not stalled or self._state != "running")
         return {
             "ok": ok,
             "state": self._state,

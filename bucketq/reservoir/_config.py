@@ -78,6 +78,19 @@ def _by_kind(text: str) -> dict[str, tuple[int, int]]:
     return parse_retry_by_kind(text)
 
 
+def _ms_by_kind(text: str) -> dict[str, int]:
+    from ._policy import parse_ms_by_kind
+
+    return parse_ms_by_kind(text)
+
+
+def _window(text: str) -> str:
+    from ._policy import parse_window
+
+    parse_window(text)
+    return text.strip()
+
+
 def _text(text: str) -> str:
     return text.strip()
 
@@ -162,6 +175,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(PREFIX + "DLQ_MAX", "dlq_max", "100000",
             "The DLQ keeps at most this many records; past it the oldest are dropped and counted "
             "(`reservoir_buffer_dlq_dropped_total`, `bucketq dlq inspect`).", _int(1), seed=False),
+    Setting(PREFIX + "DISPATCH_DELAY_BY_KIND", "dispatch_delay_by_kind", "",
+            "How long a freshly accepted record of a kind waits in the transport before it may be flushed, "
+            "e.g. `span=5000` (`kind=ms`), so an entity's follow-up records are flushed together; durable at "
+            "once, only the flush waits. Records that came through OTLP are never delayed. Not for `passthrough`.",
+            _ms_by_kind, seed=False),
+    Setting(PREFIX + "DATE_BOUNDARY_DELAY_MS", "date_boundary_delay_ms", "0",
+            "The dispatch delay of every kind (when longer than its own) while the UTC time is in "
+            "`DATE_BOUNDARY_WINDOW`; OTLP records are not delayed.", _int(0), seed=False),
+    Setting(PREFIX + "DATE_BOUNDARY_WINDOW", "date_boundary_window", "23:45-00:15",
+            "UTC `HH:MM-HH:MM` (start inclusive, end exclusive; may wrap past midnight) in which "
+            "`DATE_BOUNDARY_DELAY_MS` applies.", _window, seed=False),
     Setting(PREFIX + "OVERFLOW_PROJECTS", "overflow_projects", "",
             "Comma-separated hot project ids pinned to an extra overflow shard (number `SHARDS`).",
             _projects, seed=False),
@@ -203,6 +227,9 @@ class BufferConfig:
     dlq_max: int = 100000
     retry_preset: str = "seed"
     retry_by_kind: Any = ""
+    dispatch_delay_by_kind: Any = ""
+    date_boundary_delay_ms: int = 0
+    date_boundary_window: str = "23:45-00:15"
     overflow_projects: frozenset[str] = field(default_factory=frozenset)
     claim_idle_ms: int = 60000
     memory_capacity: int = 100000
@@ -212,12 +239,12 @@ class BufferConfig:
         # Keyword construction gets the same checks as the environment.
         for s in SETTINGS:
             value = getattr(self, s.field)
-            if s.field == "retry_by_kind":
+            if s.field in ("retry_by_kind", "dispatch_delay_by_kind"):
                 if isinstance(value, str):
                     try:
-                        value = _by_kind(value)
+                        value = s.parse(value)
                     except ValueError as exc:
-                        raise ConfigurationError(f"retry_by_kind ({s.env}) {exc}.") from None
+                        raise ConfigurationError(f"{s.field} ({s.env}) {exc}.") from None
                 object.__setattr__(self, s.field, dict(value))
                 continue
             if s.field == "overflow_projects":
@@ -248,6 +275,14 @@ class BufferConfig:
 
         return retry_policies(self.retry_preset, self.max_retry_attempts, self.base_delay_ms,
                               self.max_delay_ms, self.retry_by_kind)  # fmt: skip
+
+    def delay_policy(self) -> Any:
+        """The :class:`~bucketq.reservoir._policy.DelayPolicy` (dispatch delays)."""
+        from ._policy import DelayPolicy, parse_window
+
+        return DelayPolicy({k: ms / 1000 for k, ms in self.dispatch_delay_by_kind.items()},
+                           self.date_boundary_delay_ms / 1000,
+                           parse_window(self.date_boundary_window))  # fmt: skip
 
     def with_(self, **changes: Any) -> BufferConfig:
         return replace(self, **changes)

@@ -8,6 +8,7 @@ from ._deps import require
 
 NAMES = {
     "enqueued": "reservoir_buffer_enqueued_total",
+    "delayed": "reservoir_buffer_delayed_total",
     "bypass": "reservoir_buffer_bypass_total",
     "flush_success": "reservoir_buffer_flush_success_total",
     "flush_failure": "reservoir_buffer_flush_failure_total",
@@ -42,6 +43,8 @@ class BufferMetrics:
             labels,
             registry=self.registry,
         )
+        self.delayed = c(NAMES["delayed"][:-6], "Records accepted with a dispatch delay (their flush waits).",
+                         labels, registry=self.registry)  # fmt: skip
         self.bypass = c(NAMES["bypass"][:-6], "Records written straight to storage (breaker open or transport down).",
                         labels, registry=self.registry)  # fmt: skip
         self.flush_success = c(

@@ -1,4 +1,5 @@
-"""The buffer's small decisions, with no I/O: shards, retry delays, batching, outcomes.
+"""The buffer's small decisions, with no I/O: shards, dispatch and retry delays, batching,
+outcomes.
 
 Nothing here imports redis, pymongo or asyncio; ``mmh3`` is imported when a shard is
 first computed.
@@ -143,6 +144,92 @@ def retry_policies(
         cap = max(cap_ms, b * 2 ** max(a - 2, 0)) if (fixed or kind in (by_kind or {})) else cap_ms
         out[kind] = RetryPolicy(a, b / 1000, cap / 1000)
     return out
+
+
+#: Where records came from: ``api`` (the LogTide-shaped routes, the SDK, a direct call)
+#: or ``otlp`` (OTLP/HTTP: a collector batched them already).
+ORIGINS = ("api", "otlp")
+#: Seconds in a UTC day (POSIX time counts every day as exactly this long).
+DAY = 86400
+
+
+def parse_ms_by_kind(text: str) -> dict[str, int]:
+    """``"span=5000,log=1000"`` -> ``{"span": 5000, "log": 1000}`` (milliseconds >= 0);
+    ``ValueError`` naming what is wrong."""
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        kind, sep, ms = part.partition("=")
+        kind = kind.strip()
+        if not sep or kind not in KINDS:
+            raise ValueError(
+                f"must look like span=5000,log=1000 (kind=ms, kinds {', '.join(KINDS)}); "
+                f"got {part!r}"
+            )
+        try:
+            value = int(ms)
+        except ValueError:
+            raise ValueError(f"the delay must be a whole number of ms; got {part!r}") from None
+        if value < 0:
+            raise ValueError(f"the delay must be >= 0 ms; got {part!r}")
+        out[kind] = value
+    return out
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """``"23:45-00:15"`` -> seconds of the UTC day where the window starts and ends
+    (``(85500, 900)``: it wraps past midnight); ``ValueError`` naming what is wrong."""
+    start, sep, end = text.strip().partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        bounds = []
+        for hhmm in (start, end):
+            h, colon, m = hhmm.strip().partition(":")
+            if not colon or len(m) != 2 or not 0 <= int(h) < 24 or not 0 <= int(m) < 60:
+                raise ValueError
+            bounds.append(int(h) * 3600 + int(m) * 60)
+    except ValueError:
+        raise ValueError(f"must look like 23:45-00:15 (HH:MM-HH:MM, UTC); got {text!r}") from None
+    if bounds[0] == bounds[1]:
+        raise ValueError(f"must start and end at different times; got {text!r}")
+    return bounds[0], bounds[1]
+
+
+def in_window(now: float, window: tuple[int, int]) -> bool:
+    """Whether the POSIX time ``now`` falls in ``window`` (seconds of the UTC day,
+    start inclusive, end exclusive; a start after the end wraps past midnight)."""
+    start, end = window
+    t = now % DAY
+    if start < end:
+        return start <= t < end
+    return t >= start or t < end
+
+
+@dataclass(frozen=True, slots=True)
+class DelayPolicy:
+    """How long a freshly accepted record waits in the transport before it may be
+    flushed (seconds): ``by_kind``, or ``boundary`` when longer and the UTC time is in
+    ``window`` (around the date boundary); nothing for records that came through OTLP,
+    which a collector batched already. All zero (the default): no delay."""
+
+    by_kind: Mapping[str, float]
+    boundary: float = 0.0
+    window: tuple[int, int] = (23 * 3600 + 45 * 60, 15 * 60)
+
+    @property
+    def active(self) -> bool:
+        return self.boundary > 0 or any(v > 0 for v in self.by_kind.values())
+
+    def delay(self, kind: str, origin: str, now: float) -> float:
+        """The delay of a ``kind`` record from ``origin`` accepted at POSIX time ``now``."""
+        if origin == "otlp":
+            return 0.0
+        base = self.by_kind.get(kind, 0.0)
+        if self.boundary > base and in_window(now, self.window):
+            return self.boundary
+        return base
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,13 +3,15 @@
 Keys (``prefix`` is ``RESERVOIR_BUFFER_STREAM_PREFIX``)::
 
     <prefix>:<shard>           stream of envelopes (field ``e``: Extended JSON)
-    <prefix>:<shard>:delayed   sorted set of requeued envelopes, scored by due time
+    <prefix>:<shard>:delayed   sorted set of requeued and dispatch-delayed envelopes,
+                               scored by due time
     <prefix>:dlq               stream of dead-lettered envelopes, with shard and reason
 
 Acked entries are deleted from the stream in the same MULTI/EXEC as the XACK, so the
 stream's length is exactly what is pending (LogTide counted acked entries as pending).
-A requeue moves the envelope to the delayed set in one MULTI/EXEC with its ack; a Lua
-script moves due ones back atomically. A dead-letter writes the DLQ entry and acks in
+A requeue moves the envelope to the delayed set in one MULTI/EXEC with its ack; an
+enqueue with a dispatch delay is one ZADD to that set. A Lua script moves due ones to
+the stream atomically (each member once, whichever consumer runs it, in any process). A dead-letter writes the DLQ entry and acks in
 one MULTI/EXEC. Deliveries left unacknowledged for ``claim_idle`` seconds (their
 consumer died) are taken over with XAUTOCLAIM; while a batch is being written, its
 consumer re-claims it (XCLAIM JUSTID) every third of ``claim_idle``, so a slow storage
@@ -159,8 +161,16 @@ class RedisTransport(Transport):
 
     # -- produce -----------------------------------------------------------------------
 
-    async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> None:
+    async def enqueue_many(
+        self, shard: int, entries: Sequence[dict[str, Any]], delay: float = 0.0
+    ) -> None:
         if not entries:
+            return
+        if delay > 0:
+            # A microsecond apart, so the promote script streams them in this order.
+            due = time.time() + delay
+            members = {encode(e): due + i * 1e-6 for i, e in enumerate(entries)}
+            await self._call("ZADD", self.r.zadd(self.delayed(shard), members))
             return
         pipe = self.r.pipeline(transaction=False)
         key = self.stream(shard)

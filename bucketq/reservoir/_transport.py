@@ -40,9 +40,11 @@ class Transport:
     - ``start(shards)`` before anything else; ``stop()`` releases resources and keeps
       what is unacknowledged where the transport can (durable transports keep it for
       the next process). Both are idempotent.
-    - ``enqueue(shard, entry)`` / ``enqueue_many(shard, entries)`` return once the
+    - ``enqueue(shard, entry)`` / ``enqueue_many(shard, entries, delay)`` return once the
       transport has accepted the entries (``durable`` transports: once they survive
       the process). They raise :class:`~bucketq.errors.TransportError` otherwise.
+      With a ``delay`` (seconds, the dispatch delay) the entries are accepted the same
+      way but not delivered before the delay ran out.
     - ``dequeue(shard, max_batch, max_wait)`` returns at most ``max_batch`` deliveries,
       as soon as it has ``max_batch`` or ``max_wait`` seconds after the call; an empty
       list when nothing came. A delivery stays the consumer's until it is settled.
@@ -82,12 +84,19 @@ class Transport:
     async def stop(self) -> None:
         return None
 
-    async def enqueue(self, shard: int, entry: dict[str, Any]) -> None:
-        await self.enqueue_many(shard, [entry])
+    async def enqueue(self, shard: int, entry: dict[str, Any], delay: float = 0.0) -> None:
+        await self.enqueue_many(shard, [entry], delay)
 
-    async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> Any:
+    async def enqueue_many(
+        self, shard: int, entries: Sequence[dict[str, Any]], delay: float = 0.0
+    ) -> Any:
         """Returns None; ``passthrough`` returns, per entry, None (stored) or why it was not."""
         raise NotImplementedError
+
+    async def expedite(self) -> None:
+        """Stopping: entries that wait only for their dispatch delay are delivered now. A
+        transport that keeps them across processes leaves them for the next one."""
+        return None
 
     async def dequeue(self, shard: int, max_batch: int, max_wait: float) -> list[Delivery]:
         raise NotImplementedError
@@ -141,7 +150,8 @@ class _MemShard:
 
     def __init__(self) -> None:
         self.ready: deque[dict[str, Any]] = deque()
-        self.delayed: list[tuple[float, int, dict[str, Any]]] = []
+        # A timer heap of (due, seq, entry, dispatch): retries and dispatch delays.
+        self.delayed: list[tuple[float, int, dict[str, Any], bool]] = []
         self.inflight: dict[int, dict[str, Any]] = {}
         self.wake = asyncio.Event()
 
@@ -174,19 +184,35 @@ class MemoryTransport(Transport):
                 f"Shard {shard} does not exist; call start() with enough shards."
             ) from None
 
-    async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> None:
-        self._put(shard, entries)
+    async def enqueue_many(
+        self, shard: int, entries: Sequence[dict[str, Any]], delay: float = 0.0
+    ) -> None:
+        self._put(shard, entries, delay)
 
-    def _put(self, shard: int, entries: Sequence[dict[str, Any]]) -> None:
+    def _put(self, shard: int, entries: Sequence[dict[str, Any]], delay: float = 0.0) -> None:
         sh = self._shard(shard)
         if self._count + len(entries) > self.capacity:
             raise TransportUnavailable(
                 f"The memory transport holds {self._count} records (capacity {self.capacity}); "
                 "write to storage directly or raise RESERVOIR_BUFFER_MEMORY_CAPACITY."
             )
-        sh.ready.extend(dict(e) for e in entries)
+        if delay > 0:
+            due = time.monotonic() + delay
+            for e in entries:
+                heapq.heappush(sh.delayed, (due, next(self._tokens), dict(e), True))
+        else:
+            sh.ready.extend(dict(e) for e in entries)
         self._count += len(entries)
         sh.wake.set()
+
+    async def expedite(self) -> None:
+        for sh in self._shards.values():
+            keep = [t for t in sh.delayed if not t[3]]
+            if len(keep) < len(sh.delayed):
+                sh.ready.extend(t[2] for t in sorted(t for t in sh.delayed if t[3]))
+                sh.delayed = keep
+                heapq.heapify(sh.delayed)
+                sh.wake.set()
 
     def _promote(self, sh: _MemShard, now: float) -> None:
         while sh.delayed and sh.delayed[0][0] <= now:
@@ -238,7 +264,7 @@ class MemoryTransport(Transport):
         sh = self._shard(shard)
         due = time.monotonic() + max(delay, 0.0)
         for entry in self._settle(sh, deliveries):
-            heapq.heappush(sh.delayed, (due, next(self._tokens), entry))
+            heapq.heappush(sh.delayed, (due, next(self._tokens), entry, False))
         sh.wake.set()
 
     async def dead_letter(
@@ -303,8 +329,11 @@ class PassthroughTransport(MemoryTransport):
         # Keyed by record id; a list, since a caller may send one id twice.
         self._waiters: dict[str, list[asyncio.Future[str | None]]] = {}
 
-    async def enqueue_many(self, shard: int, entries: Sequence[dict[str, Any]]) -> list[str | None]:  # type: ignore[override]
-        """Returns, per entry, None when it was stored or the reason it was dead-lettered."""
+    async def enqueue_many(  # type: ignore[override]
+        self, shard: int, entries: Sequence[dict[str, Any]], delay: float = 0.0
+    ) -> list[str | None]:
+        """Returns, per entry, None when it was stored or the reason it was dead-lettered.
+        No dispatch delay: the caller waits for the write."""
         loop = asyncio.get_running_loop()
         futs: list[asyncio.Future[str | None]] = []
         for e in entries:

@@ -360,16 +360,24 @@ class Service:
         )
 
     async def accept(
-        self, kind: str, project: str, records: list[dict[str, Any]], idempotency_key: str | None
+        self,
+        kind: str,
+        project: str,
+        records: list[dict[str, Any]],
+        idempotency_key: str | None,
+        origin: str = "api",
     ) -> int:
-        """Hand ``records`` to the reservoir; raise a 503 unless every one was accepted."""
+        """Hand ``records`` to the reservoir; raise a 503 unless every one was accepted.
+        ``origin="otlp"``: a collector batched them already (the buffer does not delay them)."""
         if idempotency_key:
             for i, r in enumerate(records):
                 r["_id"] = record_id(project, kind, idempotency_key, i)
         method = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_metrics"}[kind]
         budget = self.config.ingest_timeout_ms / 1000
         try:
-            res = await asyncio.wait_for(getattr(self.reservoir, method)(records), budget)
+            call = getattr(self.reservoir, method)
+            aw = call(records, origin=origin) if self.buffered else call(records)
+            res = await asyncio.wait_for(aw, budget)
         except TimeoutError as exc:
             log.warning("%d %s records not accepted within %.1f s", len(records), kind, budget)
             raise self.unavailable(
@@ -722,7 +730,7 @@ def create_app(
             rejected += len(bad)
             why = why or f"{bad[0][1] or 'a record'} {bad[0][2]}"
         if records:
-            await svc.accept("log" if kind == "logs" else "span", project, records, idem)
+            await svc.accept("log" if kind == "logs" else "span", project, records, idem, "otlp")
         return Response(_otlp.success(kind, rejected, why, mtype), media_type=mtype)
 
     @app.post("/v1/logs", tags=["otlp"], summary="OTLP/HTTP logs export", responses=otlp_answers,

@@ -216,3 +216,39 @@ def test_otlp_answers(serve: Serve, keys, mongo_client: MongoClient) -> None:
     )  # rejected: bad trace id
     span = db["spans"].find_one({"project_id": project})
     assert span["kind"] == "server" and span["duration_ms"] == 500 and span["service"] == "unknown"
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name + "{"))
+
+
+def test_records_that_came_through_otlp_get_no_dispatch_delay(
+    mongo_uri: str, mongo_client: MongoClient, tmp_path
+) -> None:
+    """With a dispatch delay for logs, the LogTide-shaped route's records are delayed and
+    OTLP's are not (the route marks their origin): the buffer's metrics say which."""
+    from bucketq.server import _keys
+
+    from .helpers import log_batch
+
+    database = f"bqs_otlp_{uuid.uuid4().hex[:8]}"
+    db = mongo_client[database]
+    key = _keys.create_key(db, "otlp-delay")
+    env = {"RESERVOIR_BUFFER_ENABLED": "true", "RESERVOIR_BUFFER_TRANSPORT": "memory",
+           "RESERVOIR_BUFFER_DISPATCH_DELAY_BY_KIND": "log=1000,span=1000",
+           "RESERVOIR_BUFFER_MAX_BATCH_AGE_MS": "100"}  # fmt: skip
+    serve = Serve(mongo_uri, database, tmp_path / "serve.log", **env).start()
+    pb = {"Content-Type": "application/x-protobuf"}
+    try:
+        with serve.client(key) as c:
+            assert c.post("/api/v1/ingest", json=log_batch(3, prefix="api")).status_code == 200
+            r = c.post("/v1/logs", content=_logs_request([b"\x01" * 16] * 2).SerializeToString(),
+                       headers=pb)  # fmt: skip
+            assert r.status_code == 200
+            text = c.get("/metrics").text
+        assert _metric(text, "reservoir_buffer_enqueued_total") == 5
+        assert _metric(text, "reservoir_buffer_delayed_total") == 3
+    finally:
+        assert serve.terminate() == 0
+    assert db["logs"].count_documents({}) == 5  # the delayed ones too, by the drain at the latest
+    mongo_client.drop_database(database)
