@@ -4,7 +4,8 @@ Every mode opens ``Queue(MongoClient(URI)[DB], QUEUE, **json.loads(--options))``
 appends lines to OUTFILE (line-buffered, so what was written survives a SIGKILL).
 
     push     push --count items {"i": start..}; after each --batch, wait for the receipts
-             and append the ids whose receipts resolved ("i" per line). Prints stats().
+             and append the ids whose receipts resolved ("i" per line). With --begun FILE,
+             append each batch's first id there before pushing it. Prints stats().
     consume  reserve+commit until idle for --idle s; append "i<TAB>tries" per commit.
              Prints stats() as JSON at the end.
     hold     reserve --reserve items, commit --commit of them (--flush-commits: fenced
@@ -55,6 +56,7 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.0)
     ap.add_argument("--delay", type=float, default=0.3)
     ap.add_argument("--flush-commits", action="store_true")
+    ap.add_argument("--begun", default=None)
     a = ap.parse_args()
     client = MongoClient(a.uri)
     q = Queue(client[a.db], a.queue, **json.loads(a.options))
@@ -71,8 +73,11 @@ def main() -> None:
 
 def push(q, a, out) -> None:
     end = a.start + a.count
+    begun = open(a.begun, "a", buffering=1) if a.begun else None  # noqa: SIM115
     for lo in range(a.start, end, a.batch):
         hi = min(lo + a.batch, end)
+        if begun:
+            begun.write(f"{lo}\n")
         receipts = q.push_many([{"i": i} for i in range(lo, hi)])
         q.flush()
         for r in receipts:
