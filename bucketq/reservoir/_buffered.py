@@ -15,7 +15,7 @@ import random
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from .._guard import LoopGuard
@@ -28,6 +28,7 @@ from ._policy import (
     ORIGINS,
     STORAGE_METHOD,
     BatchPolicy,
+    ProjectOverflow,
     WriteOutcome,
     exception_outcome,
     interpret,
@@ -91,6 +92,13 @@ class BufferedReservoir(Reservoir):
         self.wall_clock = wall_clock
         # Until then (monotonic) records may wait for their dispatch delay: not a stall.
         self._held_until = 0.0
+        # Projects moved to the overflow shard by their own failures (AUTO_OVERFLOW_*).
+        self.overflow = (
+            ProjectOverflow(cfg.auto_overflow_failures, cfg.auto_overflow_cooldown_ms / 1000, clock)
+            if cfg.auto_overflow_failures
+            else None
+        )
+        self._overflowed: frozenset[str] = cfg.overflow_projects
         self.metrics = BufferMetrics(registry)
         self.breaker = CircuitBreaker(
             pending_threshold=cfg.pending_threshold,
@@ -253,13 +261,36 @@ class BufferedReservoir(Reservoir):
         return await self._ingest("metric", metrics, origin)
 
     def shard_of(self, project_id: str) -> int:
-        return shard_for(project_id, self.config.shards, self.config.overflow_projects)
+        return shard_for(project_id, self.config.shards, self.overflowed())
 
     def shard_of_record(self, kind: str, project_id: str, record: dict[str, Any]) -> int:
-        """The record's shard under ``SHARD_KEY`` and the current shard count."""
+        """The record's shard under ``SHARD_KEY``, the current shard count and the
+        projects on the overflow shard now."""
         cfg = self.config
-        return record_shard(kind, project_id, record, cfg.shards, cfg.overflow_projects,
+        return record_shard(kind, project_id, record, cfg.shards, self.overflowed(),
                             cfg.shard_key)  # fmt: skip
+
+    def overflowed(self) -> frozenset[str]:
+        """The projects on the overflow shard now: ``OVERFLOW_PROJECTS`` and those moved
+        there by their failures (``AUTO_OVERFLOW_*``) whose cool-down has not run out."""
+        if self.overflow is not None and self.overflow.moved:
+            back = self.overflow.expire()
+            if back:
+                self._overflow_changed([], back)
+        return self._overflowed
+
+    def _overflow_changed(self, moved: list[str], back: list[str]) -> None:
+        assert self.overflow is not None
+        self._overflowed = self.config.overflow_projects | frozenset(self.overflow.moved)
+        self.metrics.overflow_projects.set(len(self.overflow.moved))
+        for p in moved:
+            self.metrics.overflow_moves.labels("moved").inc()
+            log.warning("project %s moved to the overflow shard %d for %.0f s: its writes keep failing "
+                        "while other projects' are stored", p, self.config.shards,
+                        self.overflow.cooldown)  # fmt: skip
+        for p in back:
+            self.metrics.overflow_moves.labels("back").inc()
+            log.warning("project %s is back on its own shard: its overflow cool-down ran out", p)
 
     async def _ingest(
         self, kind: str, records: Sequence[dict[str, Any]], origin: str = "api"
@@ -454,13 +485,15 @@ class BufferedReservoir(Reservoir):
         dead: list[Delivery] = []
         retry: dict[tuple[str, int], list[Delivery]] = defaultdict(list)
         failed_kinds = 0
+        moved = self._observe_projects(outcomes)
         for kind, (ok, failed) in zip(kinds, outcomes, strict=True):
             stored.extend(ok)
             if ok:
                 self.metrics.flush_success.labels(kind, str(shard)).inc(len(ok))
             if not failed:
                 continue
-            failed_kinds += 1
+            # A moved project's failures are its own: they do not open the breaker.
+            failed_kinds += any(d.entry.get("project_id") not in moved for d, _ in failed)
             self.metrics.flush_failure.labels(kind, str(shard)).inc(len(failed))
             for d, reason in failed:
                 d.entry["attempts"] = int(d.entry.get("attempts") or 0) + 1
@@ -472,7 +505,7 @@ class BufferedReservoir(Reservoir):
                     retry[(kind, d.entry["attempts"])].append(d)
         await self.transport.ack(shard, stored)
         for (kind, attempts), group in retry.items():
-            await self.transport.requeue(shard, group, self.retry[kind].delay(attempts, self.rng))
+            await self._retry(shard, group, self.retry[kind].delay(attempts, self.rng), moved)
         if dead:
             dropped = await self.transport.dead_letter(shard, dead)
             if dropped:
@@ -491,8 +524,38 @@ class BufferedReservoir(Reservoir):
         self._last_progress = time.monotonic()
         if failed_kinds:
             self.breaker.record_failure()  # one flush, however many kinds failed
-        else:
+        elif stored or not retry and not dead:
             self.breaker.record_success()
+
+    def _observe_projects(
+        self, outcomes: Sequence[tuple[list[Delivery], list[tuple[Delivery, str]]]]
+    ) -> Container[str]:
+        """Tell the overflow tracker which projects stored and which failed in this flush;
+        the projects moved to the overflow shard now."""
+        if self.overflow is None:
+            return ()
+        self.overflowed()  # take back the projects whose cool-down ran out first
+        failed = {d.entry.get("project_id") for _, fl in outcomes for d, _ in fl}
+        if failed:
+            stored = {d.entry.get("project_id") for ok, _ in outcomes for d in ok}
+            moved = self.overflow.observe(stored, failed)  # type: ignore[arg-type]
+            if moved:
+                self._overflow_changed(moved, [])
+        return self.overflow.moved
+
+    async def _retry(
+        self, shard: int, group: list[Delivery], delay: float, moved: Container[str]
+    ) -> None:
+        """Requeue on this shard; a moved project's records go to the overflow shard
+        (written there before they are acked here: a crash between duplicates, never
+        loses). ``passthrough``'s enqueue waits for the write, so it requeues in place."""
+        ov = self.config.shards
+        away = [d for d in group if d.entry.get("project_id") in moved] if shard != ov else []
+        if away and not getattr(self.transport, "eager", False):
+            await self.transport.enqueue_many(ov, [d.entry for d in away], delay)
+            await self.transport.ack(shard, away)
+            group = [d for d in group if d.entry.get("project_id") not in moved]
+        await self.transport.requeue(shard, group, delay)
 
     def _records(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """What storage gets: with each record's stable id as ``_id`` when the engine is
@@ -607,6 +670,7 @@ class BufferedReservoir(Reservoir):
             "breaker_reason": self.breaker.reason,
             "failures_in_window": self.breaker.failures_in_window(),
             "consecutive_failures": self.breaker.consecutive_failures,
+            "overflowed": sorted(self.overflow.moved) if self.overflow is not None else [],
             **dict(self._counts),
         }
 

@@ -189,6 +189,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(PREFIX + "OVERFLOW_PROJECTS", "overflow_projects", "",
             "Comma-separated hot project ids pinned to an extra overflow shard (number `SHARDS`).",
             _projects, seed=False),
+    Setting(PREFIX + "AUTO_OVERFLOW_FAILURES", "auto_overflow_failures", "0",
+            "A project whose flushes failed this many times in a row (throttled, rejected) while other projects' "
+            "records were stored meanwhile is moved to the overflow shard (number `SHARDS`): its new records and "
+            "its retries go there, and its failures there do not count for the breaker. `0`: off.",
+            _int(0), seed=False),
+    Setting(PREFIX + "AUTO_OVERFLOW_COOLDOWN_MS", "auto_overflow_cooldown_ms", "60000",
+            "How long a project moved by `AUTO_OVERFLOW_FAILURES` stays on the overflow shard before it comes back "
+            "(moved again if it still fails).", _int(1), seed=False),
     Setting(PREFIX + "CLAIM_IDLE_MS", "claim_idle_ms", "60000",
             "`redis`: a delivery unacknowledged this long (its consumer died) is claimed by another.",
             _int(1), seed=False),
@@ -231,6 +239,8 @@ class BufferConfig:
     date_boundary_delay_ms: int = 0
     date_boundary_window: str = "23:45-00:15"
     overflow_projects: frozenset[str] = field(default_factory=frozenset)
+    auto_overflow_failures: int = 0
+    auto_overflow_cooldown_ms: int = 60000
     claim_idle_ms: int = 60000
     memory_capacity: int = 100000
     mongodb_uri: str = ""
@@ -266,8 +276,9 @@ class BufferConfig:
 
     @property
     def total_shards(self) -> int:
-        """Shards including the overflow shard (if any project is pinned)."""
-        return self.shards + (1 if self.overflow_projects else 0)
+        """Shards including the overflow shard (if any project is pinned, or projects
+        may be moved there)."""
+        return self.shards + (1 if self.overflow_projects or self.auto_overflow_failures else 0)
 
     def retry_policies(self) -> dict[str, Any]:
         """Each kind's :class:`~bucketq.reservoir._policy.RetryPolicy`."""

@@ -16,6 +16,8 @@ NAMES = {
     "dlq": "reservoir_buffer_dlq_total",
     "dlq_dropped": "reservoir_buffer_dlq_dropped_total",
     "breaker_state": "reservoir_buffer_breaker_state",
+    "overflow_moves": "reservoir_buffer_overflow_moves_total",
+    "overflow_projects": "reservoir_buffer_overflow_projects",
     "pending": "reservoir_buffer_pending",
 }
 #: Flush durations in milliseconds.
@@ -64,6 +66,11 @@ class BufferMetrics:
                                              labels, buckets=DURATION_BUCKETS, registry=self.registry)  # fmt: skip
         self.breaker_state = prom.Gauge(NAMES["breaker_state"], "Circuit breaker: 0 closed, 1 open, 2 half-open.",
                                         registry=self.registry)  # fmt: skip
+        self.overflow_moves = c(NAMES["overflow_moves"][:-6], "Projects moved to the overflow shard by their failures "
+                                "(event=moved) and back after the cool-down (event=back).", ("event",),
+                                registry=self.registry)  # fmt: skip
+        self.overflow_projects = prom.Gauge(NAMES["overflow_projects"], "Projects on the overflow shard by their failures now.",
+                                            registry=self.registry)  # fmt: skip
         self.pending = prom.Gauge(
             NAMES["pending"], "Records pending in the buffer (cached).", registry=self.registry
         )

@@ -232,6 +232,70 @@ class DelayPolicy:
         return base
 
 
+class ProjectOverflow:
+    """Which projects are moved to the overflow shard for now (``AUTO_OVERFLOW_*``).
+
+    A project is moved when ``failures`` flushes in a row failed for it (a flush fails
+    for a project when any of its records did not store) while another project's
+    records were stored since the first of those failures: its trouble is its own
+    (throttled, rejected), not an outage. It stays ``cooldown`` seconds, then comes back;
+    if it still fails it is moved again, after as many failures counted from its return.
+    ``clock`` returns seconds (monotonic).
+    """
+
+    def __init__(self, failures: int, cooldown: float, clock: Callable[[], float]) -> None:
+        if failures < 1:
+            raise ValueError("failures must be >= 1")
+        self.failures = failures
+        self.cooldown = cooldown
+        self.clock = clock
+        self.moved: dict[str, float] = {}  # project -> until
+        self._streaks: dict[str, tuple[int, float]] = {}  # project -> (failed flushes, since)
+        # The latest store of any project, and the latest of a project other than that one.
+        self._latest: tuple[str | None, float] = (None, float("-inf"))
+        self._other: tuple[str | None, float] = (None, float("-inf"))
+        self._next_expiry = float("inf")
+
+    def _stored_by_other_since(self, project: str) -> float:
+        return self._latest[1] if self._latest[0] != project else self._other[1]
+
+    def observe(self, stored: Iterable[str], failed: Iterable[str]) -> list[str]:
+        """One flush: the projects all of whose records stored, and those with a record
+        that failed. Returns the projects moved now."""
+        now = self.clock()
+        failed = set(failed)
+        for p in set(stored) - failed:
+            self._streaks.pop(p, None)
+            if self._latest[0] != p:
+                self._other = self._latest
+            self._latest = (p, now)
+        out = []
+        for p in sorted(failed):
+            if p in self.moved:  # counted again from when it is back
+                continue
+            n, since = self._streaks.get(p, (0, now))
+            n += 1
+            if n < self.failures or self._stored_by_other_since(p) < since:
+                self._streaks[p] = (n, since)
+                continue
+            self._streaks.pop(p, None)
+            self.moved[p] = until = now + self.cooldown
+            self._next_expiry = min(self._next_expiry, until)
+            out.append(p)
+        return out
+
+    def expire(self) -> list[str]:
+        """The projects whose cool-down ran out, taken back (cheap when none is due)."""
+        now = self.clock()
+        if now < self._next_expiry:
+            return []
+        back = [p for p, until in self.moved.items() if until <= now]
+        for p in back:
+            del self.moved[p]
+        self._next_expiry = min(self.moved.values(), default=float("inf"))
+        return back
+
+
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
     """A flush batch is complete at ``max_size`` records or ``max_age`` seconds after
