@@ -27,14 +27,15 @@ from typing import Any
 
 from bson import ObjectId
 from bson.decimal128 import Decimal128
-from pymongo import MongoClient, ReturnDocument
-from pymongo.errors import DuplicateKeyError
+from pymongo import MongoClient
 
+from .. import _validate as v
 from ..embedded import URI_ENV
-from ..errors import ConfigurationError, Fenced, PayloadTooLarge
+from ..errors import ConfigurationError, PayloadTooLarge
 from ..queue import _core as qcore
 from ..queue._codec import CODEC_OPTIONS, decode_items, encode_item
 from ..queue._deadline import client_timeouts
+from ..stream import StreamConsumer, StreamQueue
 from ..stream import _core as score
 
 DEFAULT_DATABASE = "bucketq"
@@ -45,31 +46,34 @@ WRITER_PREFIX = "spark-writer:"
 
 # -- options ---------------------------------------------------------------------------
 
+#: Spark options that are stream options: checked by :class:`StreamOptions` itself, so
+#: they accept what a ``StreamQueue`` accepts (errors name the Spark option).
+STREAM_OPTIONS: dict[str, tuple[str, type]] = {
+    "bucketMaxSize": ("bucket_max_size", int),
+    "bucketMaxBytes": ("bucket_max_bytes", int),
+    "holeGrace": ("hole_grace", float),
+    "stageTimeout": ("stage_timeout", float),
+}
 
-def _int(opts: dict[str, str], key: str, default: int | None, low: int = 1) -> int | None:
+
+def _parse(opts: dict[str, str], key: str, kind: type) -> Any:
     raw = opts.get(key.lower())
     if raw is None:
-        return default
+        return None
     try:
-        v = int(raw)
+        return kind(raw)
     except ValueError:
-        v = low - 1
-    if v < low:
-        raise ConfigurationError(f"Option {key} must be a whole number >= {low}; got {raw!r}.")
-    return v
+        need = "a whole number" if kind is int else "a number"
+        raise ConfigurationError(f"Option {key} must be {need}; got {raw!r}.") from None
 
 
-def _float(opts: dict[str, str], key: str, default: float) -> float:
-    raw = opts.get(key.lower())
-    if raw is None:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        v = -1.0
-    if v <= 0:
-        raise ConfigurationError(f"Option {key} must be a number > 0; got {raw!r}.")
-    return v
+def spark_names(message: str) -> str:
+    """A stream option check's message with the Spark options' names."""
+    for key, (name, _) in STREAM_OPTIONS.items():
+        if message.startswith(name + " "):
+            message = "Option " + message
+        message = message.replace(name, key)
+    return message
 
 
 class Options:
@@ -107,14 +111,34 @@ class Options:
             raise ConfigurationError(
                 f'Option payloadFormat must be "json", "binary" or "text"; got {self.payload_format!r}.'
             )
-        self.num_partitions = _int(opts, "numPartitions", DEFAULT_NUM_PARTITIONS)
-        self.bucket_max_size = _int(opts, "bucketMaxSize", qcore.DEFAULT_BUCKET_MAX_SIZE)
-        self.bucket_max_bytes = _int(opts, "bucketMaxBytes", qcore.DEFAULT_BUCKET_MAX_BYTES, 1024)
-        self.max_rows_per_trigger = _int(opts, "maxRowsPerTrigger", None)
-        self.starting_after = _int(opts, "startingAfter", None, 0)
-        self.hole_grace = _float(opts, "holeGrace", score.DEFAULT_HOLE_GRACE)
-        self.stage_timeout = _float(opts, "stageTimeout", score.DEFAULT_STAGE_TIMEOUT)
+        n = _parse(opts, "numPartitions", int)
+        self.num_partitions = (
+            DEFAULT_NUM_PARTITIONS if n is None else v.count("Option numPartitions", n, lo=1)
+        )
+        n = _parse(opts, "maxRowsPerTrigger", int)
+        self.max_rows_per_trigger = (
+            None if n is None else v.count("Option maxRowsPerTrigger", n, lo=1)
+        )
+        n = _parse(opts, "startingAfter", int)
+        self.starting_after = None if n is None else v.count("Option startingAfter", n, lo=0)
+        #: The stream options given (by their ``StreamQueue`` names), checked as it checks them.
+        self.stream_options: dict[str, Any] = {}
+        for key, (name, kind) in STREAM_OPTIONS.items():
+            value = _parse(opts, key, kind)
+            if value is not None:
+                self.stream_options[name] = value
+        self.stream_opts()
         self.writer_id = opts.get("writerid", "default")
+
+    def stream_opts(self) -> score.StreamOptions:
+        try:
+            return score.StreamOptions.build(**self.stream_options)
+        except ConfigurationError as exc:
+            raise ConfigurationError(spark_names(str(exc))) from None
+
+    @property
+    def stage_timeout(self) -> float:
+        return self.stream_opts().stage_timeout
 
     def resolve_mode(self) -> str:
         """``stream`` or ``queue`` (``auto`` looks for the stream's metadata document)."""
@@ -135,6 +159,20 @@ def client(uri: str) -> MongoClient:
         if c is None:
             c = _clients[uri] = MongoClient(uri, appname="bucketq-spark", **client_timeouts(uri))
         return c
+
+
+_streams: dict[tuple[Any, ...], StreamQueue] = {}
+
+
+def stream(o: Options) -> StreamQueue:
+    """This process's ``StreamQueue`` for the options (its consumer, numbering and
+    staged writes are what the data source uses)."""
+    key = (os.getpid(), o.uri, o.database, o.queue, tuple(sorted(o.stream_options.items())))
+    sq = _streams.get(key)
+    if sq is None:
+        sq = StreamQueue(client(o.uri)[o.database], o.queue, **o.stream_options)
+        sq = _streams.setdefault(key, sq)
+    return sq
 
 
 def col(o: Options):
@@ -389,105 +427,52 @@ def read_range(o: Options, mode: str, lo: Any, hi: Any) -> Iterator[Any]:
 
 
 class StreamSource:
-    """The driver side of a streaming read: one fenced consumer epoch per query run."""
+    """The driver side of a streaming read: the stream's one consumer (a fenced epoch)
+    per query run, opened at the first call. Executors read the planned ranges."""
 
     def __init__(self, o: Options) -> None:
         self.o = o
-        self.epoch: int | None = None
-        self.clock = score.HoleClock(o.hole_grace, o.stage_timeout)
-        self.holes_closed = 0
+        self._consumer: StreamConsumer | None = None
 
-    def open(self) -> dict[str, Any]:
-        if self.epoch is None:
-            ensure_meta(self.o)
-            meta = meta_col(self.o).find_one_and_update(
-                score.meta_filter(), score.open_update(), return_document=ReturnDocument.AFTER
-            )
-            self.epoch = int(meta["epoch"])
-            return meta
-        return self.check()
+    @property
+    def consumer(self) -> StreamConsumer:
+        if self._consumer is None:
+            self._consumer = stream(self.o).consumer()  # fences every older consumer
+        return self._consumer
 
-    def check(self) -> dict[str, Any]:
-        meta = meta_col(self.o).find_one(score.meta_filter())
-        if meta is None or int(meta.get("epoch", -1)) != self.epoch:
-            raise Fenced(
-                score.fenced_message(self.o.queue, self.epoch or 0, meta and meta.get("epoch"))
-            )
-        return meta
+    @property
+    def holes_closed(self) -> int:
+        return self._consumer.holes_closed if self._consumer is not None else 0
 
     def initial(self) -> int:
-        meta = self.open()
+        meta = self.consumer.check_epoch()
         return score.check_resume(self.o.queue, self.o.starting_after, meta)
 
     def latest(self, start: int, max_rows: int | None) -> int:
         """The highest seq reachable from ``start`` without a gap (holes past their grace
         are closed on the way), no further than ``max_rows`` items."""
-        meta = self.open()
-        acked = int(meta.get("acked", 0))
-        if start < acked:
+        c = self.consumer
+        if start < c.acked:
             raise ConfigurationError(
-                f"Stream {self.o.queue!r} is acknowledged through {acked}, past this query's "
+                f"Stream {self.o.queue!r} is acknowledged through {c.acked}, past this query's "
                 f"checkpoint ({start}): another consumer took those buckets. Start the query "
                 "from a new checkpoint (with startingAfter) or stop the other consumer."
             )
-        allocated = int(meta.get("next", 0))
-        cursor = start
-        rows = 0
-        c = col(self.o)
-        while True:
-            docs = list(c.find({"_id": {"$gt": cursor}}, {"items": 0}).sort("_id", 1).limit(256))
-            res = score.scan(cursor, docs, allocated)
-            for d in res.ready:
-                n = int(d.get("n", 0))
-                if max_rows is not None and rows and rows + n > max_rows:
-                    return cursor
-                cursor = d["_id"]
-                rows += n
-            self.clock.passed(cursor)
-            if res.blocked is None:
-                if len(docs) < 256 or not res.ready:
-                    return cursor
-                continue
-            kind, seq, doc = res.blocked
-            if self.clock.due_in(kind, seq, time.monotonic()) > 0:
-                return cursor
-            close_hole(self.o, kind, seq, doc)
-            self.holes_closed += 1
+        return c.reachable(start, max_rows)
 
     def target(self) -> int:
         """Where a ``Trigger.AvailableNow`` run stops: the highest seq reachable without
         a gap from the acknowledged position, now."""
-        meta = self.open()
-        return self.latest(int(meta.get("acked", 0)), None)
+        return self.consumer.reachable(self.consumer.acked)
 
     def commit(self, end: int) -> None:
         """Acknowledge through ``end`` (fenced) and delete what is acknowledged."""
-        if self.epoch is None:
-            self.open()
-        assert self.epoch is not None  # open() sets it
-        m = meta_col(self.o)
-        res = m.update_one(score.ack_filter(self.epoch), score.ack_update(end))
-        if not res.matched_count:
-            meta = m.find_one(score.meta_filter())
-            raise Fenced(
-                score.fenced_message(self.o.queue, self.epoch or 0, meta and meta.get("epoch"))
-            )
-        col(self.o).delete_many(
-            score.delete_acked_filter(end, time.time(), score.DEFAULT_TOMBSTONE_TTL)
-        )
+        self.consumer.write_ack(end)
 
-
-def close_hole(o: Options, kind: str, seq: int, doc: dict[str, Any] | None) -> None:
-    now = time.time()
-    if kind == "missing":
-        try:
-            col(o).insert_one(score.tombstone(seq, now))
-        except DuplicateKeyError:
-            pass
-    else:
-        assert doc is not None
-        flt, upd = score.close_staged(seq, doc["stg"], now)
-        col(o).update_one(flt, upd)
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
 
 def read_seq_range(o: Options, lo: int, hi: int) -> Iterator[Any]:
@@ -512,13 +497,6 @@ def read_seq_range(o: Options, lo: int, hi: int) -> Iterator[Any]:
 
 
 # -- writes: staged buckets, published by the driver's commit ----------------------------
-
-
-def ensure_meta(o: Options) -> None:
-    try:
-        meta_col(o).update_one(score.meta_filter(), score.meta_init(), upsert=True)
-    except DuplicateKeyError:
-        pass
 
 
 def _plain(v: Any) -> Any:
@@ -559,70 +537,36 @@ def row_item(row: Any, fields: list[str], fmt: str) -> bytes:
     return encode_item(_plain(row.asDict(recursive=True)))
 
 
-def pack(items: Iterable[bytes], max_size: int, max_bytes: int) -> Iterator[list[bytes]]:
-    limit = max_bytes - qcore.BUCKET_OVERHEAD
-    cur: list[bytes] = []
-    size = 0
-    for it in items:
-        if len(it) > limit:
-            raise PayloadTooLarge(
-                f"A row is {len(it)} bytes encoded; a bucket holds at most {limit} bytes of items "
-                f"(bucketMaxBytes={max_bytes}). Raise bucketMaxBytes (up to {qcore.HARD_MAX_BYTES}) "
-                "or store large blobs elsewhere and write a reference."
-            )
-        if cur and (len(cur) >= max_size or size + len(it) > limit):
-            yield cur
-            cur, size = [], 0
-        cur.append(it)
-        size += len(it)
-    if cur:
-        yield cur
-
-
 def stage(o: Options, mode: str, job: str, items: Iterable[bytes]) -> dict[str, Any]:
     """Insert one task attempt's items as staged buckets; returns its commit message."""
     token = uuid.uuid4().hex
     stg = {"j": job, "t": token}
-    c = col(o)
     buckets = n = 0
     chunk: list[list[bytes]] = []
 
     def flush() -> None:
-        now = time.time()
-        if mode == "stream":
-            ensure_meta(o)
-            meta = meta_col(o).find_one_and_update(
-                score.meta_filter(),
-                score.allocate_update(len(chunk)),
-                return_document=ReturnDocument.AFTER,
-            )
-            seqs = score.allocated(meta, len(chunk))
-            docs = [
-                score.bucket_document(s, b, ObjectId(), now, stg)
-                for s, b in zip(seqs, chunk, strict=True)
-            ]
+        if mode == "stream":  # numbered, retried and renumbered as pushed buckets are
+            stream(o).write_staged(chunk, stg)
         else:
             docs = []
             for b in chunk:
-                ob = qcore.OpenBucket(None, now, None)
-                ob.items = b
+                ob = score.sealed(b, time.time())
                 ob.mature = qcore.from_datetime(score.STAGED_MATURE)
                 doc = ob.document()
                 doc["stg"] = stg
                 docs.append(doc)
-        c.insert_many(docs, ordered=False)
+            col(o).insert_many(docs, ordered=False)
         chunk.clear()
 
-    for b in pack(
-        items,
-        o.bucket_max_size or qcore.DEFAULT_BUCKET_MAX_SIZE,
-        o.bucket_max_bytes or qcore.DEFAULT_BUCKET_MAX_BYTES,
-    ):
-        chunk.append(b)
-        buckets += 1
-        n += len(b)
-        if len(chunk) >= INSERT_CHUNK:
-            flush()
+    try:
+        for b in score.pack(o.stream_opts().packer, items, time.time()):
+            chunk.append(b)
+            buckets += 1
+            n += len(b)
+            if len(chunk) >= INSERT_CHUNK:
+                flush()
+    except PayloadTooLarge as exc:
+        raise PayloadTooLarge(spark_names(str(exc))) from None
     if chunk:
         flush()
     return {"token": token, "buckets": buckets, "items": n}
@@ -632,7 +576,7 @@ def publish(o: Options, mode: str, job: str, tokens: list[str], *, expect: int |
     """Make the named attempts' buckets visible; returns how many were published."""
     flt = {"stg.j": job, "stg.t": {"$in": tokens}}
     if mode == "stream":
-        upd: dict[str, Any] = {"$unset": {"stg": ""}}
+        upd: dict[str, Any] = score.publish_update()
     else:
         upd = {"$set": {"mature": qcore.to_datetime(time.time())}, "$unset": {"stg": ""}}
     res = col(o).update_many(flt, upd)
@@ -649,14 +593,7 @@ def discard(o: Options, mode: str, job: str, keep: list[str]) -> None:
     """Remove the job's staged buckets of every other attempt (failed or replayed)."""
     flt = {"stg.j": job, "stg.t": {"$nin": keep}}
     if mode == "stream":  # numbers must not stay open: turn them into tombstones
-        now = qcore.to_datetime(time.time())
-        col(o).update_many(
-            flt,
-            {
-                "$set": {"hole": True, "at": now},
-                "$unset": {"stg": "", "items": "", "n": "", "w": ""},
-            },
-        )
+        col(o).update_many(flt, score.staged_to_tombstone(time.time()))
     else:
         col(o).delete_many(flt)
 

@@ -17,6 +17,7 @@ bucket exclusive: whichever lands first wins, and the loser knows.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +37,8 @@ from ..queue._core import (
     DEFAULT_RETRY_BASE,
     DEFAULT_RETRY_BUDGET,
     DEFAULT_RETRY_CAP,
+    OpenBucket,
+    Packer,
     QueueOptions,
     from_datetime,
     to_datetime,
@@ -214,6 +217,28 @@ def bucket_document(
     return doc
 
 
+def pack(packer: QueueOptions, items: Iterable[bytes], now: float) -> Iterator[list[bytes]]:
+    """Encoded items in order, grouped into buckets as a producer's ``push`` groups them
+    (by ``bucket_max_size`` and ``bucket_max_bytes``; the queue's :class:`Packer`), for a
+    writer that has all its items at hand (a Spark task). Raises
+    :class:`~bucketq.errors.PayloadTooLarge` for an item no bucket can hold."""
+    p = Packer(packer, lambda: None)
+    for it in items:
+        for ob in p.add(it, now, now)[2]:
+            yield ob.items
+    for ob in p.take_all():
+        yield ob.items
+
+
+def sealed(items: list[bytes], now: float) -> OpenBucket:
+    """A bucket of already packed items, ready to be written."""
+    ob = OpenBucket(None, now, None)
+    ob.items = items
+    ob.nbytes = sum(map(len, items))
+    ob.mature = now
+    return ob
+
+
 def tombstone(seq: int, now: float) -> dict[str, Any]:
     return {"_id": seq, "hole": True, "at": to_datetime(now)}
 
@@ -222,13 +247,21 @@ def close_staged(
     seq: int, stage: dict[str, Any], now: float
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Turn a staged bucket that timed out into a tombstone (only if still staged as seen)."""
-    return (
-        {"_id": seq, "stg": stage},
-        {
-            "$set": {"hole": True, "at": to_datetime(now)},
-            "$unset": {"stg": "", "items": "", "n": "", "w": ""},
-        },
-    )
+    return {"_id": seq, "stg": stage}, staged_to_tombstone(now)
+
+
+def staged_to_tombstone(now: float) -> dict[str, Any]:
+    """The update that turns staged buckets into tombstones (timed out, or the attempts
+    a Spark commit does not publish): their numbers must not stay open."""
+    return {
+        "$set": {"hole": True, "at": to_datetime(now)},
+        "$unset": {"stg": "", "items": "", "n": "", "w": ""},
+    }
+
+
+def publish_update() -> dict[str, Any]:
+    """Make staged stream buckets visible to the consumer."""
+    return {"$unset": {"stg": ""}}
 
 
 def fenced_message(name: str, epoch: int, current: int | None) -> str:

@@ -11,6 +11,10 @@ import subprocess
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# Spark binds to the host's address, and on a loaded machine its Python workers then
+# fail to connect back to the JVM; loopback always answers. The query processes the
+# tests start inherit it.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def _missing(reason: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bucketq.errors import ConfigurationError, Fenced
+from bucketq.queue._codec import encode_item
 from bucketq.stream import AckOutOfOrder, AsyncStreamQueue, StreamQueue
 from waiting import eventually
 
@@ -243,3 +244,48 @@ def test_exactly_once_into_a_sink_that_stores_the_seq_while_consumers_are_killed
     items = Counter(x["i"] for d in db.sink.find() for x in d["items"])
     assert items == Counter(range(n)), "every item exactly once"
     assert q.position()["acked"] >= buckets - 1
+
+
+def test_close_hole_counts_only_a_number_it_closed(db):
+    """A bucket that lands (or is published) between the read that found its number
+    blocked and the close is read, and ``holes_closed`` does not count it."""
+    q = StreamQueue(db, "s", **FAST)
+    q.write_staged([[encode_item("a")]], {"j": "job", "t": "tok"})
+    c = q.consumer()
+    stale = db.s.find_one({"_id": 1})
+    assert stale["stg"] == {"j": "job", "t": "tok"}
+    db.s.update_one({"_id": 1}, {"$unset": {"stg": ""}})  # published meanwhile
+    assert c.close_hole("staged", 1, stale) is False
+    q.push("b", durable=True)  # seq 2
+    assert c.close_hole("missing", 2, None) is False  # the bucket is there
+    assert c.holes_closed == 0
+    assert [b.items for b in drain(c, 2)] == [["a"], ["b"]]
+    assert c.close_hole("missing", 3, None) is True  # nothing there: a tombstone
+    assert c.holes_closed == 1 and db.s.find_one({"_id": 3})["hole"] is True
+
+
+def test_staged_buckets_meeting_a_tombstone_are_renumbered(db):
+    """A staged write whose number was closed as a hole meanwhile takes the next one,
+    as a pushed bucket does."""
+    q = StreamQueue(db, "s", **FAST)
+    q.push("first", durable=True)  # seq 1
+    db.s.insert_one({"_id": 2, "hole": True, "at": None})  # closed before our insert
+    q.write_staged([[encode_item(i) for i in range(3)]], {"j": "job", "t": "tok"})
+    assert q.stats()["renumbered"] == 1
+    staged = db.s.find_one({"stg": {"$exists": True}})
+    assert staged["_id"] == 3 and staged["n"] == 3
+
+
+def test_reachable_stops_at_a_hole_and_closes_it_after_its_grace(db):
+    q = StreamQueue(db, "s", hole_grace=0.5, **FAST)
+    q.push_many(list(range(20)), durable=True)  # seqs 1, 2
+    q._allocate(1)  # seq 3: handed out, never written
+    q.push_many(list(range(20, 30)), durable=True)  # seq 4
+    c = q.consumer()
+    assert c.reachable(0, max_items=10) == 1
+    assert c.reachable(0) == 2  # blocked at 3, within its grace
+    assert eventually(lambda: c.reachable(0) == 4, what="the hole at 3 closed")
+    assert c.holes_closed == 1
+    assert c.reachable(4) == 4 and c.holes_closed == 1
+    c.write_ack(4)
+    assert q.position()["acked"] == 4 and db.s.count_documents({"hole": {"$exists": False}}) == 0

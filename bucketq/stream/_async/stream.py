@@ -48,6 +48,8 @@ from ...queue._quarantine import AsyncQuarantine
 from .. import _core as core
 
 log = logging.getLogger("bucketq.stream")
+#: Buckets (without their items) one read of :meth:`AsyncStreamConsumer.reachable` looks at.
+SCAN_PAGE = 1024
 
 _now = time.time
 _monotonic = time.monotonic
@@ -154,10 +156,11 @@ class AsyncStreamQueue(AsyncProducer):
         self._setup_done = True
 
     async def _write(
-        self, buckets: list[qcore.OpenBucket]
+        self, buckets: list[qcore.OpenBucket], stage: dict[str, Any] | None = None
     ) -> tuple[set[Any], BaseException | None]:
-        """Number sealed buckets in seal order and write them; a number whose hole was
-        closed meanwhile (a tombstone owns it) is given up and the bucket renumbered."""
+        """Number sealed buckets in seal order and write them (staged under ``stage`` if
+        given); a number whose hole was closed meanwhile (a tombstone owns it) is given
+        up and the bucket renumbered."""
         deadline = self._write_deadline(buckets)
         attempt = 0
         seqs: dict[Any, int] = {}
@@ -171,7 +174,10 @@ class AsyncStreamQueue(AsyncProducer):
                         for ob, seq in zip(need, await self._allocate(len(need)), strict=True):
                             seqs[ob.id] = seq
                     now = _now()
-                    docs = [core.bucket_document(seqs[ob.id], ob.items, ob.id, now) for ob in todo]
+                    docs = [
+                        core.bucket_document(seqs[ob.id], ob.items, ob.id, now, stage)
+                        for ob in todo
+                    ]
                     if len(docs) == 1:
                         await self._col.insert_one(docs[0])
                     else:
@@ -248,14 +254,16 @@ class AsyncStreamQueue(AsyncProducer):
         if self._forked:
             raise used_after_fork(self)
         with self._bounded(self.options.op_timeout, f"consumer() of stream {self.name!r}"):
-            meta = await self._open_epoch()
+            meta = await self.open_epoch()
             start = core.check_resume(self.name, after, meta)
             c = AsyncStreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start)
             if start > c.acked:
                 await c._write_ack(start)
         return c
 
-    async def _open_epoch(self) -> dict[str, Any]:
+    async def open_epoch(self) -> dict[str, Any]:
+        """Bump the consumer epoch (fencing every older consumer) and return the stream's
+        metadata after it; :meth:`consumer` does this."""
         for _ in range(5):
             meta = await self._meta.find_one_and_update(
                 core.meta_filter(), core.open_update(), return_document=ReturnDocument.AFTER
@@ -302,6 +310,23 @@ class AsyncStreamQueue(AsyncProducer):
     async def remove_quarantined(self, bucket_id: Any = None) -> int:
         """Delete quarantined buckets (one seq, or all) for good; returns how many."""
         return await self._quarantine.remove(bucket_id)
+
+    @boundary("write_staged()")
+    async def write_staged(self, buckets: list[list[bytes]], stage: dict[str, Any]) -> None:
+        """Write sealed buckets of encoded items (see :func:`bucketq.stream._core.pack`)
+        staged under ``stage`` (``{"j": job, "t": attempt}``): numbered, retried and
+        renumbered like pushed buckets, and invisible to the consumer (they block it at
+        their number) until published or closed. The Spark data source's writes."""
+        if self._forked:
+            raise used_after_fork(self)
+        if not buckets:
+            return
+        now = _now()
+        failed, error = await self._write([core.sealed(items, now) for items in buckets], stage)
+        if failed:
+            raise PushFailed(
+                f"Writing {len(failed)} staged bucket(s) to stream {self.name!r} failed: {error}"
+            ) from error
 
     async def _put_recovered(self, writer: Any, items: list[bytes]) -> None:
         failed, error = await self._write([qcore.recovered_bucket(writer, items, _now())])
@@ -383,7 +408,7 @@ class AsyncStreamConsumer:
             if self._buffer:
                 if not fresh:
                     with self._bounded(deadline, what):
-                        await self._check_epoch()  # every delivery is fenced, read-ahead too
+                        await self.check_epoch()  # every delivery is fenced, read-ahead too
                 b = self._buffer.popleft()
                 self._delivered.append(b.seq)
                 return b
@@ -416,7 +441,9 @@ class AsyncStreamConsumer:
             seconds = min(seconds, left)
         return self.stream._bounded(seconds, what)
 
-    async def _check_epoch(self) -> dict[str, Any]:
+    async def check_epoch(self) -> dict[str, Any]:
+        """The stream's metadata; raises :class:`~bucketq.errors.Fenced` once a newer
+        consumer opened."""
         meta = await self.stream._meta.find_one(core.meta_filter())
         if meta is None or int(meta.get("epoch", -1)) != self.epoch:
             raise Fenced(
@@ -427,7 +454,7 @@ class AsyncStreamConsumer:
     async def _fill(self) -> float:
         """One fenced read; returns how long to wait before the next (0: go on at once)."""
         opts = self.stream.options
-        meta = await self._check_epoch()
+        meta = await self.check_epoch()
         cur = (
             self.stream._col.find({"_id": {"$gt": self.cursor}})
             .sort("_id", 1)
@@ -449,29 +476,72 @@ class AsyncStreamConsumer:
         self._clock.passed(self.cursor)
         if res.ready or res.blocked is None:
             return 0.0 if res.ready else opts.poll_interval
-        kind, seq, doc = res.blocked
+        return await self._unblock(res.blocked)
+
+    async def _unblock(self, blocked: tuple[str, int, dict[str, Any] | None]) -> float:
+        """Close the number the reader is blocked on once it waited long enough; returns
+        how long it still has to wait (0: closed, or filled meanwhile: read on)."""
+        kind, seq, doc = blocked
         due = self._clock.due_in(kind, seq, _monotonic())
         if due > 0:
             return due
-        await self._close_hole(kind, seq, doc)
+        await self.close_hole(kind, seq, doc)
         return 0.0
 
-    async def _close_hole(self, kind: str, seq: int, doc: dict[str, Any] | None) -> None:
+    async def close_hole(self, kind: str, seq: int, doc: dict[str, Any] | None) -> bool:
+        """Close a blocked number (``kind`` and ``doc`` as :func:`bucketq.stream._core.scan`
+        reports it): a tombstone for a missing bucket, a staged bucket turned into one.
+        Returns whether it closed it; False when the bucket arrived or was published
+        meanwhile (then ``holes_closed`` does not count it and the reader reads it)."""
         now = _now()
         if kind == "missing":
             try:
                 await self.stream._col.insert_one(core.tombstone(seq, now))
             except DuplicateKeyError:
-                return  # the bucket arrived after all: read it next
+                return False  # the bucket arrived after all: read it next
         else:
             assert doc is not None
             flt, upd = core.close_staged(seq, doc["stg"], now)
             res = await self.stream._col.update_one(flt, upd)
             if not res.matched_count:
-                return  # published (or closed) meanwhile
+                return False  # published (or closed) meanwhile
         self.holes_closed += 1
         log.warning("stream %s: closed %s seq %d after its grace period", self.stream.name,
                     "hole" if kind == "missing" else "stale staged bucket", seq)  # fmt: skip
+        return True
+
+    @boundary("reachable()")
+    async def reachable(self, after: int, max_items: int | None = None) -> int:
+        """The highest seq that follows ``after`` without a gap, and no more than
+        ``max_items`` items past it (at least one bucket): what a reader that fetches
+        ranges itself (the Spark source, per micro-batch) may read next. Numbers blocked
+        longer than their grace are closed on the way, as :meth:`next_batch` does. Reads
+        no items and moves no cursor."""
+        if self._closed:
+            raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+        what = f"reachable() on stream {self.stream.name!r}"
+        with self._bounded(None, what):
+            allocated = int((await self.check_epoch()).get("next", 0))
+        cursor, items = after, 0
+        while True:
+            with self._bounded(None, what):
+                cur = self.stream._col.find({"_id": {"$gt": cursor}}, {"items": 0})
+                docs = await cur.sort("_id", 1).limit(SCAN_PAGE).to_list()
+            res = core.scan(cursor, docs, allocated)
+            for d in res.ready:
+                n = int(d.get("n", 0))
+                if max_items is not None and items and items + n > max_items:
+                    return cursor
+                cursor = d["_id"]
+                items += n
+            self._clock.passed(cursor)
+            if res.blocked is None:
+                if len(docs) < SCAN_PAGE or not res.ready:
+                    return cursor
+                continue
+            with self._bounded(None, what):
+                if await self._unblock(res.blocked) > 0:
+                    return cursor
 
     @boundary("quarantine()")
     async def quarantine(self, seq: int) -> bool:
@@ -486,7 +556,7 @@ class AsyncStreamConsumer:
                 f"quarantine() takes the seq of a damaged bucket not yet delivered (after "
                 f"{self.cursor}); got {seq!r}."
             )
-        await self._check_epoch()
+        await self.check_epoch()
         doc = await self.stream._col.find_one({"_id": seq})
         if doc is None or core.is_tombstone(doc) or core.is_staged(doc):
             return False
@@ -516,7 +586,6 @@ class AsyncStreamConsumer:
         if n:
             with self._bounded(None, f"ack() on stream {self.stream.name!r}"):
                 await self._write_ack(seq)
-            del self._delivered[:n]
 
     @boundary("ack_through()")
     async def ack_through(self, seq: int) -> None:
@@ -525,7 +594,15 @@ class AsyncStreamConsumer:
         if n:
             with self._bounded(None, f"ack_through() on stream {self.stream.name!r}"):
                 await self._write_ack(seq)
-            del self._delivered[:n]
+
+    @boundary("write_ack()")
+    async def write_ack(self, seq: int) -> None:
+        """Acknowledge (and delete) through ``seq`` under this consumer's epoch, without
+        the delivery checks of :meth:`ack_through`: for a reader that fetched the buckets
+        itself (the Spark source commits a micro-batch with it). Raises
+        :class:`~bucketq.errors.Fenced` once a newer consumer opened."""
+        with self._bounded(None, f"write_ack() on stream {self.stream.name!r}"):
+            await self._write_ack(seq)
 
     async def _write_ack(self, seq: int) -> None:
         if self._closed:
@@ -537,6 +614,8 @@ class AsyncStreamConsumer:
                 core.fenced_message(self.stream.name, self.epoch, meta and meta.get("epoch"))
             )
         self.acked = max(self.acked, seq)
+        while self._delivered and self._delivered[0] <= seq:
+            del self._delivered[0]
         if self.cursor < seq:
             self.cursor = seq
         try:

@@ -1,0 +1,98 @@
+"""The data source's checks and steps without a Spark job: options are checked as the
+stream checks them, and its reads and writes go through the stream's own steps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bucketq.errors import ConfigurationError, PayloadTooLarge
+from bucketq.queue._codec import encode_item
+from bucketq.spark import _ops as ops
+from bucketq.stream import StreamQueue
+from waiting import eventually
+
+pytestmark = pytest.mark.spark
+
+
+def options(mongo_uri, db_name, **extra):
+    return ops.Options({"uri": mongo_uri, "database": db_name, "queue": "s", **extra})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("bucketMaxBytes", str(32 * 1024 * 1024), "from 1024 to 16711680 bytes (MongoDB's 16 MiB"),
+        ("bucketMaxBytes", "100", "from 1024 to 16711680 bytes"),
+        ("bucketMaxSize", "100000", "from 1 to 65536 items"),
+        ("bucketMaxSize", "ten", "a whole number; got 'ten'"),
+        ("holeGrace", "nan", "a finite number greater than 0"),
+        ("stageTimeout", "inf", "a finite number greater than 0"),
+        ("numPartitions", "0", "a whole number at least 1"),
+        ("startingAfter", "-1", "a whole number at least 0"),
+    ],
+)
+def test_a_bad_option_is_refused_naming_it_and_what_it_accepts(
+    mongo_uri, db_name, key, value, says
+):
+    with pytest.raises(ConfigurationError) as err:
+        options(mongo_uri, db_name, **{key: value})
+    msg = str(err.value)
+    assert msg.startswith(f"Option {key} must be"), msg
+    assert says in msg and "_" not in msg.split(";")[0], msg
+
+
+def test_options_are_the_streams_options(mongo_uri, db_name):
+    o = options(mongo_uri, db_name, bucketMaxBytes="16711680", holeGrace="2.5")
+    assert o.stream_opts().bucket_max_bytes == 16711680
+    assert math.isclose(o.stream_opts().hole_grace, 2.5)
+
+
+def test_a_row_too_large_for_a_bucket_names_the_spark_option(db, mongo_uri, db_name):
+    o = options(mongo_uri, db_name, mode="stream", bucketMaxBytes="2048")
+    with pytest.raises(PayloadTooLarge, match=r"bucketMaxBytes=2048\). .*raise bucketMaxBytes"):
+        ops.stage(o, "stream", "job", iter([encode_item("x" * 4000)]))
+
+
+def test_staged_writes_are_packed_and_numbered_by_the_stream(db, mongo_uri, db_name):
+    """Rows are grouped as pushes are, and a number closed as a hole meanwhile is
+    given up for the next one (before, the task failed on the duplicate)."""
+    StreamQueue(db, "s").push("first", durable=True)  # seq 1
+    db.s.insert_one({"_id": 2, "hole": True, "at": None})  # a consumer closed 2
+    o = options(mongo_uri, db_name, mode="stream", bucketMaxSize="4")
+    m = ops.stage(o, "stream", "job", (encode_item(i) for i in range(10)))
+    assert (m["buckets"], m["items"]) == (3, 10)
+    staged = list(db.s.find({"stg.t": m["token"]}).sort("_id", 1))
+    assert [d["_id"] for d in staged] == [3, 4, 5]  # the bucket that met seq 2 went last
+    assert sorted(d["n"] for d in staged) == [2, 4, 4]
+
+
+def test_the_driver_counts_only_the_holes_it_closed(db, mongo_uri, db_name):
+    q = StreamQueue(db, "s", bucket_max_size=10, bucket_max_wait=0.05)
+    q.push_many(list(range(10)), durable=True)  # seq 1
+    q._allocate(1)  # seq 2: handed out, never written
+    q.push_many(list(range(10, 20)), durable=True)  # seq 3
+    src = ops.StreamSource(options(mongo_uri, db_name, holeGrace="0.3"))
+    assert src.initial() == 0
+    assert src.latest(0, None) == 1
+    eventually(lambda: src.latest(0, None) == 3, what="the hole at 2 closed")
+    assert src.holes_closed == 1
+    stale = db.s.find_one({"_id": 3})
+    assert src.consumer.close_hole("missing", 3, stale) is False  # there: not closed
+    assert src.latest(3, None) == 3 and src.holes_closed == 1
+    src.commit(3)
+    assert q.position()["acked"] == 3
+
+
+def test_a_newer_consumer_fences_the_query(db, mongo_uri, db_name):
+    q = StreamQueue(db, "s", bucket_max_size=10, bucket_max_wait=0.05)
+    q.push_many(list(range(10)), durable=True)
+    src = ops.StreamSource(options(mongo_uri, db_name))
+    assert src.latest(src.initial(), None) == 1
+    q.consumer()
+    from bucketq.errors import Fenced
+
+    with pytest.raises(Fenced):
+        src.commit(1)
+    assert q.position()["acked"] == 0
