@@ -8,7 +8,7 @@ from typing import Any
 
 from ._options import LOGGER_NAME, make_config
 from ._processor import Processor, acquire, release, sdk_thread
-from ._record import from_fields, from_log_record
+from ._record import from_fields, from_log_record, needs_item
 
 _SDK_PREFIX = LOGGER_NAME + "."
 
@@ -92,17 +92,20 @@ class IngestHandler(logging.Handler):
         return rv
 
     def emit(self, record: logging.LogRecord) -> None:
+        # The caller's thread: format the message (its args may change next) and queue the
+        # record; its extra= fields are read by a sender (see bucketq.sdk._record).
         name = record.name
         if name == LOGGER_NAME or name.startswith(_SDK_PREFIX):
             return
-        if getattr(sdk_thread, "active", False):
+        if sdk_thread.active:
             return
         try:
-            item = from_log_record(record, self._service)
+            if needs_item(record):
+                self._processor.submit(from_log_record(record, self._service))
+            else:
+                self._processor.submit((record, record.getMessage()))
         except Exception:  # noqa: BLE001 - the logging contract: report, never raise
             self.handleError(record)
-            return
-        self._processor.submit(item)
 
     def flush(self) -> None:
         self._processor.flush()

@@ -7,8 +7,16 @@
        ▼                │                          ▼ both down / refused
      Spill ◀────────────┴──────────────────────── Spill ──replay (primary back)──▶ primary
 
-    monitor thread: starts the drain worker at 90% fill, flushes the spill, starts replays
+    monitor thread: writes what the queue refused to the spill, starts the drain worker
+                    at 90% fill, flushes the spill, starts replays
     health thread:  probes an endpoint marked down every health_interval
+
+The caller's side (:meth:`Processor.submit`) is a deque append: when the queue is full
+the record goes to a second bounded deque (``queue_size`` records) that the monitor
+thread writes to the spill in batches; only when that one is full too does the caller
+write its record to the spill itself. Every background thread sleeps on an event with
+a long timeout rather than polling: a thread that wakes must take the interpreter lock
+from the application.
 
 Nothing is shared between processors: :func:`acquire` returns the one processor of a
 :class:`~bucketq.sdk._options.Config` (creating it on first use), and two configurations
@@ -23,21 +31,34 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from ._options import DRAIN_BATCH_SIZE, DRAIN_START_PERCENT, DRAIN_STOP_PERCENT, LOGGER_NAME, Config
 from ._policy import DOWN, OK, REFUSED, RETRY, Outcome, should_start_drain, should_stop_drain
 from ._queue import SafeQueue
-from ._record import Item, to_wire
+from ._record import Queued, wire
 from ._spill import Spill
 from ._transport import Sender
 
 log = logging.getLogger(LOGGER_NAME)
 
-#: set in every thread the SDK runs, so the handler ignores what they log (urllib3...)
-sdk_thread = threading.local()
 
-_MONITOR_TICK = 0.1
+class _SdkThread(threading.local):
+    #: a class attribute: reading it in an application thread raises nothing (a missing
+    #: attribute read through getattr(..., default) costs an exception on every log call)
+    active = False
+
+
+#: ``active`` in every thread the SDK runs, so the handler ignores what they log (urllib3...)
+sdk_thread = _SdkThread()
+
+#: seconds the monitor sleeps when nothing wakes it (spill flush, replay checks)
+_MONITOR_TICK = 0.25
+#: seconds an idle sender waits for a first record before looking at its stop flag
+_WORKER_IDLE = 1.0
+#: records the monitor writes to the spill at a time
+_SPILL_CHUNK = 500
 #: a replay stops (to start again later) when the queue is this full with new records
 REPLAY_YIELD_PERCENT = 50.0
 
@@ -46,8 +67,10 @@ class Endpoint:
     """Health of one server: up, or down since a connection failure until a probe
     answers; paused until a Retry-After has passed."""
 
-    def __init__(self, name: str, ingest_url: str, base_url: str, api_key: str) -> None:
+    def __init__(self, name: str, ingest_url: str, base_url: str, api_key: str,
+                 on_down: threading.Event | None = None) -> None:  # fmt: skip
         self.name = name
+        self._on_down = on_down
         self.ingest_url = ingest_url
         self.base_url = base_url
         self.api_key = api_key
@@ -64,6 +87,8 @@ class Endpoint:
         self.up, self.reason = False, reason
         if was:
             self.downs += 1
+            if self._on_down is not None:
+                self._on_down.set()  # the health thread starts probing
         return was
 
     def mark_up(self) -> bool:
@@ -89,15 +114,24 @@ class Processor:
     # -- setup -------------------------------------------------------------------------
     def _init_state(self) -> None:
         cfg = self.cfg
+        #: wakes the monitor: fill reached 90%, or records wait in _overflow
+        self._wake = threading.Event()
+        #: wakes the health thread: an endpoint went down, or close()
+        self._health_wake = threading.Event()
         self.queue = SafeQueue(cfg.queue_size, notify_every=cfg.batch_size,
-                               high_water=DRAIN_START_PERCENT)  # fmt: skip
+                               high_water=DRAIN_START_PERCENT, high=self._wake)  # fmt: skip
+        #: records the queue refused, on their way to the spill (written by the monitor)
+        self._overflow: deque[Queued] = deque()
+        self._overflow_max = cfg.queue_size
+        self._overflow_lock = threading.Lock()
         self.spill = Spill(
             cfg.spill_path(),
             max_bytes=cfg.spill_max_bytes,
             segment_bytes=cfg.spill_segment_bytes,
             meta={"url": cfg.url, "fallback_url": cfg.fallback_url, "service": cfg.service},
         )
-        self.primary = Endpoint("primary", cfg.ingest_url, cfg.base_url, cfg.api_key)
+        self.primary = Endpoint("primary", cfg.ingest_url, cfg.base_url, cfg.api_key,
+                                self._health_wake)  # fmt: skip
         self.fallback = (
             None
             if cfg.fallback_url is None
@@ -106,12 +140,13 @@ class Processor:
                 cfg.fallback_ingest_url or "",
                 cfg.fallback_base_url or "",
                 cfg.fallback_api_key or cfg.api_key,
+                self._health_wake,
             )  # fmt: skip
         )
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._accepting = True
-        self._inflight: dict[int, list[Item]] = {}
+        self._inflight: dict[int, list[Queued]] = {}
         self._handling = 0
         self._tokens = itertools.count()
         self._threads: list[threading.Thread] = []
@@ -152,14 +187,36 @@ class Processor:
         target()
 
     # -- the caller's side -------------------------------------------------------------
-    def submit(self, item: Item) -> bool:
+    def submit(self, item: Queued) -> bool:
         """Queue ``item``; never waits. False: the queue was full (or the processor closed)
         and the record went to the spill instead."""
-        if self._accepting and self.queue.add(item):
-            return True
-        self._spill_items([item], "queue full" if self._accepting else "closed",
-                          retry=True, flush=False)  # fmt: skip
+        if self._accepting:
+            if self.queue.add(item):
+                return True
+            buf = self._overflow
+            if len(buf) < self._overflow_max:
+                buf.append(item)  # the monitor writes it to the spill
+                if len(buf) == 1:
+                    self._wake.set()
+                return False
+            reason = "queue full"  # and the monitor is behind: this call writes its own
+        else:
+            reason = "closed"
+        self._spill_items([item], reason, retry=True, flush=False)
         return False
+
+    def _write_overflow(self) -> None:
+        """Write the records the queue refused to the spill (monitor, flush, stats, close)."""
+        buf = self._overflow
+        with self._overflow_lock:  # held while writing: flush() waits for the last chunk
+            while buf:
+                chunk: list[Queued] = []
+                try:
+                    while len(chunk) < _SPILL_CHUNK:
+                        chunk.append(buf.popleft())
+                except IndexError:
+                    pass
+                self._spill_items(chunk, "queue full", retry=True, flush=False)
 
     # -- counters ----------------------------------------------------------------------
     def _count(self, name: str, n: int = 1) -> None:
@@ -177,10 +234,11 @@ class Processor:
             log.warning(msg, *args)
 
     # -- spilling ----------------------------------------------------------------------
-    def _spill_items(self, items: list[Item], reason: str, *, retry: bool,
+    def _spill_items(self, items: list[Queued], reason: str, *, retry: bool,
                      flush: bool = True) -> None:  # fmt: skip
+        service = self.cfg.service
         try:
-            records = [to_wire(i) for i in items]
+            records = [wire(i, service) for i in items]
         except Exception as exc:  # noqa: BLE001 - a record that cannot be converted
             self._lose("unconvertible", len(items))
             log.error("could not convert %d record(s) for the spill: %r", len(items), exc)
@@ -199,7 +257,7 @@ class Processor:
         )
 
     # -- in-flight batches -------------------------------------------------------------
-    def _register(self, items: list[Item]) -> int:
+    def _register(self, items: list[Queued]) -> int:
         token = next(self._tokens)
         with self._lock:
             self._inflight[token] = items
@@ -239,7 +297,7 @@ class Processor:
                  if e is not None and e.up and e.paused_until > now]  # fmt: skip
         return min(waits) if waits else 0.0
 
-    def _send_items(self, sender: Sender, items: list[Item], *, drain: bool) -> str:
+    def _send_items(self, sender: Sender, items: list[Queued], *, drain: bool) -> str:
         token = self._register(items)
         try:
             return self._deliver(sender, items, drain=drain, token=token)
@@ -251,7 +309,7 @@ class Processor:
                     self._handled()
             raise
 
-    def _deliver(self, sender: Sender, items: list[Item], *, drain: bool, token: int) -> str:
+    def _deliver(self, sender: Sender, items: list[Queued], *, drain: bool, token: int) -> str:
         target = self._route(drain=drain)
         if target is None and self._paused_wait() > 0:
             # Up but asked to wait (Retry-After) since this batch was taken: back it goes.
@@ -273,7 +331,8 @@ class Processor:
                 finally:
                     self._handled()
             return DOWN
-        records = [to_wire(i) for i in items]
+        service = self.cfg.service
+        records = [wire(i, service) for i in items]
         outcome = sender.post(target.ingest_url, target.api_key, records)
         if not self._claim(token):
             return outcome.kind  # close() took this batch to the spill meanwhile
@@ -283,7 +342,7 @@ class Processor:
             self._handled()
         return outcome.kind
 
-    def _handle(self, target: Endpoint, items: list[Item], outcome: Outcome) -> None:
+    def _handle(self, target: Endpoint, items: list[Queued], outcome: Outcome) -> None:
         n = len(items)
         if outcome.kind == OK:
             self._count("sent" if target is self.primary else "to_fallback", n)
@@ -306,7 +365,7 @@ class Processor:
                         else "records go to the spill until it answers")  # fmt: skip
         self._requeue(items, outcome)
 
-    def _requeue(self, items: list[Item], outcome: Outcome) -> None:
+    def _requeue(self, items: list[Queued], outcome: Outcome) -> None:
         """Back through the writeback if some endpoint can take them now or after a pause;
         to the spill if none can (both down) or the writeback is full."""
         reachable = any(e is not None and e.up for e in (self.primary, self.fallback))
@@ -329,7 +388,7 @@ class Processor:
                     if wait > 0 and self._route(drain=False) is None:
                         self._stop.wait(min(wait, 0.5))
                         continue
-                    batch = self.queue.get_batch(cfg.batch_size, timeout=0.25,
+                    batch = self.queue.get_batch(cfg.batch_size, timeout=_WORKER_IDLE,
                                                  fill_wait=cfg.batch_wait)  # fmt: skip
                     if batch:
                         self._send_items(sender, batch, drain=False)
@@ -343,9 +402,10 @@ class Processor:
     def _monitor_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                if self.queue.high.wait(_MONITOR_TICK):
-                    self.queue.high.clear()
-                    self._maybe_drain()
+                self._wake.wait(_MONITOR_TICK)
+                self._wake.clear()
+                self._write_overflow()
+                self._maybe_drain()
                 self.spill.flush()
                 if (
                     not self._replay_wanted
@@ -395,14 +455,22 @@ class Processor:
     def _health_loop(self) -> None:
         sender = Sender(self.cfg)
         interval = self.cfg.health_interval
+        wake = self._health_wake
         try:
-            while not self._stop.wait(min(interval, 0.1)):
+            while not self._stop.is_set():
                 try:
-                    for ep in (self.primary, self.fallback):
-                        if ep is None or ep.up:
-                            continue
+                    down = [ep for ep in (self.primary, self.fallback)
+                            if ep is not None and not ep.up]  # fmt: skip
+                    if not down:  # sleep until an endpoint goes down (or close())
+                        wake.wait(60.0)
+                        wake.clear()
+                        continue
+                    next_probe = interval
+                    for ep in down:
                         last = getattr(ep, "_probed", 0.0)
-                        if time.monotonic() - last < interval:
+                        due = last + interval - time.monotonic()
+                        if due > 0:
+                            next_probe = min(next_probe, due)
                             continue
                         ep._probed = time.monotonic()  # type: ignore[attr-defined]
                         if sender.probe(ep.base_url) and ep.mark_up():
@@ -410,9 +478,11 @@ class Processor:
                                         ep.base_url)  # fmt: skip
                             if ep is self.primary:
                                 self._replay_wanted = True
+                    self._stop.wait(next_probe)
                 except Exception:
                     self._count("worker_errors")
                     log.exception("bucketq.sdk health probe error; going on")
+                    self._stop.wait(0.1)
         finally:
             sender.close()
 
@@ -456,11 +526,12 @@ class Processor:
 
     # -- flush / close -----------------------------------------------------------------
     def pending(self) -> int:
-        return len(self.queue) + len(self._inflight) + self._handling
+        return len(self.queue) + len(self._overflow) + len(self._inflight) + self._handling
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued was handled (sent, or spilled), at most ``timeout``
         seconds (default ``shutdown_timeout``); True when nothing is pending."""
+        self._write_overflow()
         if self.pending() == 0:
             self.spill.flush()
             return True
@@ -475,6 +546,7 @@ class Processor:
                 time.sleep(0.005)
         finally:
             self.queue.urgent = False
+        self._write_overflow()  # also waits for a chunk the monitor is writing
         self.spill.flush()
         return True
 
@@ -486,7 +558,10 @@ class Processor:
         done = self.flush(timeout)
         self._accepting = False
         self._stop.set()
+        self._health_wake.set()
+        self._wake.set()
         self.queue.wake_all()
+        self._write_overflow()
         left = self.queue.take_all()
         with self._lock:
             inflight = [i for items in self._inflight.values() for i in items]
@@ -502,6 +577,7 @@ class Processor:
         late = self.queue.take_all()
         if late:
             self._spill_items(late, "closed", retry=True)
+        self._write_overflow()
         self.spill.close()
         self._closed = True
         _forget(self)
@@ -512,6 +588,9 @@ class Processor:
         return self._closed
 
     def stats(self) -> dict[str, Any]:
+        """The counters; records waiting for the spill are written first, so ``spilled``
+        counts every record the queue refused."""
+        self._write_overflow()
         with self._lock:
             c = dict(self.counters)
             lost = dict(self._lost)

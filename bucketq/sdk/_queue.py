@@ -6,6 +6,12 @@ back through :meth:`SafeQueue.writeback_batch` into a separate writeback buffer 
 served first, so fill can exceed 100% while room is being made. A written-back batch
 stays one unit: ``get_batch`` hands it out whole and alone, so it is sent again with the
 same body (hence the same ``Idempotency-Key``). Only ``threading``.
+
+``add`` runs in the application's thread on every log call, so it takes no lock: a
+``collections.deque`` append is atomic under the interpreter lock, and only the
+consumers (which pop under the lock) need one. The bound is checked before the append,
+so producers racing in the same instant can pass it by one item each; the consumers are
+woken only when the first item and a full batch arrive.
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ class SafeQueue:
       (``writeback_size`` items, default ``maxsize``); the rest are kept as one batch,
       served before anything else.
     - ``fill_percentage()`` -> (queued + writeback) / maxsize * 100; may exceed 100.
-    - ``high`` is an Event set once fill reaches ``high_water`` percent (the drain
-      worker's signal); whoever handles it clears it.
+    - ``high`` is an Event (``high=``, else a new one) set once fill reaches
+      ``high_water`` percent (the drain worker's signal); whoever handles it clears it.
+    - ``added`` / ``refused``: how many ``add`` calls were accepted / refused.
     """
 
     def __init__(
@@ -43,6 +50,7 @@ class SafeQueue:
         writeback_size: int | None = None,
         high_water: float = DRAIN_START_PERCENT,
         notify_every: int = DEFAULT_BATCH_SIZE,
+        high: threading.Event | None = None,
     ) -> None:
         if maxsize < 1:
             raise ValueError("maxsize must be >= 1")
@@ -55,8 +63,9 @@ class SafeQueue:
         self._cond = threading.Condition(self._lock)
         self._high_mark = max(1, int(maxsize * high_water / 100.0 + 0.999999))
         self._notify_every = max(1, notify_every)
-        self.high = threading.Event()
-        self.added = 0
+        self.high = threading.Event() if high is None else high
+        self._taken = 0  # items popped from _items (under the lock); added = taken + len
+        self._refused_lock = threading.Lock()
         self.refused = 0
         #: set while someone flushes: batches are taken without waiting for them to fill
         self.urgent = False
@@ -71,19 +80,24 @@ class SafeQueue:
     def fill_percentage(self) -> float:
         return (len(self._items) + self._wb_n) * 100.0 / self._maxsize
 
+    @property
+    def added(self) -> int:
+        with self._lock:
+            return self._taken + len(self._items)
+
     def add(self, item: Any) -> bool:
-        with self._lock:  # the lock itself: a C context manager, cheaper than the Condition
-            n = len(self._items)
-            if n >= self._maxsize:
+        items = self._items
+        if len(items) >= self._maxsize:
+            with self._refused_lock:
                 self.refused += 1
-                return False
-            self._items.append(item)
-            self.added += 1
-            n += 1
-            if n == 1 or n == self._notify_every:
+            return False
+        items.append(item)  # atomic; no lock shared with the consumers
+        n = len(items)
+        if n == 1 or n == self._notify_every:
+            with self._cond:
                 self._cond.notify_all()
-            if n + self._wb_n >= self._high_mark and not self.high.is_set():
-                self.high.set()
+        if n + self._wb_n >= self._high_mark and not self.high.is_set():
+            self.high.set()
         return True
 
     def _ready(self) -> bool:
@@ -100,6 +114,7 @@ class SafeQueue:
                     self._wb.popleft()
                 self._wb_n -= 1
                 return item
+            self._taken += 1
             return self._items.popleft()
 
     def _wait(self, ready: Any, timeout: float | None) -> bool:
@@ -130,6 +145,7 @@ class SafeQueue:
             out: list[Any] = []
             while len(out) < n and items:
                 out.append(items.popleft())
+            self._taken += len(out)
             return out
 
     def writeback_batch(self, items: Iterable[Any]) -> list[Any]:
@@ -149,10 +165,14 @@ class SafeQueue:
     def take_all(self) -> list[Any]:
         """Everything queued (writeback first), removed; for shutdown."""
         with self._cond:
-            out = [i for group in self._wb for i in group] + list(self._items)
+            out = [i for group in self._wb for i in group]
             self._wb.clear()
             self._wb_n = 0
-            self._items.clear()
+            items = self._items
+            n = len(out)
+            while items:  # popped one by one: an add racing this is taken, never cleared away
+                out.append(items.popleft())
+            self._taken += len(out) - n
             return out
 
     def wake_all(self) -> None:

@@ -1,8 +1,20 @@
 """Records: what the caller's thread keeps (cheap), and the wire form the server takes.
 
-Pure: no I/O. The caller's thread builds a :data:`Item` tuple (the message formatted, the
-``extra=`` fields collected, an exception formatted to text); a sender thread turns it
-into the JSON object of ``POST /api/v1/ingest`` with :func:`to_wire`.
+Pure: no I/O. What the caller's thread queues is as little as it can be:
+
+- a ``logging`` record without exception or stack info: the pair ``(record, message)``,
+  the message formatted at call time (``record.getMessage()``: its ``args`` may be
+  mutable objects the caller changes next, and formatting costs a fraction of a
+  microsecond), the record itself kept by reference, as the standard library's
+  ``QueueHandler`` does: its ``extra=`` attributes are read when a sender encodes the
+  batch, so a mutable value passed in ``extra=`` and changed afterwards is sent as it
+  is then;
+- a record with exception or stack info: an :data:`Item` built at once
+  (:func:`from_log_record`), so the traceback is text and its frames are not held;
+- ``Client.log``: an :data:`Item` (:func:`from_fields`).
+
+A sender thread turns either into the JSON object of ``POST /api/v1/ingest`` with
+:func:`wire`.
 """
 
 from __future__ import annotations
@@ -18,6 +30,8 @@ from ..errors import ConfigurationError
 
 #: (created, level, message, service, metadata or None, trace_id or None, span_id or None)
 Item = tuple[float, str, str, str, dict[str, Any] | None, str | None, str | None]
+#: what the queue holds: an :data:`Item`, or ``(LogRecord, message)`` (see the module doc)
+Queued = Item | tuple[logging.LogRecord, str]
 
 LEVELS = ("debug", "info", "warn", "error", "critical")
 _LEVEL_ALIASES = {
@@ -75,15 +89,13 @@ def format_exception(exc_info: Any) -> dict[str, str]:
     }
 
 
-def from_log_record(record: logging.LogRecord, service: str) -> Item:
-    """The :data:`Item` of a stdlib record: ``extra=`` fields become metadata (``trace_id``,
-    ``span_id`` and ``service`` go to the top level), exception info goes to
-    ``metadata["exception"]``, the logger's name to ``metadata["logger"]``."""
+def _extra(record: logging.LogRecord, service: str
+           ) -> tuple[dict[str, Any], str, str | None, str | None]:  # fmt: skip
+    """(metadata, service, trace_id, span_id) of a record's ``extra=`` attributes."""
     meta: dict[str, Any] = {"logger": record.name}
     trace_id = span_id = None
     d = record.__dict__
-    extra = d.keys() - _STANDARD  # one set operation in C, not a loop over ~25 names
-    for k in extra:
+    for k in d.keys() - _STANDARD:  # one set operation in C, not a loop over ~25 names
         v = d[k]
         if k == "trace_id":
             trace_id = None if v is None else str(v)
@@ -94,6 +106,14 @@ def from_log_record(record: logging.LogRecord, service: str) -> Item:
                 service = v
         else:
             meta[k] = v
+    return meta, service, trace_id, span_id
+
+
+def from_log_record(record: logging.LogRecord, service: str) -> Item:
+    """The :data:`Item` of a stdlib record: ``extra=`` fields become metadata (``trace_id``,
+    ``span_id`` and ``service`` go to the top level), exception info goes to
+    ``metadata["exception"]``, the logger's name to ``metadata["logger"]``."""
+    meta, service, trace_id, span_id = _extra(record, service)
     if record.exc_info and record.exc_info[0] is not None:
         meta["exception"] = format_exception(record.exc_info)
     elif record.exc_text:
@@ -102,6 +122,12 @@ def from_log_record(record: logging.LogRecord, service: str) -> Item:
         meta["stack"] = record.stack_info
     return (record.created, wire_level(record.levelno), record.getMessage() or "(empty)",
             service, meta, trace_id, span_id)  # fmt: skip
+
+
+def needs_item(record: logging.LogRecord) -> bool:
+    """True when the caller's thread must build the :data:`Item` itself (exception or stack
+    info: formatted at once, so no traceback and its frames are held in the queue)."""
+    return bool(record.exc_info or record.exc_text or record.stack_info)
 
 
 def from_fields(
@@ -120,8 +146,22 @@ def from_fields(
             None if span_id is None else str(span_id))  # fmt: skip
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
+
+
 def iso_time(created: float) -> str:
-    return datetime.fromtimestamp(created, UTC).isoformat(timespec="microseconds")
+    """``created`` (seconds since the epoch) as ISO 8601 UTC with microseconds. The text of
+    the whole second is kept and reused: the senders format a batch of records from the
+    same second at a fraction of ``datetime``'s cost."""
+    global _second
+    sec = int(created // 1)
+    us = round((created - sec) * 1e6)
+    if us >= 1_000_000:
+        sec, us = sec + 1, us - 1_000_000
+    cached = _second  # one tuple, replaced whole: a thread never sees half of an update
+    if cached[0] != sec:
+        cached = _second = (sec, datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{cached[1]}.{us:06d}+00:00"
 
 
 def to_wire(item: Item) -> dict[str, Any]:
@@ -135,6 +175,27 @@ def to_wire(item: Item) -> dict[str, Any]:
     }
     if meta:
         out["metadata"] = meta
+    if trace_id is not None:
+        out["trace_id"] = trace_id
+    if span_id is not None:
+        out["span_id"] = span_id
+    return out
+
+
+def wire(item: Queued, service: str) -> dict[str, Any]:
+    """The ingest JSON object of a queued entry (an :data:`Item`, or ``(record, message)``
+    whose ``extra=`` attributes are read now; ``service`` is the configuration's)."""
+    if len(item) != 2:
+        return to_wire(item)
+    record, message = item
+    meta, service, trace_id, span_id = _extra(record, service)
+    out: dict[str, Any] = {
+        "time": iso_time(record.created),
+        "service": service,
+        "level": wire_level(record.levelno),
+        "message": message or "(empty)",
+        "metadata": meta,
+    }
     if trace_id is not None:
         out["trace_id"] = trace_id
     if span_id is not None:
@@ -182,6 +243,7 @@ def dumps(value: Any) -> str:
     try:
         return json.dumps(value, default=json_default, ensure_ascii=False, allow_nan=False,
                           separators=(",", ":"))  # fmt: skip
-    except (TypeError, ValueError, RecursionError):
+    except (TypeError, ValueError, RecursionError, RuntimeError):
+        # RuntimeError: an ``extra=`` dict or list changed by its thread while encoded.
         return json.dumps(sanitize(value), default=str, ensure_ascii=False, allow_nan=False,
                           separators=(",", ":"))  # fmt: skip

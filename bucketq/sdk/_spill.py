@@ -77,12 +77,11 @@ def spill_directories(root: Path) -> list[Path]:
 
 
 def encode_lines(records: Iterable[dict[str, Any]], reason: str, retry: bool) -> bytes:
-    at = iso_time(time.time())
-    return b"".join(
-        dumps({"log": r, "reason": reason, "retry": retry, "at": at}).encode("utf-8", "replace")
-        + b"\n"
-        for r in records
-    )
+    """The spill lines of ``records``: each record encoded once, the common tail (reason,
+    retry, time) encoded once for all of them."""
+    tail = dumps({"reason": reason, "retry": retry, "at": iso_time(time.time())})
+    tail = "," + tail[1:] + "\n"
+    return "".join(['{"log":' + dumps(r) + tail for r in records]).encode("utf-8", "replace")
 
 
 @dataclass
