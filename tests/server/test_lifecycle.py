@@ -83,6 +83,46 @@ def test_ready_and_503_follow_the_storage_server(storage: EmbeddedServer, tmp_pa
         assert serve.terminate() == 0
 
 
+def test_sigterm_with_the_storage_gone_exits_1_and_says_what_was_kept(
+    storage: EmbeddedServer, tmp_path: Path
+) -> None:
+    """The buffer's transport (bucketq) and storage live on a stopped server: the
+    buffer's stop cannot finish, so the process gives up on it (graceful time + 5 s),
+    logs that the pending records were kept by the transport, and exits 1 instead of
+    hanging. A process started once storage is back stores every kept record."""
+    env = {"RESERVOIR_BUFFER_ENABLED": "true", "RESERVOIR_BUFFER_TRANSPORT": "bucketq",
+           "RESERVOIR_BUFFER_SHARDS": "2", "RESERVOIR_BUFFER_MAX_BATCH_SIZE": "10000",
+           "RESERVOIR_BUFFER_MAX_BATCH_AGE_MS": "600000",  # held in the buffer until stop
+           "RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS": "1000"}  # fmt: skip
+    serve = Serve(storage.uri, "gone", tmp_path / "serve.log", **env).start()
+    try:
+        with MongoClient(storage.uri) as client:
+            key = _keys.create_key(client["gone"], "gone")
+        with serve.client(key) as c:
+            for i in range(3):
+                r = c.post("/api/v1/ingest", json=log_batch(10, prefix=f"held{i}"))
+                assert r.status_code == 200, r.text
+        storage.stop(keep_data=True)
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGTERM)
+        code = serve.proc.wait(120)  # a generous bound: without the forced exit, never
+        out = serve.output()
+        assert code == 1, out[-3000:]
+        assert "buffer stop did not finish" in out, out[-3000:]
+        assert "30 records pending were kept by the transport for the next process" in out
+        assert "exiting (1)" in out
+
+        storage.start()
+        serve.env["RESERVOIR_BUFFER_MAX_BATCH_AGE_MS"] = "200"
+        serve.start()
+        with MongoClient(storage.uri) as client:
+            logs = client["gone"]["logs"]
+            eventually(lambda: logs.count_documents({"project_id": "gone"}) == 30,
+                       timeout=60, what="the 30 kept records stored by the next process")  # fmt: skip
+    finally:
+        serve.terminate()
+
+
 def test_open_breaker_writes_straight_to_storage(
     mongo_uri: str, mongo_client: MongoClient, tmp_path: Path
 ) -> None:
