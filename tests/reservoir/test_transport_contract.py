@@ -103,6 +103,26 @@ async def test_requeue_redelivers_the_updated_entry_after_its_delay(transport):
     assert (await t.pending())[0] == 0
 
 
+@pytest.mark.parametrize("name", ["memory", "redis", "bucketq"])
+async def test_a_dispatch_delay_holds_entries_at_once_and_delivers_them_when_due(backends, name):
+    """Pending (held, durable where the transport is) as soon as the enqueue returns;
+    delivered after entries enqueued later without a delay, in their own order."""
+    t = backends.transport(name)
+    await t.start(1)
+    try:
+        await t.enqueue_many(0, entries(3), 1.0)
+        assert (await t.pending())[0] == 3
+        await t.enqueue_many(0, entries(1, start=3))
+        got: list = []
+        while len(got) < 4:
+            got += await t.dequeue(0, 10, 0.3)
+        assert msgs(got) == ["m3", "m0", "m1", "m2"]
+        await t.ack(0, got)
+        assert (await t.pending())[0] == 0
+    finally:
+        await t.stop()
+
+
 async def test_dead_letter_inspect_replay_purge(transport):
     t = transport
     task = await put(t, 1, entries(3))
