@@ -156,6 +156,10 @@ class BufferedReservoir(Reservoir):
         except TransportError as exc:
             log.warning("reading the pending count failed (%s); starting from 0", exc)
         self.metrics.pending.set(self._pending)
+        if self.delays is not None and self.transport.durable:
+            # What a previous process left may wait for up to the longest dispatch delay.
+            longest = max([self.delays.boundary, *self.delays.by_kind.values()])
+            self._held_until = time.monotonic() + longest
         self._state = "running"
         for s in range(self.shards):
             self._consumers[s] = asyncio.create_task(

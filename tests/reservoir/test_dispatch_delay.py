@@ -180,6 +180,8 @@ async def test_a_delayed_record_is_durable_at_once(backends, transport):
     assert first.stored["log"] == [] and report["kept"] == 1 and report["lost"] == 0
     second = FakeStorage()
     async with BufferedReservoir(second, backends.transport(transport), cfg) as again:
+        # Pending from the start, waiting for its delay: not a stall.
+        assert again.buffer_health(stall_after=0.0)["ok"]
         await eventually(lambda: second.messages() == ["kept"], what="the kept record stored")
         await settled(again)
 
