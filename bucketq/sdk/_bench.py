@@ -138,15 +138,17 @@ def _delivery(url: str, key: str, n: int, spill: str) -> dict[str, Any]:
 
 
 def _ceiling(url: str, key: str, n: int) -> dict[str, Any]:
-    """The server's own rate: two threads POSTing ready-made 100-record batches (what the
-    SDK's two workers send), no SDK in the way."""
+    """The server's own rate: two threads POSTing ready-made batches of the SDK's
+    ``DEFAULT_BATCH_SIZE`` records (what its two workers send), no SDK in the way."""
     import urllib3
+
+    from ._options import DEFAULT_BATCH_SIZE as size
 
     batches = [
         json.dumps({"logs": [{"time": "2026-01-01T00:00:00+00:00", "service": "bench-ceiling",
-                              "level": "info", "message": f"ceiling {b * 100 + i}",
-                              "metadata": {"i": i}} for i in range(100)]}).encode()
-        for b in range(max(1, n // 100))
+                              "level": "info", "message": f"ceiling {b * size + i}",
+                              "metadata": {"i": i}} for i in range(size)]}).encode()
+        for b in range(max(1, n // size))
     ]  # fmt: skip
     lock = threading.Lock()
     ok = [0]
@@ -158,7 +160,7 @@ def _ceiling(url: str, key: str, n: int) -> dict[str, Any]:
                              headers={"Content-Type": "application/json", "X-API-Key": key})  # fmt: skip
             if r.status == 200:
                 with lock:
-                    ok[0] += 100
+                    ok[0] += size
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=post, args=(batches[k::2],)) for k in range(2)]
@@ -167,7 +169,7 @@ def _ceiling(url: str, key: str, n: int) -> dict[str, Any]:
     for t in threads:
         t.join()
     seconds = time.perf_counter() - t0
-    return {"n": ok[0], "seconds": seconds, "records_per_s": ok[0] / seconds}
+    return {"n": ok[0], "seconds": seconds, "records_per_s": ok[0] / seconds, "batch": size}
 
 
 def _run_child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -268,7 +270,7 @@ def _report(results: dict[str, Any]) -> None:
     c = results.get("ceiling")
     if c:
         print(f"server ceiling: {c['records_per_s']:,.0f} records/s from two threads POSTing "
-              f"100-record batches directly (SDK delivery / ceiling: "
+              f"{c.get('batch', 100)}-record batches directly (SDK delivery / ceiling: "
               f"{(d or {}).get('records_per_s', 0) / max(c['records_per_s'], 1e-9):.2f})")  # fmt: skip
     for case in ("sdk_down", "sdk_full"):
         if case in cases:

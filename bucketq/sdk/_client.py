@@ -83,7 +83,11 @@ class IngestHandler(logging.Handler):
         return self._processor
 
     def handle(self, record: logging.LogRecord) -> Any:
-        # emit is thread-safe on its own: skip Handler.handle's lock (one less wait).
+        # emit is thread-safe on its own: skip Handler.handle's lock (one less wait), and
+        # the filter call when there are no filters.
+        if not self.filters:
+            self.emit(record)
+            return True
         rv = self.filter(record)
         if rv:
             if isinstance(rv, logging.LogRecord):

@@ -237,12 +237,16 @@ def sanitize(value: Any, depth: int = 0) -> Any:
     return sanitize(json_default(value), depth + 1) if not isinstance(value, str) else value
 
 
+# One encoder built once: json.dumps with options builds a JSONEncoder on every call.
+_encode = json.JSONEncoder(default=json_default, ensure_ascii=False, allow_nan=False,
+                           separators=(",", ":")).encode  # fmt: skip
+
+
 def dumps(value: Any) -> str:
     """Compact JSON of ``value``; what JSON cannot carry (odd keys, NaN, cycles, objects) is
     sent as text instead of failing the whole batch."""
     try:
-        return json.dumps(value, default=json_default, ensure_ascii=False, allow_nan=False,
-                          separators=(",", ":"))  # fmt: skip
+        return _encode(value)
     except (TypeError, ValueError, RecursionError, RuntimeError):
         # RuntimeError: an ``extra=`` dict or list changed by its thread while encoded.
         return json.dumps(sanitize(value), default=str, ensure_ascii=False, allow_nan=False,
