@@ -104,6 +104,7 @@ class QueueOptions:
     op_timeout: float = DEFAULT_OP_TIMEOUT
     write_concern: WriteConcern | dict[str, Any] | None = None
     change_streams: bool | None = None
+    hold_pushed: bool = False
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     def __post_init__(self) -> None:
@@ -135,6 +136,7 @@ class QueueOptions:
         v.choice("pending_policy", self.pending_policy, ("block", "raise"))
         v.write_concern(self.write_concern)
         v.flag("change_streams", self.change_streams, optional=True)
+        v.flag("hold_pushed", self.hold_pushed)
         v.text("owner", self.owner)
 
     @classmethod
@@ -946,7 +948,7 @@ def new_stats() -> dict[str, int]:
             "pushed", "buckets_written", "insert_retries", "push_failed", "reserved", "committed",
             "rolled_back", "dead_lettered", "lease_losses", "claims", "takeovers", "state_flushes",
             "released", "reclaims", "write_concern_unconfirmed", "dead_letter_failed",
-            "state_flush_errors", "quarantined", "loop_errors",
+            "state_flush_errors", "quarantined", "loop_errors", "held_on_write",
         ),
         0,
     )  # fmt: skip

@@ -42,11 +42,14 @@ T = TypeVar("T")
 #: (measured: getMores were 70% of the bucketq mode's MongoDB commands at 100 requests/s,
 #: ~2,800 per 1,000 records). What other processes leave behind (their buckets whose lease
 #: ran out, their delayed retries) is found by polling every ``poll_interval``.
+#: ``hold_pushed``: a shard queue holds the buckets it writes (inserted leased to it), so
+#: its consumer claims none of them: one command per bucket fewer.
 DEFAULT_QUEUE_OPTIONS: dict[str, Any] = {
     "bucket_max_wait": 0.02,
     "mature_granularity": 0.1,
     "poll_interval": 2.0,
     "change_streams": False,
+    "hold_pushed": True,
 }
 
 

@@ -83,8 +83,11 @@ class Queue(Producer):
         self._starved = True
         self._starved_wake = Notifier()
         self._waiters = 0
+        self._fetch_full = False  # the fetcher waits for room under prefetch
         self._last_reserve = 0.0
         self._next_local_mature: float | None = None
+        # hold_pushed: buckets being inserted leased to this queue (see _lease_on_write).
+        self._leased_on_write: dict[ObjectId, tuple[dict[str, Any], ObjectId, float]] = {}
         self._stats = core.new_stats()
         self._paused = False
         self._draining = False
@@ -182,6 +185,7 @@ class Queue(Producer):
         deadline = self._write_deadline(buckets)
         self._setup(deadlines.attempt_timeout(deadline, _now()))
         docs, bad = core.build_documents(buckets, core.OpenBucket.document)
+        self._lease_on_write(docs)
         by_id = {ob.id: ob for ob in buckets}
         attempt = 0
         while docs:
@@ -209,16 +213,54 @@ class Queue(Producer):
                         break
                 attempt += 1
                 if not self._retry_insert(exc, deadline, attempt):
+                    for k in docs:
+                        self._leased_on_write.pop(k, None)
                     return set(docs) | bad, exc
         return bad, None
 
+    def _lease_on_write(self, docs: dict[Any, dict[str, Any]]) -> None:
+        """``hold_pushed``: while this queue object consumes, the mature buckets it writes
+        are inserted already leased to it (``_written`` serves them here), which spares
+        a claim per bucket; if this process dies, they come back when the lease runs out."""
+        if not self.options.hold_pushed or self._fetcher is None or self._paused:
+            return
+        if self._draining or self._closed:
+            return
+        now = _now()
+        for bid, doc in docs.items():
+            if core.from_datetime(doc["mature"]) <= now:
+                token = ObjectId()
+                self._leased_on_write[bid] = (dict(doc), token, now)
+                _, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
+                doc.update(upd["$set"], leases=1)
+
     def _written(self, buckets: list[core.OpenBucket], now: float) -> None:
+        claim = False
         for ob in buckets:
+            held = self._leased_on_write.pop(ob.id, None)
+            if held is not None:
+                self._hold_written(*held)
+                continue
+            claim = True
             if ob.mature > now and (
                 self._next_local_mature is None or ob.mature < self._next_local_mature
             ):
                 self._next_local_mature = ob.mature
-        self._fetch_wake.notify()
+        if claim:
+            self._fetch_wake.notify()
+
+    def _hold_written(self, doc: dict[str, Any], token: ObjectId, sent: float) -> None:
+        """Serve a bucket this queue inserted leased to itself, as if it had claimed it."""
+        b = core.HeldBucket(doc, token, sent, self.options.lease)
+        b.origin = self
+        self._stats["held_on_write"] += 1
+        with self._mutex:
+            msgs = b.ready_messages(sent, self.options.max_tries)
+            b.queued = len(msgs)
+            self._held[b.id] = b
+            self._ready.extend(msgs)
+        if msgs:
+            self._consumers.notify()
 
     @boundary("flush()")
     def flush(self) -> None:
@@ -312,8 +354,8 @@ class Queue(Producer):
             b.handed += 1
             b.handed_at[msg.index] = now
             out.append(msg)
-            if b.queued == 0:
-                self._fetch_wake.notify()
+            if b.queued == 0 and self._fetch_full:
+                self._fetch_wake.notify()  # room for the fetcher's next claim
         if out:
             self._stats["reserved"] += len(out)
             self._last_reserve = now
@@ -422,7 +464,14 @@ class Queue(Producer):
                 self._fetch_wake.wait(gen, None)
                 continue
             if self._buffered_buckets() >= 1 + self.options.prefetch:
-                self._fetch_wake.wait(gen, None)
+                # Woken when a bucket is handed out (not at each one otherwise: a claim
+                # right after the fetcher found nothing would find nothing again).
+                self._fetch_full = True
+                try:
+                    if self._buffered_buckets() >= 1 + self.options.prefetch:  # seen since?
+                        self._fetch_wake.wait(gen, None)
+                finally:
+                    self._fetch_full = False
                 continue
             try:
                 with self._bounded(self.options.op_timeout):
