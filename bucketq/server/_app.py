@@ -15,9 +15,10 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import bson
 from fastapi import Depends, FastAPI, Header, Query, Request, Security
@@ -597,6 +598,28 @@ a 503 means none was acknowledged (retry after `Retry-After`; send an `Idempoten
 so a retry is stored once)."""
 
 
+_In = TypeVar("_In")
+
+
+async def _accept(
+    request: Request,
+    kind: str,
+    field: str,
+    project: str,
+    items: Sequence[_In],
+    to_record: Callable[[str, _In], dict[str, Any]],
+    idempotency_key: str | None,
+) -> Accepted:
+    """What every JSON ingest route does with its validated body: the count limit,
+    records of ``project``, a BSON check naming ``field``, then storage."""
+    svc = _svc(request)
+    _check_count(svc, len(items))
+    records = [to_record(project, x) for x in items]
+    _check_storable(field, records)
+    n = await svc.accept(kind, project, records, idempotency_key)
+    return Accepted(received=n, timestamp=datetime.now(UTC))
+
+
 def create_app(
     config: ServerConfig | None = None,
     *,
@@ -647,34 +670,22 @@ def create_app(
               summary="Ingest log records")  # fmt: skip
     async def ingest(body: LogsIn, request: Request, project: Project,
                      idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
-        svc = _svc(request)
-        _check_count(svc, len(body.logs))
-        records = [_log_record(project, r) for r in body.logs]
-        _check_storable("logs", records)
-        n = await svc.accept("log", project, records, idempotency_key)
-        return Accepted(received=n, timestamp=datetime.now(UTC))
+        return await _accept(request, "log", "logs", project, body.logs, _log_record,
+                             idempotency_key)  # fmt: skip
 
     @app.post("/api/v1/ingest/spans", response_model=Accepted, responses=INGEST_ERRORS,
               tags=["ingest"], summary="Ingest spans")  # fmt: skip
     async def ingest_spans(body: SpansIn, request: Request, project: Project,
                            idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
-        svc = _svc(request)
-        _check_count(svc, len(body.spans))
-        records = [_span_record(project, s) for s in body.spans]
-        _check_storable("spans", records)
-        n = await svc.accept("span", project, records, idempotency_key)
-        return Accepted(received=n, timestamp=datetime.now(UTC))
+        return await _accept(request, "span", "spans", project, body.spans, _span_record,
+                             idempotency_key)  # fmt: skip
 
     @app.post("/api/v1/ingest/metrics", response_model=Accepted, responses=INGEST_ERRORS,
               tags=["ingest"], summary="Ingest metric samples")  # fmt: skip
     async def ingest_metrics(body: MetricsIn, request: Request, project: Project,
                              idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
-        svc = _svc(request)
-        _check_count(svc, len(body.metrics))
-        records = [_metric_record(project, m) for m in body.metrics]
-        _check_storable("metrics", records)
-        n = await svc.accept("metric", project, records, idempotency_key)
-        return Accepted(received=n, timestamp=datetime.now(UTC))
+        return await _accept(request, "metric", "metrics", project, body.metrics, _metric_record,
+                             idempotency_key)  # fmt: skip
 
     otlp_body = {
         "requestBody": {
