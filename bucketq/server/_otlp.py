@@ -14,6 +14,7 @@ import base64
 import gzip
 import json
 import zlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -156,86 +157,99 @@ def _resource(resource: Any) -> tuple[str, dict[str, Any]]:
     return (str(service) if service else "unknown"), attrs
 
 
-def log_records(msg: Any, project: str, now: datetime) -> tuple[list[dict[str, Any]], int, str]:
-    """(records, rejected, why) for an ExportLogsServiceRequest."""
+#: What a record converter gives back: the stored record, or why the record is rejected.
+_Converted = dict[str, Any] | str
+
+
+def _convert(
+    resources: Any, scopes: str, items: str,
+    one: Callable[[Any, str, dict[str, Any], Any], _Converted],
+) -> tuple[list[dict[str, Any]], int, str]:  # fmt: skip
+    """(records, rejected, why): ``one(item, service, resource attributes, scope)`` for
+    every item under every resource's ``scopes`` and every scope's ``items``; ``why`` is
+    the first rejection's reason."""
     out: list[dict[str, Any]] = []
     rejected = 0
     why = ""
-    for rl in msg.resource_logs:
-        service, res = _resource(rl.resource)
-        for sl in rl.scope_logs:
-            for lr in sl.log_records:
-                if len(lr.trace_id) not in (0, 16) or len(lr.span_id) not in (0, 8):
+    for group in resources:
+        service, res = _resource(group.resource)
+        for scope in getattr(group, scopes):
+            for item in getattr(scope, items):
+                rec = one(item, service, res, scope.scope)
+                if isinstance(rec, str):
                     rejected += 1
-                    why = why or "trace_id must be 16 bytes and span_id 8 bytes"
-                    continue
-                ns = lr.time_unix_nano or lr.observed_time_unix_nano
-                body = _value(lr.body) if lr.HasField("body") else None
-                meta = _attrs(lr.attributes)
-                if res:
-                    meta["resource"] = res
-                if sl.scope.name:
-                    meta["scope"] = sl.scope.name
-                rec: dict[str, Any] = {
-                    "project_id": project,
-                    "time": _time(ns) if ns else now,
-                    "service": service,
-                    "level": _level(lr.severity_number, lr.severity_text),
-                    "message": body
-                    if isinstance(body, str)
-                    else ("" if body is None else json.dumps(body, default=str)),
-                }
-                if meta:
-                    rec["metadata"] = meta
-                if lr.trace_id:
-                    rec["trace_id"] = lr.trace_id.hex()
-                if lr.span_id:
-                    rec["span_id"] = lr.span_id.hex()
-                out.append(rec)
+                    why = why or rec
+                else:
+                    out.append(rec)
     return out, rejected, why
+
+
+def log_records(msg: Any, project: str, now: datetime) -> tuple[list[dict[str, Any]], int, str]:
+    """(records, rejected, why) for an ExportLogsServiceRequest."""
+
+    def one(lr: Any, service: str, res: dict[str, Any], scope: Any) -> _Converted:
+        if len(lr.trace_id) not in (0, 16) or len(lr.span_id) not in (0, 8):
+            return "trace_id must be 16 bytes and span_id 8 bytes"
+        ns = lr.time_unix_nano or lr.observed_time_unix_nano
+        body = _value(lr.body) if lr.HasField("body") else None
+        meta = _attrs(lr.attributes)
+        if res:
+            meta["resource"] = res
+        if scope.name:
+            meta["scope"] = scope.name
+        rec: dict[str, Any] = {
+            "project_id": project,
+            "time": _time(ns) if ns else now,
+            "service": service,
+            "level": _level(lr.severity_number, lr.severity_text),
+            "message": body
+            if isinstance(body, str)
+            else ("" if body is None else json.dumps(body, default=str)),
+        }
+        if meta:
+            rec["metadata"] = meta
+        if lr.trace_id:
+            rec["trace_id"] = lr.trace_id.hex()
+        if lr.span_id:
+            rec["span_id"] = lr.span_id.hex()
+        return rec
+
+    return _convert(msg.resource_logs, "scope_logs", "log_records", one)
 
 
 def span_records(msg: Any, project: str, now: datetime) -> tuple[list[dict[str, Any]], int, str]:
     """(records, rejected, why) for an ExportTraceServiceRequest."""
-    out: list[dict[str, Any]] = []
-    rejected = 0
-    why = ""
-    for rs in msg.resource_spans:
-        service, res = _resource(rs.resource)
-        for ss in rs.scope_spans:
-            for sp in ss.spans:
-                if len(sp.trace_id) != 16 or len(sp.span_id) != 8:
-                    rejected += 1
-                    why = why or "a span needs a 16-byte trace_id and an 8-byte span_id"
-                    continue
-                attrs = _attrs(sp.attributes)
-                if res:
-                    attrs["resource"] = res
-                start = _time(sp.start_time_unix_nano) if sp.start_time_unix_nano else now
-                rec: dict[str, Any] = {
-                    "project_id": project,
-                    "trace_id": sp.trace_id.hex(),
-                    "span_id": sp.span_id.hex(),
-                    "service": service,
-                    "name": sp.name or "unnamed",
-                    "kind": _SPAN_KINDS[sp.kind]
-                    if 0 <= sp.kind < len(_SPAN_KINDS)
-                    else "unspecified",
-                    "start_time": start,
-                    "status": {
-                        "code": _STATUS[sp.status.code] if 0 <= sp.status.code < 3 else "unset",
-                        **({"message": sp.status.message} if sp.status.message else {}),
-                    },
-                }
-                if sp.parent_span_id:
-                    rec["parent_span_id"] = sp.parent_span_id.hex()
-                if sp.end_time_unix_nano:
-                    rec["end_time"] = _time(sp.end_time_unix_nano)
-                    rec["duration_ms"] = (sp.end_time_unix_nano - sp.start_time_unix_nano) / 1e6
-                if attrs:
-                    rec["attributes"] = attrs
-                out.append(rec)
-    return out, rejected, why
+
+    def one(sp: Any, service: str, res: dict[str, Any], scope: Any) -> _Converted:
+        if len(sp.trace_id) != 16 or len(sp.span_id) != 8:
+            return "a span needs a 16-byte trace_id and an 8-byte span_id"
+        attrs = _attrs(sp.attributes)
+        if res:
+            attrs["resource"] = res
+        start = _time(sp.start_time_unix_nano) if sp.start_time_unix_nano else now
+        rec: dict[str, Any] = {
+            "project_id": project,
+            "trace_id": sp.trace_id.hex(),
+            "span_id": sp.span_id.hex(),
+            "service": service,
+            "name": sp.name or "unnamed",
+            "kind": _SPAN_KINDS[sp.kind] if 0 <= sp.kind < len(_SPAN_KINDS) else "unspecified",
+            "start_time": start,
+            "status": {
+                "code": _STATUS[sp.status.code] if 0 <= sp.status.code < 3 else "unset",
+                **({"message": sp.status.message} if sp.status.message else {}),
+            },
+        }
+        if sp.parent_span_id:
+            rec["parent_span_id"] = sp.parent_span_id.hex()
+        if sp.end_time_unix_nano:
+            rec["end_time"] = _time(sp.end_time_unix_nano)
+            rec["duration_ms"] = (sp.end_time_unix_nano - sp.start_time_unix_nano) / 1e6
+        if attrs:
+            rec["attributes"] = attrs
+        return rec
+
+    return _convert(msg.resource_spans, "scope_spans", "spans", one)
 
 
 def success(kind: str, rejected: int, why: str, mtype: str) -> bytes:
