@@ -10,8 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from bucketq import AckOutOfOrder, ConfigurationError, PayloadNotEncodable
-
-from .conftest import call
+from queue_kinds import resolve
 
 NAN, INF = float("nan"), float("inf")
 
@@ -67,27 +66,27 @@ BAD_PUSH = [
 @pytest.mark.parametrize(("kwargs", "needle"), BAD_PUSH)
 async def test_a_bad_push_argument_fails_that_push_only(queue_kind, kwargs, needle):
     q = queue_kind.open()
-    before = await call(q.push("before", durable=True))
+    before = await resolve(q.push("before", durable=True))
     with pytest.raises(ConfigurationError, match=needle):
-        await call(q.push("bad", **kwargs))
+        await resolve(q.push("bad", **kwargs))
     with pytest.raises(ConfigurationError, match=needle):
-        await call(q.push_many(["bad1", "bad2"], **kwargs))
+        await resolve(q.push_many(["bad1", "bad2"], **kwargs))
     after = q.push("after")
-    after = await call(after)
-    await call(q.flush())
-    assert await call(after.wait(10)) and before
-    got = [await call(q.reserve(timeout=10)) for _ in range(2)]
+    after = await resolve(after)
+    await resolve(q.flush())
+    assert await resolve(after.wait(10)) and before
+    got = [await resolve(q.reserve(timeout=10)) for _ in range(2)]
     assert sorted(m.payload for m in got if m is not None) == ["after", "before"]
-    assert await call(q.total_size()) == 2
+    assert await resolve(q.total_size()) == 2
 
 
 @pytest.mark.parametrize("payloads", ["abc", b"abc", {"a": 1, "b": 2}, 5, None])
 async def test_push_many_wants_a_list_of_payloads(queue_kind, payloads):
     q = queue_kind.open()
     with pytest.raises(ConfigurationError, match="payloads"):
-        await call(q.push_many(payloads))
-    await call(q.flush())
-    assert await call(q.total_size()) == 0
+        await resolve(q.push_many(payloads))
+    await resolve(q.flush())
+    assert await resolve(q.total_size()) == 0
 
 
 async def test_a_self_referential_payload_is_not_encodable(queue_kind):
@@ -95,27 +94,27 @@ async def test_a_self_referential_payload_is_not_encodable(queue_kind):
     loop: list = []
     loop.append(loop)
     with pytest.raises(PayloadNotEncodable, match="contains itself"):
-        await call(q.push(loop))
+        await resolve(q.push(loop))
     d: dict = {}
     d["me"] = d
     with pytest.raises(PayloadNotEncodable):
-        await call(q.push_many(["fine", d]))
+        await resolve(q.push_many(["fine", d]))
 
 
 @pytest.mark.parametrize("timeout", [NAN, INF, -1, True, "1"])
 async def test_reserve_timeouts_are_checked(queue_kind, timeout):
     q = queue_kind.open()
     with pytest.raises(ConfigurationError, match="timeout"):
-        await call(q.reserve(timeout=timeout))
+        await resolve(q.reserve(timeout=timeout))
     with pytest.raises(ConfigurationError, match="timeout"):
-        await call(q.reserve_many(5, timeout=timeout))
+        await resolve(q.reserve_many(5, timeout=timeout))
 
 
 @pytest.mark.parametrize("max_items", [True, 0, -3, "3", 2.0])
 async def test_reserve_many_wants_a_count(queue_kind, max_items):
     q = queue_kind.open()
     with pytest.raises(ConfigurationError, match="max_items"):
-        await call(q.reserve_many(max_items, timeout=0))
+        await resolve(q.reserve_many(max_items, timeout=0))
 
 
 @pytest.mark.parametrize(
@@ -128,13 +127,13 @@ async def test_reserve_many_wants_a_count(queue_kind, max_items):
 )  # fmt: skip
 async def test_bad_rollback_arguments_leave_the_message_in_hand(queue_kind, kwargs, needle):
     q = queue_kind.open()
-    await call(q.push("x", durable=True))
-    msg = await call(q.reserve(timeout=10))
+    await resolve(q.push("x", durable=True))
+    msg = await resolve(q.reserve(timeout=10))
     with pytest.raises(ConfigurationError, match=needle):
-        await call(q.rollback(msg, **kwargs))
-    assert await call(q.commit(msg)) is True
-    await call(q.flush())
-    assert await call(q.total_size()) == 0
+        await resolve(q.rollback(msg, **kwargs))
+    assert await resolve(q.commit(msg)) is True
+    await resolve(q.flush())
+    assert await resolve(q.total_size()) == 0
 
 
 @pytest.mark.parametrize("bad", [None, "x", 5])
@@ -142,66 +141,66 @@ async def test_commit_and_rollback_want_a_message(queue_kind, bad):
     q = queue_kind.open()
     for method in (q.commit, q.rollback):
         with pytest.raises(ConfigurationError, match="Message"):
-            await call(method(bad))
+            await resolve(method(bad))
     with pytest.raises(ConfigurationError, match="Message"):
-        await call(q.commit_many([bad]))
+        await resolve(q.commit_many([bad]))
 
 
 async def test_a_message_from_another_queue_object_is_refused(queue_kind):
     a = queue_kind.open("a")
     b = queue_kind.open("b")
-    await call(a.push("x", durable=True))
-    msg = await call(a.reserve(timeout=10))
+    await resolve(a.push("x", durable=True))
+    msg = await resolve(a.reserve(timeout=10))
     with pytest.raises(ConfigurationError, match="another queue object"):
-        await call(b.commit(msg))
+        await resolve(b.commit(msg))
     with pytest.raises(ConfigurationError, match="another queue object"):
-        await call(b.rollback(msg))
+        await resolve(b.rollback(msg))
     assert b.stats()["committed"] == 0
-    assert await call(a.commit(msg)) is True
+    assert await resolve(a.commit(msg)) is True
 
 
 async def test_commit_after_rollback_returns_false_and_the_item_comes_back(queue_kind):
     q = queue_kind.open()
-    await call(q.push("x", durable=True))
-    first = await call(q.reserve(timeout=10))
-    assert await call(q.rollback(first, delay=0)) is True
+    await resolve(q.push("x", durable=True))
+    first = await resolve(q.reserve(timeout=10))
+    assert await resolve(q.rollback(first, delay=0)) is True
     # The rollback ended that delivery: committing it now would drop the redelivery.
-    assert await call(q.commit(first)) is False
-    assert await call(q.rollback(first, delay=0)) is False
-    again = await call(q.reserve(timeout=10))
+    assert await resolve(q.commit(first)) is False
+    assert await resolve(q.rollback(first, delay=0)) is False
+    again = await resolve(q.reserve(timeout=10))
     assert again is not None and again.payload == "x" and again.tries == 1
-    assert await call(q.commit(again)) is True
-    await call(q.flush())
-    assert await call(q.reserve(timeout=0.5)) is None
-    assert await call(q.total_size()) == 0
+    assert await resolve(q.commit(again)) is True
+    await resolve(q.flush())
+    assert await resolve(q.reserve(timeout=0.5)) is None
+    assert await resolve(q.total_size()) == 0
 
 
 @pytest.mark.parametrize("suffix", ["-1", "-2", "+1", " 1", "01", "1.5", "x", "65536", ""])
 async def test_remove_refuses_an_index_that_is_not_one(queue_kind, suffix):
     q = queue_kind.open()
-    receipts = [await call(q.push(i)) for i in range(6)]
-    await call(q.flush())
+    receipts = [await resolve(q.push(i)) for i in range(6)]
+    await resolve(q.flush())
     bucket = receipts[0].id.rsplit(".", 1)[0]
     with pytest.raises(ConfigurationError, match="item id"):
-        await call(q.remove(f"{bucket}.{suffix}"))
+        await resolve(q.remove(f"{bucket}.{suffix}"))
     with pytest.raises(ConfigurationError, match="item id"):
-        await call(q.remove(None))
+        await resolve(q.remove(None))
 
 
 async def test_remove_with_a_negative_index_loses_nothing(bucket_kind):
     q = bucket_kind.open()
-    receipts = [await call(q.push(i)) for i in range(6)]
-    await call(q.flush())
+    receipts = [await resolve(q.push(i)) for i in range(6)]
+    await resolve(q.flush())
     bucket = receipts[0].id.rsplit(".", 1)[0]
     assert {r.id.rsplit(".", 1)[0] for r in receipts} == {bucket}
     for bad in ("-1", "-2"):
         with pytest.raises(ConfigurationError):
-            await call(q.remove(f"{bucket}.{bad}"))
-    assert await call(q.remove(f"{bucket}.6")) is False  # past the end: nothing there
+            await resolve(q.remove(f"{bucket}.{bad}"))
+    assert await resolve(q.remove(f"{bucket}.6")) is False  # past the end: nothing there
     got = []
-    while (m := await call(q.reserve(timeout=2))) is not None:
+    while (m := await resolve(q.reserve(timeout=2))) is not None:
         got.append(m.payload)
-        await call(q.commit(m))
+        await resolve(q.commit(m))
     assert sorted(got) == list(range(6))
 
 
@@ -230,22 +229,22 @@ async def test_bad_stream_arguments_fail_alone(stream_kind):
     s = stream_kind.open(bucket_max_wait=0.05)
     for kwargs, needle in [({"headers": [1, 2]}, "headers"), ({"durable": 1}, "durable")]:
         with pytest.raises(ConfigurationError, match=needle):
-            await call(s.push("bad", **kwargs))
+            await resolve(s.push("bad", **kwargs))
     with pytest.raises(ConfigurationError, match="payloads"):
-        await call(s.push_many("abc"))
-    ok = await call(s.push("good", durable=True))
+        await resolve(s.push_many("abc"))
+    ok = await resolve(s.push("good", durable=True))
     assert ok is not None
-    c = await call(s.consumer())
+    c = await resolve(s.consumer())
     for t in (NAN, INF, -1, True):
         with pytest.raises(ConfigurationError, match="timeout"):
-            await call(c.next_batch(timeout=t))
-    batch = await call(c.next_batch(timeout=10))
+            await resolve(c.next_batch(timeout=t))
+    batch = await resolve(c.next_batch(timeout=10))
     assert batch is not None and batch.items == ["good"]
     for seq in (True, "1", 1.0):
         with pytest.raises(AckOutOfOrder, match="seq"):
-            await call(c.ack(seq))
+            await resolve(c.ack(seq))
     with pytest.raises(ConfigurationError, match="after"):
-        await call(s.consumer(after=-1))
+        await resolve(s.consumer(after=-1))
 
 
 def test_a_naive_and_an_aware_mature_mean_the_same_instant(db):

@@ -13,30 +13,29 @@ from bucketq import ConfigurationError, PushFailed
 from bucketq.errors import WriteConcernNotConfirmed
 from bucketq.queue._codec import encode_item
 from bucketq.queue._core import BUCKET_OVERHEAD, HARD_MAX_BYTES
-
-from .conftest import call
+from queue_kinds import resolve
 
 
 async def drain_payloads(q, expect: int, timeout: float = 20.0) -> list:
     got: list = []
     deadline = time.monotonic() + timeout
     while len(got) < expect and time.monotonic() < deadline:
-        m = await call(q.reserve(timeout=1))
+        m = await resolve(q.reserve(timeout=1))
         if m is not None:
             got.append(m.payload)
-            assert await call(q.commit(m))
+            assert await resolve(q.commit(m))
     return got
 
 
 async def test_a_bad_delay_fails_its_own_push_only(queue_kind):
     q = queue_kind.open()
-    good = [await call(q.push(i, delay=0.01)) for i in range(50)]
+    good = [await resolve(q.push(i, delay=0.01)) for i in range(50)]
     with pytest.raises(ConfigurationError, match="delay"):
-        await call(q.push("bad", delay=1e12))
-    more = [await call(q.push(i, delay=0.01)) for i in range(50, 60)]
-    await call(q.flush())
+        await resolve(q.push("bad", delay=1e12))
+    more = [await resolve(q.push(i, delay=0.01)) for i in range(50, 60)]
+    await resolve(q.flush())
     for r in good + more:
-        assert await call(r.wait(10)) is True
+        assert await resolve(r.wait(10)) is True
     assert sorted(await drain_payloads(q, 60)) == list(range(60))
 
 
@@ -45,14 +44,14 @@ async def test_a_bucket_that_cannot_be_built_fails_only_its_own_receipts(bucket_
     packer with a mature time no BSON datetime can hold) fails its own bucket's receipts;
     the other buckets of the same insert are stored and delivered."""
     q = bucket_kind.open(bucket_max_wait=5.0)
-    good = [await call(q.push(i)) for i in range(20)]
-    delayed = [await call(q.push(i, delay=0.01)) for i in range(20, 30)]
+    good = [await resolve(q.push(i)) for i in range(20)]
+    delayed = [await resolve(q.push(i, delay=0.01)) for i in range(20, 30)]
     bad = q._add(encode_item("bad"), 1e12, time.time())  # the year 33715
-    await call(q.flush())
+    await resolve(q.flush())
     for r in good + delayed:
-        assert await call(r.wait(10)) is True
+        assert await resolve(r.wait(10)) is True
     with pytest.raises(PushFailed, match="NOT stored") as info:
-        await call(bad.wait(10))
+        await resolve(bad.wait(10))
     assert not isinstance(info.value, WriteConcernNotConfirmed)
     assert sorted(await drain_payloads(q, 30)) == list(range(30))
     assert q.stats()["push_failed"] == 1
@@ -67,38 +66,38 @@ async def test_an_undeliverable_dead_letter_stays_and_other_flushes_land(bucket_
     # It fits a bucket of the queue, but not with the dead-letter headers added.
     big = "x" * (HARD_MAX_BYTES - BUCKET_OVERHEAD - 40)
     assert len(encode_item(big)) <= HARD_MAX_BYTES - BUCKET_OVERHEAD
-    receipts = [await call(q.push(big))]
-    receipts += [await call(q.push(f"dead{i}")) for i in range(3)]
-    receipts += [await call(q.push(f"keep{i}")) for i in range(8)]
-    await call(q.flush())
+    receipts = [await resolve(q.push(big))]
+    receipts += [await resolve(q.push(f"dead{i}")) for i in range(3)]
+    receipts += [await resolve(q.push(f"keep{i}")) for i in range(8)]
+    await resolve(q.flush())
     for r in receipts:
-        assert await call(r.wait(10))
+        assert await resolve(r.wait(10))
     seen = set()
     deadline = time.monotonic() + 30
     while len(seen) < 12 and time.monotonic() < deadline:
-        m = await call(q.reserve(timeout=1))
+        m = await resolve(q.reserve(timeout=1))
         if m is None:
             continue
         name = "big" if m.payload == big else m.payload
         seen.add(name)
         if name.startswith("keep"):
-            assert await call(q.commit(m)) is True
+            assert await resolve(q.commit(m)) is True
         else:
-            assert await call(q.rollback(m)) is True
+            assert await resolve(q.rollback(m)) is True
     assert len(seen) == 12, sorted(seen)
     dlq = bucket_kind.open("q.dlq")
     deadline = time.monotonic() + 20
-    while await call(dlq.total_size()) < 3 and time.monotonic() < deadline:
-        await call(q.flush())
+    while await resolve(dlq.total_size()) < 3 and time.monotonic() < deadline:
+        await resolve(q.flush())
     got = {}
-    while (m := await call(dlq.reserve(timeout=1))) is not None:
+    while (m := await resolve(dlq.reserve(timeout=1))) is not None:
         got[m.payload] = m.headers
-        await call(dlq.commit(m))
+        await resolve(dlq.commit(m))
     assert set(got) == {"dead0", "dead1", "dead2"}
     assert got["dead0"]["x-source-queue"] == "q"
-    await call(q.flush())
+    await resolve(q.flush())
     # The committed and dead-lettered items are gone; the big one is still stored here.
-    assert await call(q.total_size()) == 1
+    assert await resolve(q.total_size()) == 1
     assert q.stats()["dead_letter_failed"] >= 1
     assert q.stats()["committed"] == 8
 
@@ -117,9 +116,9 @@ async def test_a_receipt_says_whether_an_unconfirmed_write_was_stored(queue_kind
     q = queue_kind.open("wc", write_concern={"w": 2, "wtimeout": 2000})
     err = None
     try:
-        r = await call(q.push("x"))
-        await call(q.flush())
-        await call(r.wait(30))
+        r = await resolve(q.push("x"))
+        await resolve(q.flush())
+        await resolve(r.wait(30))
     except PushFailed as exc:
         err = exc
     stored = db["wc"].count_documents({})

@@ -15,9 +15,8 @@ import pytest
 
 from bucketq import Queue, QueueFull
 from bucketq.queue._codec import decode_items
+from queue_kinds import resolve
 from waiting import eventually_async
-
-from .conftest import resolve
 
 WORKERS = str(Path(__file__).resolve().parent.parent / "workers.py")
 

@@ -9,8 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from bucketq import ConfigurationError, PayloadNotEncodable, PayloadTooLarge, QueueClosed
-
-from .conftest import resolve
+from queue_kinds import resolve
 
 
 async def consume_all(q, expected, timeout=10.0):

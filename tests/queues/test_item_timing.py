@@ -10,9 +10,8 @@ import logging
 from pymongo.errors import AutoReconnect
 
 from bucketq import AsyncStreamQueue, StreamQueue
+from queue_kinds import resolve
 from waiting import eventually_async
-
-from .conftest import resolve
 
 
 async def test_a_stalled_item_is_rolled_back_on_its_own_clock(bucket_flavour):

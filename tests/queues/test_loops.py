@@ -11,8 +11,7 @@ import pytest
 
 from bucketq import PushFailed
 from bucketq._guard import LoopGuard
-
-from .conftest import resolve
+from queue_kinds import resolve
 
 
 def fail_first(obj, name: str, times: int = 1) -> list[int]:

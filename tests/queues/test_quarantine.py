@@ -12,8 +12,7 @@ import pytest
 from bucketq import Queue
 from bucketq.cli import main as cli_main
 from bucketq.queue._codec import decode_items, encode_item
-
-from .conftest import resolve
+from queue_kinds import resolve
 
 
 async def consume(q, want: int, deadline: float = 60.0) -> list:
