@@ -56,7 +56,7 @@ def main() -> None:
     def queue() -> Queue:
         q = Queue(client["bench"], "hot", max_pending_bytes=1 << 40)
         # Stand-ins for the background workers, so nothing here talks to a server.
-        q._writer = q._fetcher = object()  # type: ignore[assignment]
+        q._writer = q._consumer.fetcher = object()  # type: ignore[assignment]
         opened.append(q)
         return q
 
@@ -64,10 +64,11 @@ def main() -> None:
         q = queue()
         for d in docs:
             b = core.HeldBucket(d, ObjectId(), time.time(), 30)
+            b.origin = q  # as a claim sets it: commit() checks who delivered the message
             msgs = b.ready_messages(time.time(), None)
             b.queued = len(msgs)
-            q._held[b.id] = b
-            q._ready.extend(msgs)
+            q._consumer.held[b.id] = b
+            q._consumer.ready.extend(msgs)
         return q
 
     def best(run: Callable[[], None], setup: Callable[[], object] | None = None) -> float:

@@ -49,7 +49,7 @@ async def test_a_loop_that_fails_goes_on(bucket_flavour, loop, method, caplog):
     q = bucket_flavour.open(bucket_max_size=10)
     await resolve(q.push_many(list(range(50))))
     await resolve(q.flush())
-    calls = fail_first(q, method, times=2)
+    calls = fail_first(q._consumer, method, times=2)  # the consume side lives there
     with caplog.at_level(logging.DEBUG, logger="bucketq.queue"):
         got = await consume(q, 50)
         end = time.monotonic() + 30

@@ -183,8 +183,8 @@ async def test_durable_unsettled_deliveries_come_back_to_a_new_consumer(backends
     assert len(taken) == 4
     if name == "bucketq":
         # Simulate a dead process: stop renewing without releasing.
-        q = first.queues[0]
-        for w in (q._flusher, q._fetcher, q._watcher):
+        c = first.queues[0]._consumer
+        for w in (c.flusher, c.fetcher, c.watcher):
             if w is not None:
                 w._task.cancel()
     second = backends.transport(name, **opts)

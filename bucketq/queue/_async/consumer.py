@@ -1,0 +1,722 @@
+"""The consume side of the bucket queue (pymongo ``AsyncMongoClient``).
+
+It claims buckets (the fetcher, woken by the change-stream watcher or by polling),
+hands their items to ``reserve()`` callers, and writes their state back (the flusher:
+commits, rollbacks, lease renewals, releases, dead letters). The queue owns it and
+hands it what both sides share: the collection, the mutex, the counters, bounded
+driver calls and the background-worker factory.
+
+The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from bson import ObjectId
+from pymongo import ReturnDocument
+from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
+
+from ... import _validate as v
+from ...errors import BucketQError, DamagedBucket, PushFailed, QueueClosed, WriteConcernNotConfirmed
+from .. import _core as core
+from .. import _deadline as deadlines
+from .._concurrency import AsyncLock, AsyncMutex, AsyncNotifier, AsyncWorker, async_sleep
+from .quarantine import AsyncQuarantine
+
+log = logging.getLogger("bucketq.queue")
+
+_now = time.time
+_monotonic = time.monotonic
+
+
+class AsyncConsumer:
+    """What one queue object holds and hands out: claimed buckets (``held``), their
+    messages ready in memory (``ready``), and the workers that keep them.
+
+    ``origin`` is the queue object (messages remember who delivered them);
+    ``is_closed`` tells whether it is closed; ``bounded(seconds, what)`` bounds
+    driver calls; ``worker(role, fn)`` starts a guarded background loop that ends
+    once the queue is closed; ``setup()`` creates the claim index;
+    ``open_dead_letter_queue()`` opens the queue over-tried items move to.
+    """
+
+    def __init__(
+        self,
+        *,
+        origin: Any,
+        col: Any,
+        name: str,
+        options: core.QueueOptions,
+        mutex: AsyncMutex,
+        stats: dict[str, int],
+        quarantine: AsyncQuarantine,
+        is_closed: Callable[[], bool],
+        bounded: Callable[..., Any],
+        worker: Callable[[str, Any], AsyncWorker],
+        setup: Callable[[], Any],
+        open_dead_letter_queue: Callable[[], Any],
+    ) -> None:
+        self.origin = origin
+        self._col = col
+        self.name = name
+        self.options = options
+        self._mutex = mutex
+        self._stats = stats
+        self._quarantine = quarantine
+        self._is_closed = is_closed
+        self._bounded = bounded
+        self._worker = worker
+        self._setup = setup
+        self._open_dead_letter_queue = open_dead_letter_queue
+        self._flush_lock = AsyncLock()
+        self.ready: deque[core.Message] = deque()
+        self.held: dict[ObjectId, core.HeldBucket] = {}
+        self._consumers = AsyncNotifier()
+        self._fetch_wake = AsyncNotifier()
+        self._flush_wake = AsyncNotifier()
+        # Set while claims come back empty; the change-stream watcher reads only then.
+        self._starved = True
+        self._starved_wake = AsyncNotifier()
+        self._waiters = 0
+        self._fetch_full = False  # the fetcher waits for room under prefetch
+        self._last_reserve = 0.0
+        self._next_local_mature: float | None = None
+        # hold_pushed: buckets being inserted leased to this queue (see lease_on_write).
+        self._leased_on_write: dict[ObjectId, tuple[dict[str, Any], ObjectId, float]] = {}
+        self.paused = False
+        self.draining = False
+        self.fetcher: AsyncWorker | None = None
+        self.flusher: AsyncWorker | None = None
+        self.watcher: AsyncWorker | None = None
+        self._dlq: Any = None
+
+    def start(self) -> None:
+        """Start the fetcher, the flusher and (where change streams may be) the watcher."""
+        if self.fetcher is None and not self._is_closed():
+            self.fetcher = self._worker("fetcher", self._fetcher_loop)
+            self.flusher = self._worker("flusher", self._flusher_loop)
+            if self.options.change_streams is not False:
+                self.watcher = self._worker("watcher", self._watcher_loop)
+
+    async def reserve(self, timeout: float | None = None) -> core.Message | None:
+        out: list[core.Message] = []
+        if timeout is not None:
+            v.timeout("timeout", timeout)
+        if self.ready and self.fetcher is not None:  # the common case: no waiting
+            with self._mutex:
+                self._take(_now(), 1, out)
+            if out:
+                return out[0]
+        got = await self._reserve(1, timeout)
+        return got[0] if got else None
+
+    async def reserve_many(
+        self, max_items: int, timeout: float | None = None
+    ) -> list[core.Message]:
+        return await self._reserve(core.check_max_items(max_items), v.timeout("timeout", timeout))
+
+    async def _reserve(self, max_items: int, timeout: float | None) -> list[core.Message]:
+        if self.fetcher is None:
+            if self._is_closed():
+                raise QueueClosed(f"Queue {self.name!r} is closed.")
+            self.start()
+        deadline = None
+        out: list[core.Message] = []
+        while True:
+            gen = self._consumers.gen
+            with self._mutex:
+                expired = self._take(_now(), max_items, out)
+                if out or self.draining or self._is_closed():
+                    return out
+            if timeout is not None:
+                if deadline is None:
+                    deadline = _monotonic() + timeout
+                remaining = deadline - _monotonic()
+                if remaining <= 0:
+                    return out
+            else:
+                remaining = None
+            if expired:
+                self._flush_wake.notify()
+                period = self.options.state_flush_period
+                remaining = period if remaining is None else min(remaining, period)
+            self._waiters += 1
+            try:
+                await self._consumers.wait(gen, remaining)
+            finally:
+                self._waiters -= 1
+
+    def _take(self, now: float, max_items: int, out: list[core.Message]) -> bool:
+        """Move up to ``max_items`` ready messages into ``out`` (mutex held). True when a
+        bucket's lease is (nearly) out: our process was frozen or cut off from the server,
+        or its claim came back late, so nothing of it is handed out until the flusher
+        renewed it or found it lost."""
+        ready = self.ready
+        if self.paused:
+            return False
+        limit = core.serve_until(now, self.options.lease)
+        while ready and len(out) < max_items:
+            msg = ready[0]
+            b = msg.bucket
+            if b.until <= limit and b.held:
+                return True
+            ready.popleft()
+            b.queued -= 1
+            if b.lost or b.released or not b.held:
+                continue
+            b.handed += 1
+            b.handed_at[msg.index] = now
+            out.append(msg)
+            if b.queued == 0 and self._fetch_full:
+                self._fetch_wake.notify()  # room for the fetcher's next claim
+        if out:
+            self._stats["reserved"] += len(out)
+            self._last_reserve = now
+        return False
+
+    async def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
+        core.check_message(msg, self.origin, "commit")
+        v.flag("flush", flush)
+        with self._mutex:
+            ok = core.is_current(msg) and msg.bucket.commit(msg.index)
+            if ok:
+                self._stats["committed"] += 1
+                if msg.bucket.finished():
+                    self._flush_wake.notify()  # its last item: delete it now, not a period later
+        if ok and flush:
+            with self._bounded(None, f"commit(flush=True) on queue {self.name!r}"):
+                await self.flush_state()
+            if msg.bucket.lost:
+                return False
+        return ok
+
+    async def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
+        msgs = [core.check_message(m, self.origin, "commit_many") for m in v.payloads(msgs, "msgs")]
+        v.flag("flush", flush)
+        with self._mutex:
+            done = [m for m in msgs if core.is_current(m) and m.bucket.commit(m.index)]
+            self._stats["committed"] += len(done)
+            if any(m.bucket.finished() for m in done):
+                self._flush_wake.notify()
+        if done and flush:
+            with self._bounded(None, f"commit_many(flush=True) on queue {self.name!r}"):
+                await self.flush_state()
+            return sum(1 for m in done if not m.bucket.lost)
+        return len(done)
+
+    async def rollback(
+        self,
+        msg: core.Message,
+        delay: float | None = None,
+        *,
+        next_t: Any = None,
+        reason: str | None = None,
+    ) -> bool:
+        core.check_message(msg, self.origin, "rollback")
+        v.text("reason", reason, optional=True)
+        now = _now()
+        tries = msg.tries + 1
+        not_before = core.rollback_time(now, delay, next_t, tries, self.options)
+        b = msg.bucket
+        max_tries = self.options.max_tries
+        with self._mutex:
+            if not core.is_current(msg):
+                return False
+            why = core.over_tried(tries, max_tries, rolled_back=True)
+            if why is not None and b.state[msg.index] == core.RESERVED and not b.lost:
+                b.tries[msg.index] = tries
+                b.dying.append((msg.index, reason or why))
+                self._stats["rolled_back"] += 1
+                self._flush_wake.notify()
+                return True
+            ok = b.rollback(msg.index, not_before, now)
+            if ok:
+                self._stats["rolled_back"] += 1
+                if b.state[msg.index] == core.READY:
+                    again = b.ready_messages(now, max_tries)
+                    b.queued += len(again)
+                    self.ready.extend(again)
+                    self._consumers.notify()
+                if b.dying:
+                    self._flush_wake.notify()
+        return ok
+
+    def _buffered_buckets(self) -> int:
+        return sum(1 for b in self.held.values() if b.queued > 0)
+
+    async def _fetcher_loop(self) -> None:
+        idle_attempt = 0
+        while not self._is_closed():
+            gen = self._fetch_wake.gen
+            if self.paused or self.draining:
+                await self._fetch_wake.wait(gen, None)
+                continue
+            if self._buffered_buckets() >= 1 + self.options.prefetch:
+                # Woken when a bucket is handed out (not at each one otherwise: a claim
+                # right after the fetcher found nothing would find nothing again).
+                self._fetch_full = True
+                try:
+                    if self._buffered_buckets() >= 1 + self.options.prefetch:  # seen since?
+                        await self._fetch_wake.wait(gen, None)
+                finally:
+                    self._fetch_full = False
+                continue
+            try:
+                with self._bounded(self.options.op_timeout):
+                    got = await self._claim()
+            except PyMongoError as exc:
+                idle_attempt += 1
+                log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
+                await self._fetch_wake.wait(
+                    gen, core.backoff(idle_attempt, 0.1, self.options.poll_interval) + 0.05
+                )
+                continue
+            if got:
+                idle_attempt = 0
+                self._starved = False
+                continue
+            if not self._starved:
+                self._starved = True
+                self._starved_wake.notify()
+            idle_attempt += 1
+            wait = min(0.05 * 2 ** min(idle_attempt, 10), self.options.poll_interval)
+            if self._next_local_mature is not None:
+                wait = min(wait, max(self._next_local_mature - _now(), 0.0) + 0.01)
+                if self._next_local_mature <= _now():
+                    self._next_local_mature = None
+            await self._fetch_wake.wait(gen, wait)
+
+    async def _claim(self) -> bool:
+        await self._setup()
+        now = _now()
+        token = ObjectId()
+        flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
+        doc = await self._col.find_one_and_update(
+            flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE
+        )
+        if doc is None:
+            return False
+        self._stats["claims"] += 1
+        # The lease the server wrote runs from ``now``, when the claim was sent, not from
+        # when the answer came: a claim slower than the lease holds an expired lease.
+        if doc["_id"] in self.held and await self._reclaim(doc, token, now):
+            return True
+        try:
+            b = core.HeldBucket(doc, token, now, self.options.lease)
+        except DamagedBucket as exc:
+            await self._set_aside(doc, token, exc)
+            return True
+        b.origin = self.origin
+        if b.takeover:
+            self._stats["takeovers"] += 1
+        if self.draining or self._is_closed():
+            self.held[b.id] = b
+            await self.release([b])
+            return True
+        with self._mutex:
+            msgs = b.ready_messages(now, self.options.max_tries)
+            b.queued = len(msgs)
+            self.held[b.id] = b
+            self.ready.extend(msgs)
+        if msgs:
+            self._consumers.notify()
+        if b.dying or not msgs:
+            self._flush_wake.notify()
+        return True
+
+    async def _set_aside(self, doc: dict[str, Any], token: ObjectId, exc: DamagedBucket) -> None:
+        """Quarantine a damaged bucket we claimed: keep it there first, then delete it
+        here (fenced by our claim), so it is never lost and never claimed again."""
+        await self._quarantine.put(doc, exc.reason, self.options.owner)
+        await self._col.delete_one({"_id": doc["_id"], "lease.tok": token})
+        self._stats["quarantined"] += 1
+        log.error(
+            "queue %s: bucket %s is damaged (%s); moved it to %s",
+            self.name,
+            doc["_id"],
+            exc.reason,
+            self._quarantine.name,
+        )
+
+    async def _reclaim(self, doc: dict[str, Any], token: ObjectId, sent: float) -> bool:
+        """We claimed a bucket we still hold. Keep our state under the new lease if nobody
+        held it in between; else drop what we hold as lost (the caller holds it anew).
+        Waits for a flush in flight, so no write with the old token is outstanding."""
+        async with self._flush_lock:
+            with self._mutex:
+                old = self.held.get(doc["_id"])
+                if old is None:
+                    return False
+                if old.reclaim(doc, token, sent, self.options.lease):
+                    self._stats["reclaims"] += 1
+                    log.info("queue %s: renewed the lapsed lease of bucket %s", self.name, old.id)
+                    self._consumers.notify()
+                    return True
+                if not old.lost:
+                    old.lost = True
+                    self._stats["lease_losses"] += 1
+                    log.warning(
+                        "queue %s: lost the lease of bucket %s; dropping it", self.name, old.id
+                    )
+                self._drop(old)
+                return False
+
+    def _drop(self, b: core.HeldBucket) -> None:
+        """Forget a bucket this process no longer holds (call with the mutex held)."""
+        if self.held.get(b.id) is b:
+            del self.held[b.id]
+        b.held = False
+
+    async def _watcher_loop(self) -> None:
+        """Wake the fetcher on inserted or released buckets (where the server has change
+        streams); polling covers everything else."""
+        pipeline = core.WAKEUP_PIPELINE
+        while not self._is_closed():
+            try:
+                with self._bounded(self.options.op_timeout):
+                    stream = await self._col.watch(pipeline, max_await_time_ms=500)
+                async with stream:
+                    while not self._is_closed():
+                        if not self._starved:
+                            # Claims succeed, so wake-ups are moot: leave the stream unread
+                            # (the server keeps its place) and spare both sides the getMores.
+                            gen = self._starved_wake.gen
+                            if not self._starved:
+                                await self._starved_wake.wait(gen, 1.0)
+                            continue
+                        with self._bounded(self.options.op_timeout):
+                            change = await stream.try_next()
+                        if change is not None and self.fetcher is not None:
+                            self._fetch_wake.notify()
+            except OperationFailure as exc:
+                log.info("queue %s: no change streams on this server (%s); polling", self.name, exc)
+                return
+            except PyMongoError as exc:
+                if self._is_closed():
+                    return
+                log.debug("queue %s: change stream interrupted (%s); reopening", self.name, exc)
+                await async_sleep(1.0)
+
+    # -- state flush ----------------------------------------------------------------------
+
+    async def _flusher_loop(self) -> None:
+        period = self.options.state_flush_period
+        while not self._is_closed():
+            gen = self._flush_wake.gen
+            await self._flush_wake.wait(gen, period)
+            if self._is_closed():
+                return
+            try:
+                await self.flush_state()
+            except PyMongoError as exc:
+                log.warning("queue %s: state flush failed (%s); will retry", self.name, exc)
+
+    async def flush_state(self, *, release_all: bool = False) -> None:
+        """Persist every changed held bucket with one fenced write each (one command),
+        renew leases, release idle buckets. Never overlaps itself."""
+        async with self._flush_lock:
+            try:
+                await self._dead_letter()
+            except Exception:
+                self._stats["dead_letter_failed"] += 1
+                log.exception("queue %s: moving items to the dead-letter queue failed", self.name)
+            now = _now()
+            lease = self.options.lease
+            with self._mutex:
+                self._requeue_due(now)
+                for b in list(self.held.values()):
+                    if not b.lost:
+                        self._check_stalled(b, now)
+                plan, unwritable = core.plan_flush(
+                    list(self.held.values()), now, lease, release_all=release_all
+                )
+                for b, exc in unwritable:
+                    # One bucket's state cannot be written: the others' still is.
+                    self._stats["state_flush_errors"] += 1
+                    log.error("queue %s: bucket %s: state not written: %s", self.name, b.id, exc)
+            writes = [w for _, _, w in plan]
+            targets = [(b, kind) for b, kind, _ in plan]
+            if not writes:
+                return
+            # A renewal not answered in time counts as failed: the bucket's items are not
+            # handed out once a third of its lease is left, and the next flush tries again.
+            timeout = deadlines.state_flush_timeout(self.options.op_timeout, self.options.lease)
+            try:
+                with self._bounded(timeout):
+                    res = await self._col.bulk_write(writes, ordered=False)
+                done = res.matched_count + res.deleted_count
+            except BulkWriteError as exc:
+                # Some writes failed on the server: the others landed. Only the failed
+                # buckets stay dirty (written again next time).
+                bad = core.bulk_failed_indexes(exc)
+                with self._mutex:
+                    for k in sorted(bad):
+                        b = targets[k][0]
+                        b.dirty = True
+                        self._stats["state_flush_errors"] += 1
+                        log.error("queue %s: bucket %s: state write failed: %s", self.name, b.id,
+                                  core.bulk_error_of(exc, k))  # fmt: skip
+                targets = [t for k, t in enumerate(targets) if k not in bad]
+                writes = [w for k, w in enumerate(writes) if k not in bad]
+                done = int(exc.details.get("nMatched", 0)) + int(exc.details.get("nRemoved", 0))
+            except PyMongoError:
+                with self._mutex:
+                    for b, _ in targets:
+                        b.dirty = True
+                raise
+            self._stats["state_flushes"] += 1
+            lost: set[ObjectId] = set()
+            if done < len(writes):
+                ids = [b.id for b, _ in targets]
+                with self._bounded(timeout):
+                    now_docs = {
+                        d["_id"]: d
+                        async for d in self._col.find({"_id": {"$in": ids}}, {"lease": 1})
+                    }
+                lost = {
+                    b.id
+                    for b, kind in targets
+                    if core.lost_after_flush(kind, b.token, now_docs.get(b.id))
+                }
+            with self._mutex:
+                for b, kind in targets:
+                    if b.id in lost:
+                        b.lost = True
+                        self._stats["lease_losses"] += 1
+                        log.warning(
+                            "queue %s: lost the lease of bucket %s; dropping it", self.name, b.id
+                        )
+                        self._drop(b)
+                    elif kind == "delete":
+                        self._drop(b)
+                    elif kind == "release":
+                        b.released = True
+                        self._stats["released"] += 1
+                        self._drop(b)
+                    else:
+                        b.until = now + lease
+            if lost or any(kind != "update" for _, kind in targets):
+                self._fetch_wake.notify()
+
+    def _requeue_due(self, now: float) -> None:
+        """Serve again, here, rolled-back items whose not-before has passed."""
+        woke = False
+        for b in self.held.values():
+            if b.waiting and not b.lost:
+                again = b.due_waiting(now, self.options.max_tries)
+                if again:
+                    b.queued += len(again)
+                    self.ready.extend(again)
+                    woke = True
+        if woke:
+            self._consumers.notify()
+
+    def _check_stalled(self, b: core.HeldBucket, now: float) -> None:
+        """Roll back items handed out and untouched for lease + reject_timeout_grace
+        (each on its own clock), so a stuck handler cannot pin its bucket (and renew its
+        lease) forever."""
+        stalled = b.stalled_items(now, self.options.lease + self.options.reject_timeout_grace)
+        for i in stalled:
+            b.rollback(i, now, now)
+            self._stats["rolled_back"] += 1
+            log.warning(
+                "queue %s: item %s was reserved and never committed; rolled back",
+                self.name,
+                core.item_id(b.id, i),
+            )
+        if stalled:
+            # Serve them again here (they are READY now, like an item rolled back with no delay).
+            again = b.ready_messages(now, self.options.max_tries)
+            b.queued += len(again)
+            self.ready.extend(again)
+            self._consumers.notify()
+            if b.dying:
+                self._flush_wake.notify()
+
+    async def _dead_letter(self) -> None:
+        """Move over-tried items to the dead-letter queue: insert there first (durably),
+        then mark them consumed here, so the worst case is a duplicate, never a loss."""
+        dying = [
+            (b, i, reason) for b in list(self.held.values()) if not b.lost for i, reason in b.dying
+        ]
+        if not dying:
+            return
+        if self._dlq is None:
+            self._dlq = self._open_dead_letter_queue()
+        now = _now()
+        # Each item on its own: one that cannot be moved (its data, or its insert failed)
+        # stays in this queue, rolled back, and never holds up the others.
+        pushed: list[tuple[core.HeldBucket, int, Any]] = []
+        failed: list[tuple[core.HeldBucket, int, BaseException]] = []
+        for b, i, reason in dying:
+            it = b.items[i] if b.items is not None else {}
+            try:
+                headers = core.dead_letter_headers(
+                    self.name, it.get("h"), b.tries.get(i, 0), reason, now
+                )
+                pushed.append((b, i, await self._dlq.push(it.get("p"), headers=headers)))
+            except BucketQError as exc:
+                failed.append((b, i, exc))
+        await self._dlq._flush_pushes()
+        moved = []
+        for b, i, r in pushed:
+            try:
+                await r.wait()
+                moved.append((b, i))
+            except WriteConcernNotConfirmed:
+                moved.append((b, i))  # stored there: do not keep a second copy here
+            except PushFailed as exc:
+                failed.append((b, i, exc))
+        with self._mutex:
+            for b, i in moved:
+                b.dead(i)
+                self._stats["dead_lettered"] += 1
+            for b, i, why in failed:
+                self._stats["dead_letter_failed"] += 1
+                log.error(
+                    "queue %s: item %s could not be moved to the dead-letter queue (%s); it "
+                    "stays here and is tried again later",
+                    self.name, core.item_id(b.id, i), why,
+                )  # fmt: skip
+                if b.state[i] == core.RESERVED and not b.lost:
+                    b.rollback(i, now + core.retry_delay(b.tries.get(i, 0), self.options), now)
+            done = {(b.id, i) for b, i in moved} | {(b.id, i) for b, i, _ in failed}
+            for b in {id(b): b for b, _, _ in dying}.values():
+                b.dying = [d for d in b.dying if (b.id, d[0]) not in done]
+
+    async def release(self, buckets: list[core.HeldBucket]) -> None:
+        async with self._flush_lock:
+            now = _now()
+            writes = [core.state_write(b, now, self.options.lease, release=True) for b in buckets]
+            with self._bounded(self.options.op_timeout):
+                await self._col.bulk_write(writes, ordered=False)
+            with self._mutex:
+                for b in buckets:
+                    b.released = True
+                    self._drop(b)
+                    self._stats["released"] += 1
+
+    def lease_on_write(self, docs: dict[Any, dict[str, Any]]) -> None:
+        """``hold_pushed``: while this queue object consumes, the mature buckets it writes
+        are inserted already leased to it (``written`` serves them here), which spares
+        a claim per bucket; if this process dies, they come back when the lease runs out."""
+        if not self.options.hold_pushed or self.fetcher is None or self.paused:
+            return
+        if self.draining or self._is_closed():
+            return
+        now = _now()
+        for bid, doc in docs.items():
+            if core.from_datetime(doc["mature"]) <= now:
+                token = ObjectId()
+                self._leased_on_write[bid] = (dict(doc), token, now)
+                _, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
+                doc.update(upd["$set"], leases=1)
+
+    def not_written(self, docs: dict[Any, dict[str, Any]]) -> None:
+        """Writing these buckets was given up: they are not held here."""
+        for k in docs:
+            self._leased_on_write.pop(k, None)
+
+    def written(self, buckets: list[core.OpenBucket], now: float) -> None:
+        """Buckets were just stored: serve those leased on write, claim the others (at
+        their mature time, if later)."""
+        claim = False
+        for ob in buckets:
+            held = self._leased_on_write.pop(ob.id, None)
+            if held is not None:
+                self._hold_written(*held)
+                continue
+            claim = True
+            if ob.mature > now and (
+                self._next_local_mature is None or ob.mature < self._next_local_mature
+            ):
+                self._next_local_mature = ob.mature
+        if claim:
+            self._fetch_wake.notify()
+
+    def _hold_written(self, doc: dict[str, Any], token: ObjectId, sent: float) -> None:
+        """Serve a bucket this queue inserted leased to itself, as if it had claimed it."""
+        b = core.HeldBucket(doc, token, sent, self.options.lease)
+        b.origin = self.origin
+        self._stats["held_on_write"] += 1
+        with self._mutex:
+            msgs = b.ready_messages(sent, self.options.max_tries)
+            b.queued = len(msgs)
+            self.held[b.id] = b
+            self.ready.extend(msgs)
+        if msgs:
+            self._consumers.notify()
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._fetch_wake.notify()
+        self._consumers.notify()
+
+    # -- drain and stop --------------------------------------------------------------------
+
+    def stop_claiming(self) -> None:
+        """drain() began: claim nothing more (a claim already under way is released)."""
+        self.draining = True
+        self._fetch_wake.notify()
+
+    async def drain(self, timeout: float) -> tuple[int, int, int]:
+        """Release at once the read-ahead nobody started on, serve what is in memory to
+        reserve() callers (until consumed or ``timeout`` seconds), release the rest and
+        flush state. Returns (items served, buckets released, items released unserved)."""
+        with self._mutex:
+            read_ahead = [b for b in self.held.values() if b.handed == 0]
+            for b in read_ahead:
+                b.released = True
+                b.queued = 0
+            self.ready = deque(m for m in self.ready if not m.bucket.released)
+        if read_ahead:
+            with self._bounded(None, f"drain() of queue {self.name!r}"):
+                await self.release(read_ahead)
+        served_before = self._stats["reserved"]
+        deadline = _monotonic() + timeout
+        while _monotonic() < deadline:
+            outstanding = sum(b.outstanding - b.queued for b in self.held.values() if not b.lost)
+            if not self.ready and not outstanding:
+                break
+            recent = _now() - self._last_reserve < 0.25
+            if not outstanding and not self._waiters and not recent:
+                break  # nothing here is consuming: do not sit out the deadline
+            self._consumers.notify()
+            await async_sleep(0.02)
+        with self._mutex:
+            left_in_memory = len(self.ready)
+            self.ready.clear()
+            for b in self.held.values():
+                b.queued = 0
+        released = len(self.held)
+        with self._bounded(None, f"drain() of queue {self.name!r}"):
+            await self.flush_state(release_all=True)
+        self._consumers.notify()
+        served = self._stats["reserved"] - served_before
+        return served, released + len(read_ahead), left_in_memory
+
+    def wake_all(self) -> None:
+        """The queue closed: wake every worker and waiting reserve() so they see it."""
+        for n in (self._fetch_wake, self._flush_wake, self._consumers, self._starved_wake):
+            n.notify()
+
+    async def join(self) -> None:
+        """Wait for the workers to end (each join is bounded: their driver calls are),
+        then close the dead-letter queue."""
+        for w in (self.fetcher, self.flusher):
+            if w is not None:
+                await w.join(5.0)
+        if self.watcher is not None:
+            # It only wakes the fetcher, and may sit in a change-stream read for up to
+            # 500 ms: don't wait for it (it ends when that read returns).
+            await self.watcher.join(0)
+        if self._dlq is not None:
+            await self._dlq.close()
