@@ -69,21 +69,19 @@ def _check_port_free(host: str, port: int) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from .benchmark import CONTENDERS, DEFAULT_PLOTS_DIR, run
-    from .errors import BucketQError
+    from .benchmark._cli import plots_dir, run_command
 
     names = args.contender or list(CONTENDERS)
     unknown = [c for c in names if c not in CONTENDERS]
     if unknown:
         print(f"unknown contender(s): {unknown}; choose from {list(CONTENDERS)}", file=sys.stderr)
         return 2
-    # SIGTERM unwinds like Ctrl-C: workers are stopped, the run's database dropped, the
-    # embedded server stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     uri = args.mongodb_uri or os.environ.get(URI_ENV)
     if uri:
         _check_reachable(uri)
-    try:
-        run(
+    return run_command(
+        "bucketq bench",
+        lambda: run(
             args.mongodb_uri,
             quick=args.quick,
             n=args.n,
@@ -93,12 +91,9 @@ def _bench(args: argparse.Namespace) -> int:
             contenders=names,
             repeat=args.repeat,
             json_path=args.json,
-            plots_dir=None if args.no_plots else (args.plots or DEFAULT_PLOTS_DIR),
-        )
-    except (RuntimeError, BucketQError) as exc:
-        print(f"bucketq bench: {exc}", file=sys.stderr)
-        return 1
-    return 0
+            plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR),
+        ),
+    )
 
 
 def _server(args: argparse.Namespace) -> int:

@@ -120,6 +120,20 @@ def test_bad_options_name_themselves():
         settings_for(batch=0)
     with pytest.raises(ConfigurationError, match="mode"):
         settings_for(modes=["nope"])
+    with pytest.raises(ConfigurationError, match="rate must be a finite number greater than 0"):
+        settings_for(rate=float("inf"))
+    with pytest.raises(ConfigurationError, match="sweep_duration"):
+        settings_for(sweep=True, sweep_duration=-1)
+    with pytest.raises(ConfigurationError, match="batch must be a whole number"):
+        settings_for(batch=2.5)  # type: ignore[arg-type]
+
+
+def test_a_bad_option_is_one_line_and_exit_1_before_anything_starts(capsys):
+    from bucketq.cli import main
+
+    assert main(["bench", "ingest", "--rate", "0", "--no-plots"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bucketq bench ingest: rate must be") and "\n" not in err
     assert settings_for(quick=True).duration == 30
     assert settings_for().duration == 180 and settings_for().rate == 100
 
@@ -207,10 +221,7 @@ def test_bench_ingest_runs_real_servers_and_counts_what_storage_holds(mongo_uri,
     console = Console(file=io.StringIO(), width=250)
     doc = run(
         mongo_uri,
-        rate=10,
-        duration=2,
-        batch=3,
-        modes=["bucketq"],
+        settings_for(rate=10, duration=2, batch=3, modes=["bucketq"]),
         json_path=str(tmp_path / "ingest.json"),
         plots_dir=str(tmp_path / "plots"),
         console=console,

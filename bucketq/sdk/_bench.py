@@ -35,6 +35,8 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+from .. import _validate as v
+
 DEFAULT_N = 100_000
 DEFAULT_HTTP_N = 2_000
 DEFAULT_DELIVERY_N = 10_000
@@ -289,11 +291,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--n", type=int, default=DEFAULT_N, help=f"calls per case (default {DEFAULT_N:,})"
+        "--n",
+        type=v.cli_count(1),
+        default=DEFAULT_N,
+        help=f"calls per case (default {DEFAULT_N:,})",
     )
-    p.add_argument("--http-n", type=int, default=DEFAULT_HTTP_N,
+    p.add_argument("--http-n", type=v.cli_count(1), default=DEFAULT_HTTP_N,
                    help=f"calls through HTTPHandler (default {DEFAULT_HTTP_N:,}; each is a round trip)")  # fmt: skip
-    p.add_argument("--delivery-n", type=int, default=DEFAULT_DELIVERY_N,
+    p.add_argument("--delivery-n", type=v.cli_count(1), default=DEFAULT_DELIVERY_N,
                    help=f"records for the delivery rate (default {DEFAULT_DELIVERY_N:,})")  # fmt: skip
     p.add_argument("--case", action="append", choices=CASES, help="run only this case (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -303,16 +308,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from ..errors import BucketQError
+    from ..benchmark._cli import run_command
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        run(args.mongodb_uri, n=args.n, http_n=args.http_n, delivery_n=args.delivery_n,
-            cases=args.case, json_path=args.json)  # fmt: skip
-    except (RuntimeError, BucketQError) as exc:
-        print(f"bucketq bench sdk: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_command(
+        "bucketq bench sdk",
+        lambda: run(args.mongodb_uri, n=args.n, http_n=args.http_n, delivery_n=args.delivery_n,
+                    cases=args.case, json_path=args.json),
+    )  # fmt: skip
 
 
 def _main(argv: list[str]) -> int:

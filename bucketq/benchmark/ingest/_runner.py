@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ... import _validate as v
 from ...errors import ConfigurationError
 from ._load import LoadProcess, LoadSpec
 from ._observe import LOGS_COLLECTION, Observer, StorageWatcher, counters_delta
@@ -79,6 +80,7 @@ def mode_env(mode: str, *, uri: str, database: str, prefix: str, redis_url: str)
 
 @dataclass
 class Settings:
+    quick: bool
     rate: float
     duration: float
     batch: int
@@ -286,23 +288,27 @@ def settings_for(
         (DEFAULT_QUICK_DURATION if quick else DEFAULT_DURATION) if duration is None else duration
     )
     batch = DEFAULT_BATCH if batch is None else batch
-    for name, value in (("rate", rate), ("duration", duration), ("sweep_max_rate", sweep_max_rate)):
-        if not value > 0:
-            raise ConfigurationError(f"{name} must be a positive number; got {value!r}.")
-    if not 1 <= batch <= 1000:
-        raise ConfigurationError(f"batch must be 1 to 1000 records per request; got {batch!r}.")
+    sweep_duration = sweep_duration or (
+        DEFAULT_QUICK_SWEEP_DURATION if quick else DEFAULT_SWEEP_DURATION
+    )
+    for name, value, unit in (("rate", rate, "requests/s"), ("duration", duration, "seconds"),
+                              ("sweep_duration", sweep_duration, "seconds"),
+                              ("sweep_max_rate", sweep_max_rate, "requests/s"),
+                              ("drain_timeout", drain_timeout, "seconds")):  # fmt: skip
+        v.number(name, value, lo=0, hi=None, open_lo=True, unit=unit)
+    v.count("batch", batch, lo=1, hi=1000, unit="records per request")
     chosen = tuple(dict.fromkeys(modes or MODES))
     unknown = [m for m in chosen if m not in MODES]
     if unknown:
         raise ConfigurationError(f"Unknown mode(s) {unknown}; choose from {list(MODES)}.")
     return Settings(
+        quick=quick,
         rate=rate,
         duration=duration,
         batch=batch,
         modes=tuple(m for m in MODES if m in chosen),
         sweep=sweep,
-        sweep_duration=sweep_duration
-        or (DEFAULT_QUICK_SWEEP_DURATION if quick else DEFAULT_SWEEP_DURATION),
+        sweep_duration=sweep_duration,
         sweep_max_rate=sweep_max_rate,
         drain_timeout=drain_timeout,
         redis_url=os.environ.get("REDIS_URL", "") if redis_url is None else redis_url,
@@ -311,32 +317,22 @@ def settings_for(
 
 def run(
     uri: str | None = None,
+    st: Settings | None = None,
     *,
-    quick: bool = False,
-    rate: float | None = None,
-    duration: float | None = None,
-    batch: int | None = None,
-    modes: Sequence[str] | None = None,
-    sweep: bool = False,
-    sweep_duration: float | None = None,
-    sweep_max_rate: float = DEFAULT_SWEEP_MAX_RATE,
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
-    redis_url: str | None = None,
     json_path: str | None = None,
     plots_dir: str | None = DEFAULT_PLOTS_DIR,
     console: Any = None,
 ) -> dict[str, Any]:
-    """Run the benchmark, print its tables, write the JSON (``json_path``) and the PNG
-    (``plots_dir``; None for none). Returns the JSON document."""
+    """Run the benchmark with ``st`` (:func:`settings_for`; None: the defaults), print
+    its tables, write the JSON (``json_path``) and the PNG (``plots_dir``; None for
+    none). Returns the JSON document."""
     import json
     import sys
 
     from ...embedded import URI_ENV, EmbeddedServer
     from .._runner import environment
 
-    st = settings_for(quick=quick, rate=rate, duration=duration, batch=batch, modes=modes,
-                      sweep=sweep, sweep_duration=sweep_duration, sweep_max_rate=sweep_max_rate,
-                      drain_timeout=drain_timeout, redis_url=redis_url)  # fmt: skip
+    st = st or settings_for()
     _require(bool(plots_dir))
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -441,7 +437,6 @@ def run(
             }
     settings = {
         **st.__dict__,
-        "quick": quick,
         "skipped": skipped,
         "failed": failed,
         "argv": sys.argv,

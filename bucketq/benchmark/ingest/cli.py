@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ...embedded import URI_ENV
 
@@ -52,28 +51,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    import signal
+    from .._cli import plots_dir, run_command
+    from ._runner import DEFAULT_PLOTS_DIR, run, settings_for
 
-    from ...errors import BucketQError
-    from ._runner import DEFAULT_PLOTS_DIR, run
+    def body() -> None:
+        settings = settings_for(quick=args.quick, rate=args.rate, duration=args.duration,
+                                batch=args.batch, modes=args.mode, sweep=args.sweep,
+                                sweep_duration=args.sweep_duration, redis_url=args.redis_url)  # fmt: skip
+        run(args.mongodb_uri, settings, json_path=args.json,
+            plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR))  # fmt: skip
 
-    # SIGTERM unwinds like Ctrl-C: the serve processes and the embedded server are stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        run(
-            args.mongodb_uri,
-            quick=args.quick,
-            rate=args.rate,
-            duration=args.duration,
-            batch=args.batch,
-            modes=args.mode,
-            sweep=args.sweep,
-            sweep_duration=args.sweep_duration,
-            redis_url=args.redis_url,
-            json_path=args.json,
-            plots_dir=None if args.no_plots else (args.plots or DEFAULT_PLOTS_DIR),
-        )
-    except (RuntimeError, BucketQError) as exc:
-        print(f"bucketq bench ingest: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_command("bucketq bench ingest", body)
