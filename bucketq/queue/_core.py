@@ -942,6 +942,12 @@ def sum_result(rows: Iterable[dict[str, Any]]) -> int:
     return 0
 
 
+#: What ``Queue.drain()``/``close()`` report: buckets written and items NOT stored by
+#: the call (as ``StreamQueue.close()`` reports), items served to reserve() while it
+#: drained, buckets released and items released unserved.
+DRAIN_REPORT = ("buckets_written", "push_failed", "served", "released_buckets", "released_items")
+
+
 def new_stats() -> dict[str, int]:
     return dict.fromkeys(
         (

@@ -57,6 +57,18 @@ async def test_a_bucket_that_cannot_be_built_fails_only_its_own_receipts(bucket_
     assert q.stats()["push_failed"] == 1
 
 
+async def test_close_reports_the_items_it_could_not_store(bucket_kind):
+    """close() says how many buffered items were NOT stored, as StreamQueue.close() does."""
+    q = bucket_kind.open(bucket_max_wait=5.0)
+    await resolve(q.push(1))
+    bad = q._add(encode_item("bad"), 1e12, time.time())  # a bucket BSON cannot hold
+    report = await resolve(q.close())
+    assert report["push_failed"] == 1 and report["buckets_written"] == 1
+    with pytest.raises(PushFailed):
+        await resolve(bad.wait(10))
+    assert await resolve(q.close()) == report  # idempotent: the same report
+
+
 async def test_an_undeliverable_dead_letter_stays_and_other_flushes_land(bucket_kind):
     """max_tries=1: every rollback dead-letters. One item is too large to carry the
     dead-letter headers: it cannot be moved. It does not block the others: the other

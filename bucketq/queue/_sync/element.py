@@ -369,7 +369,7 @@ class ElementQueue:
         """Nothing is buffered or read ahead: stop handing out items."""
         self._closed = True
         self._wake.notify()
-        return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
+        return dict.fromkeys(core.DRAIN_REPORT, 0)
 
     @boundary("close()")
     def close(self) -> dict[str, int]:

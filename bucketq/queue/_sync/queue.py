@@ -287,20 +287,24 @@ class Queue(Producer):
     def drain(self, timeout: float | None = None) -> dict[str, int]:
         """Write open buckets, stop claiming, serve what is in memory to reserve() callers
         (until consumed or ``timeout``, default ``drain_timeout``), release the rest at once
-        and flush state. Returns counts. Idempotent. In a child forked from the process
-        that opened the queue, it does nothing (the parent drains)."""
+        and flush state. Returns counts: ``buckets_written`` and ``push_failed`` (items NOT
+        stored) by this call, ``served``, ``released_buckets``, ``released_items``.
+        Idempotent. In a child forked from the process that opened the queue, it does
+        nothing (the parent drains)."""
         if self._forked:  # the parent owns what is buffered and held: touch nothing
-            return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
+            return dict.fromkeys(core.DRAIN_REPORT, 0)
         if self._drain_report is not None:
             return self._drain_report
         self._consumer.stop_claiming()
         written_before = self._stats["buckets_written"]
+        failed_before = self._stats["push_failed"]
         self._flush_pushes()
         served, released_buckets, released_items = self._consumer.drain(
             self.options.drain_timeout if timeout is None else timeout
         )
         self._drain_report = {
             "buckets_written": self._stats["buckets_written"] - written_before,
+            "push_failed": self._stats["push_failed"] - failed_before,
             "served": served,
             "released_buckets": released_buckets,
             "released_items": released_items,
@@ -311,7 +315,7 @@ class Queue(Producer):
     def close(self) -> dict[str, int]:
         """Drain, then stop the background workers. Idempotent; the client stays open."""
         if self._forked:  # the parent owns what is buffered and held: touch nothing
-            return {"buckets_written": 0, "served": 0, "released_buckets": 0, "released_items": 0}
+            return dict.fromkeys(core.DRAIN_REPORT, 0)
         if self._closed:
             return self._drain_report or {}
         try:
