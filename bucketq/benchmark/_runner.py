@@ -331,23 +331,10 @@ class _Servers:
 
 
 def _require(modules: Sequence[str]) -> None:
-    import sys
-    from importlib.util import find_spec
+    from .._deps import require_all
 
-    def present(m: str) -> bool:
-        if m in sys.modules:  # kombu replaces its module object: its __spec__ is None
-            return True
-        try:
-            return find_spec(m) is not None
-        except (ImportError, ValueError):
-            return False
-
-    missing = sorted({m for m in modules if not present(m)})
-    if missing:
-        raise ConfigurationError(
-            f"bucketq bench needs {', '.join(missing)}, which is not installed. "
-            "Install the benchmark's dependencies with `pip install 'bucketq[bench]'`."
-        )
+    require_all(modules, "bucketq bench",
+                "Install the benchmark's dependencies with `pip install 'bucketq[bench]'`.")  # fmt: skip
 
 
 def run(

@@ -131,3 +131,16 @@ def test_a_bad_environment_variable_is_named(env, needle):
 def test_good_urls_pass():
     cfg = from_env({"REDIS_URL": "redis://127.0.0.1:6379/0", "BUCKETQ_MONGODB_URI": ""})
     assert cfg.redis_url == "redis://127.0.0.1:6379/0"
+
+
+def test_a_missing_optional_dependency_says_which_extra_to_install():
+    from bucketq.reservoir._deps import require as reservoir_require
+    from bucketq.sdk._deps import require as sdk_require
+
+    assert reservoir_require("json").dumps([]) == "[]"
+    with pytest.raises(
+        ImportError, match=r"reservoir buffer needs the 'no_such_mod'.*bucketq\[reservoir\]"
+    ):
+        reservoir_require("no_such_mod")
+    with pytest.raises(ImportError, match=r"logging SDK needs the 'no_such_mod'.*bucketq\[sdk\]"):
+        sdk_require("no_such_mod")

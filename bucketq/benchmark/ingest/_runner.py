@@ -258,15 +258,11 @@ def run_mode(
 
 
 def _require(plots: bool) -> None:
-    from importlib.util import find_spec
+    from ..._deps import require_all
 
     needed = ["rich", "fastapi", "uvicorn", *(["matplotlib"] if plots else [])]
-    missing = [m for m in needed if find_spec(m) is None]
-    if missing:
-        raise ConfigurationError(
-            f"bucketq bench ingest needs {', '.join(missing)}, which is not installed. "
-            "Install them with `pip install 'bucketq[bench,server]'`."
-        )
+    require_all(needed, "bucketq bench ingest",
+                "Install them with `pip install 'bucketq[bench,server]'`.")  # fmt: skip
 
 
 def settings_for(
