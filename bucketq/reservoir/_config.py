@@ -15,6 +15,8 @@ from typing import Any
 
 from .. import _validate as v
 from ..errors import ConfigurationError
+from ._breaker import RULES
+from ._policy import RETRY_PRESETS, SHARD_KEYS
 
 log = logging.getLogger("bucketq.reservoir.config")
 
@@ -44,32 +46,23 @@ def _int(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _choice(text: str) -> str:
-    value = text.strip().lower()
-    if value not in TRANSPORTS:
-        raise ValueError(f"must be one of {', '.join(TRANSPORTS)}")
-    return value
+def _one_of(options: tuple[str, ...]) -> Callable[[str], str]:
+    """A parser for one of ``options`` (any case, spaces around ignored)."""
+    need = " or ".join(options) if len(options) == 2 else "one of " + ", ".join(options)
+
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in options:
+            raise ValueError(f"must be {need}")
+        return value
+
+    return parse
 
 
-def _rule(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("consecutive", "window"):
-        raise ValueError("must be consecutive or window")
-    return value
-
-
-def _shard_key(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("project", "entity"):
-        raise ValueError("must be project or entity")
-    return value
-
-
-def _preset(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("seed", "langfuse"):
-        raise ValueError("must be seed or langfuse")
-    return value
+_choice = _one_of(TRANSPORTS)
+_rule = _one_of(RULES)
+_shard_key = _one_of(SHARD_KEYS)
+_preset = _one_of(tuple(RETRY_PRESETS))
 
 
 def _by_kind(text: str) -> dict[str, tuple[int, int]]:
