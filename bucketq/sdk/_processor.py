@@ -151,6 +151,8 @@ class Processor:
         self._tokens = itertools.count()
         self._threads: list[threading.Thread] = []
         self._drain_thread: threading.Thread | None = None
+        #: the drain workers' connection pool, kept from one drain to the next (one at a time)
+        self._drain_sender: Sender | None = None
         self._replay_thread: threading.Thread | None = None
         self._replay_wanted = self.spill.has_segments()
         self._spill_gen = 0
@@ -178,6 +180,8 @@ class Processor:
     def _spawn(self, target: Any, name: str) -> threading.Thread:
         t = threading.Thread(target=self._run, args=(target,), daemon=True,
                              name=f"bucketq-sdk-{name}")  # fmt: skip
+        # Drains and replays come and go: keep only the threads that still run.
+        self._threads = [x for x in self._threads if x.is_alive()]
         self._threads.append(t)
         t.start()
         return t
@@ -431,12 +435,16 @@ class Processor:
 
     def _maybe_drain(self) -> None:
         running = self._drain_thread is not None and self._drain_thread.is_alive()
+        if not running and self._route(drain=True) is None:
+            return  # nowhere to send: the senders spill what they take, a drain would too
         if should_start_drain(self.queue.fill_percentage(), DRAIN_START_PERCENT, running):
             self._count("drains")
             self._drain_thread = self._spawn(self._drain_loop, "drain")
 
     def _drain_loop(self) -> None:
-        sender = Sender(self.cfg)
+        if self._drain_sender is None:
+            self._drain_sender = Sender(self.cfg)
+        sender = self._drain_sender
         try:
             while not self._stop.is_set():
                 if should_stop_drain(self.queue.fill_percentage(), DRAIN_STOP_PERCENT):
@@ -449,8 +457,6 @@ class Processor:
         except Exception:
             self._count("worker_errors")
             log.exception("bucketq.sdk drain worker error")
-        finally:
-            sender.close()
 
     def _health_loop(self) -> None:
         sender = Sender(self.cfg)
@@ -578,6 +584,8 @@ class Processor:
         if late:
             self._spill_items(late, "closed", retry=True)
         self._write_overflow()
+        if self._drain_sender is not None:
+            self._drain_sender.close()
         self.spill.close()
         self._closed = True
         _forget(self)

@@ -205,12 +205,16 @@ class Spill:
                 with open(path, "rb") as f:
                     if not _lock(f.fileno(), wait=False):
                         continue  # another writer's active segment, or being replayed
-                    data = f.read()
+                    # Counted in small reads: a whole segment read at once (4 MiB) raises
+                    # glibc's mmap threshold, and the process's memory creeps up after it.
+                    lines = size = 0
+                    while chunk := f.read(1 << 16):
+                        lines += chunk.count(b"\n")
+                        size += len(chunk)
                     path.unlink()
             except FileNotFoundError:
                 continue
-            lines = data.count(b"\n")
-            self._total -= len(data)
+            self._total -= size
             self.lost["spill_bound"] = self.lost.get("spill_bound", 0) + lines
             log.warning(
                 "spill directory %s is over spill_max_bytes=%d: deleted its oldest segment "
