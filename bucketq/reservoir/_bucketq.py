@@ -28,6 +28,7 @@ from ..errors import (
     TransportUnavailable,
 )
 from ..queue import AsyncQueue
+from ._config import DEFAULT_STREAM_PREFIX
 from ._policy import dead_entry, replayed_entry
 from ._transport import Delivery, Transport
 
@@ -85,7 +86,7 @@ class BucketqTransport(Transport):
         self,
         db: Any,
         *,
-        prefix: str = "logtide:buffer",
+        prefix: str = DEFAULT_STREAM_PREFIX,
         queue_options: dict[str, Any] | None = None,
     ) -> None:
         self.db = db

@@ -3,8 +3,9 @@
 Ingests are split by shard and handed to the transport; one flush consumer task per
 shard writes batches to the storage engine, kinds in parallel, and settles every
 record: ack when stored, requeue with a jittered backoff when its write failed, DLQ
-after ``max_retry_attempts``. Policy (breaker, backoff, shards, batches, reading a
-storage result) lives in the pure modules; this file builds, calls, interprets.
+after ``max_retry_attempts``. Which records of a write failed is found in
+``_isolation``. Policy (breaker, backoff, shards, batches, reading a storage result)
+lives in the pure modules; this file builds, calls, interprets.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .._guard import LoopGuard
 from ..errors import TransportError
 from ._breaker import STATE_NAMES, CircuitBreaker
 from ._config import BufferConfig
+from ._isolation import RecordWriter
 from ._metrics import BufferMetrics
 from ._policy import (
     KINDS,
@@ -29,16 +31,11 @@ from ._policy import (
     STORAGE_METHOD,
     BatchPolicy,
     ProjectOverflow,
-    WriteOutcome,
-    exception_outcome,
-    interpret,
     new_entry,
     record_shard,
     result,
     retry_delay,
     shard_for,
-    split,
-    storage_record,
 )
 from ._reservoir import IngestResult, Reservoir
 from ._transport import Delivery, Transport
@@ -137,11 +134,12 @@ class BufferedReservoir(Reservoir):
             ),
         )
         self._stop_report: dict[str, Any] | None = None
+        self._writer = RecordWriter(reservoir, self.retry, self.metrics, self._counts)
 
     @property
     def idempotent(self) -> bool:  # type: ignore[override]
         """The storage engine's: rewrites of a record with the same ``_id`` are no-ops."""
-        return bool(getattr(self.storage, "idempotent", False))
+        return self._writer.idempotent
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -378,7 +376,7 @@ class BufferedReservoir(Reservoir):
     ) -> dict[str, Any]:
         """Write straight to storage; map the storage's error indices back to the call's."""
         index = [i for items in groups.values() for i, _ in items]
-        records = self._records([e for items in groups.values() for _, e in items])
+        records = self._writer.records([e for items in groups.values() for _, e in items])
         for s, items in groups.items():
             self.metrics.bypass.labels(kind, str(s)).inc(len(items))
         self._counts["bypassed"] += len(records)
@@ -484,7 +482,9 @@ class BufferedReservoir(Reservoir):
             kind = d.entry.get("kind")
             by_kind[kind if kind in KINDS else "log"].append(d)
         kinds = list(by_kind)
-        outcomes = await asyncio.gather(*(self._write_kind(shard, k, by_kind[k]) for k in kinds))
+        outcomes = await asyncio.gather(
+            *(self._writer.write_kind(shard, k, by_kind[k]) for k in kinds)
+        )
         stored: list[Delivery] = []
         dead: list[Delivery] = []
         retry: dict[tuple[str, int], list[Delivery]] = defaultdict(list)
@@ -560,79 +560,6 @@ class BufferedReservoir(Reservoir):
             await self.transport.ack(shard, away)
             group = [d for d in group if d.entry.get("project_id") not in moved]
         await self.transport.requeue(shard, group, delay)
-
-    def _records(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """What storage gets: with each record's stable id as ``_id`` when the engine is
-        idempotent (a rewrite is then a no-op), the records as they came otherwise."""
-        if self.idempotent:
-            return [storage_record(e) for e in entries]
-        return [e["record"] for e in entries]
-
-    async def _write(self, shard: int, kind: str, ds: list[Delivery]) -> WriteOutcome:
-        records = self._records([d.entry for d in ds])
-        t0 = time.perf_counter()
-        try:
-            outcome = interpret(
-                len(records), await getattr(self.storage, STORAGE_METHOD[kind])(records)
-            )
-        except Exception as exc:  # noqa: BLE001 - any storage failure fails these records
-            outcome = exception_outcome(len(records), exc)
-        self.metrics.flush_duration.labels(kind, str(shard)).observe(
-            (time.perf_counter() - t0) * 1000
-        )
-        self._counts["storage_writes"] += 1
-        if not outcome.ok:
-            log.warning(
-                "shard %d: %d of %d %s records failed to store: %s",
-                shard,
-                outcome.failed,
-                outcome.n,
-                kind,
-                outcome.reason,
-            )
-        return outcome
-
-    async def _write_kind(
-        self, shard: int, kind: str, ds: list[Delivery]
-    ) -> tuple[list[Delivery], list[tuple[Delivery, str]]]:
-        # Records that failed before are suspects: find exactly which fail, however many
-        # writes it takes; a first failure of fresh records may stop early at an outage.
-        thorough = self.retry[kind].attempts <= 1 or any(
-            int(d.entry.get("attempts") or 0) for d in ds
-        )
-        return await self._isolate(shard, kind, ds, await self._write(shard, kind, ds), thorough)
-
-    async def _isolate(
-        self, shard: int, kind: str, ds: list[Delivery], outcome: WriteOutcome, thorough: bool
-    ) -> tuple[list[Delivery], list[tuple[Delivery, str]]]:
-        """Which records of a write failed. When the storage names them, that is the
-        answer; otherwise halve and write again until the failing records stand alone
-        (the halves of a level run concurrently: about log2(n) rounds), so a poison
-        record never fails, nor dead-letters, its neighbours. Not ``thorough`` (every
-        record is on its first attempt): when a write and both its halves fail entirely,
-        it looks like an outage and all fail without more writes; they come back as
-        suspects and are isolated then, before any of them can reach the DLQ."""
-        if outcome.ok:
-            return ds, []
-        reason = outcome.reason or "storage write failed"
-        if outcome.failed_indices is not None:
-            bad = outcome.failed_indices
-            return [d for i, d in enumerate(ds) if i not in bad], [
-                (ds[i], bad[i]) for i in sorted(bad)
-            ]
-        if len(ds) == 1:
-            return [], [(ds[0], reason)]
-        left, right = split(ds)
-        lo, ro = await asyncio.gather(
-            self._write(shard, kind, left), self._write(shard, kind, right)
-        )
-        if not thorough and outcome.total_failure and lo.total_failure and ro.total_failure:
-            return [], [(d, reason) for d in ds]
-        (sl, fl), (sr, fr) = await asyncio.gather(
-            self._isolate(shard, kind, left, lo, thorough),
-            self._isolate(shard, kind, right, ro, thorough),
-        )
-        return sl + sr, fl + fr
 
     # -- pending count, breaker, health ----------------------------------------------------
 

@@ -18,6 +18,9 @@ from ..errors import ConfigurationError
 from ._breaker import RULES
 from ._policy import RETRY_PRESETS, SHARD_KEYS
 
+#: Names the Redis keys and bucketq queues of the buffer: ``<prefix>:<shard>``, ``<prefix>:dlq``.
+DEFAULT_STREAM_PREFIX = "logtide:buffer"
+
 log = logging.getLogger("bucketq.reservoir.config")
 
 PREFIX = "RESERVOIR_BUFFER_"
@@ -143,7 +146,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Failed storage writes per record before it goes to the DLQ.", _int(1)),
     Setting(PREFIX + "BASE_DELAY_MS", "base_delay_ms", "100",
             "First retry delay; doubles per attempt, with jitter.", _int(1)),
-    Setting(PREFIX + "STREAM_PREFIX", "stream_prefix", "logtide:buffer",
+    Setting(PREFIX + "STREAM_PREFIX", "stream_prefix", DEFAULT_STREAM_PREFIX,
             "Name prefix of the Redis keys / bucketq queues (`<prefix>:<shard>`, `<prefix>:dlq`).", _prefix),
     Setting("REDIS_URL", "redis_url", "",
             "Redis for the `redis` transport; when missing, the buffer falls back to `memory` with a warning.",
@@ -219,7 +222,7 @@ class BufferConfig:
     cooldown_ms: int = 30000
     max_retry_attempts: int = 3
     base_delay_ms: int = 100
-    stream_prefix: str = "logtide:buffer"
+    stream_prefix: str = DEFAULT_STREAM_PREFIX
     redis_url: str = ""
     max_delay_ms: int = 30000
     breaker_rule: str = "consecutive"

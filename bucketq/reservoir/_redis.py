@@ -34,6 +34,7 @@ from typing import Any
 from bson import json_util
 
 from ..errors import TransportError, TransportTimeout, TransportUnavailable
+from ._config import DEFAULT_STREAM_PREFIX
 from ._deps import require
 from ._policy import dead_entry, replayed_entry
 from ._transport import Delivery, Transport
@@ -83,7 +84,7 @@ class RedisTransport(Transport):
         client: Any = None,
         *,
         url: str | None = None,
-        prefix: str = "logtide:buffer",
+        prefix: str = DEFAULT_STREAM_PREFIX,
         group: str = DEFAULT_GROUP,
         consumer: str | None = None,
         claim_idle: float = DEFAULT_CLAIM_IDLE,

@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import _validate as v
 from ..errors import BucketQError
-from ._config import PREFIX, from_env
+from ._config import DEFAULT_STREAM_PREFIX, PREFIX, from_env
 
 
 def _defaults() -> dict[str, Any]:
@@ -37,7 +37,7 @@ def _defaults() -> dict[str, Any]:
     except BucketQError:
         return {
             "transport": None,
-            "prefix": "logtide:buffer",
+            "prefix": DEFAULT_STREAM_PREFIX,
             "redis_url": None,
             "mongodb_uri": None,
         }
