@@ -10,8 +10,9 @@ the environment; a JSON file and PNG plots on request. With ``repeat`` K every (
 processes) group runs K times and the tables show medians with their range.
 
 Layout: ``_stats`` (the arithmetic, pure), ``_workload`` (payloads and the floor),
-``_contenders`` (the queues behind one set of verbs), ``_worker`` (one producer/consumer
-process; its loop in ``_async/loop.py``, the sync twin generated), ``_runner`` (the runs),
+``_contenders`` (the queues behind one set of verbs), ``_process`` (a worker process's
+entry point), ``_worker`` (its bookkeeping; its loop in ``_async/loop.py``, the sync twin
+generated), ``_runner`` (the runs),
 ``_report`` (JSON, tables, notes), ``_plots`` (PNGs).
 """
 

@@ -3,7 +3,7 @@ processes), contender after contender on one server (an embedded server the benc
 started is replaced by a fresh one between groups once it is worn, see
 ``FRESH_SERVER_AFTER``); with ``repeat`` K, each group K times in a row.
 
-Each run gets its own database and P spawned worker processes (see ``_worker``); the
+Each run gets its own database and P spawned worker processes (see ``_process``); the
 parent only starts them, shows progress from their shared counters, collects their
 reports, counts what the queue still holds and drops the database. Workers coordinate by
 barriers and a shared counter, never by a timeout; a run fails loudly when a worker
@@ -102,7 +102,7 @@ def run_spec(
     uri: str, spec: RunSpec, progress: Progress, *, stall_timeout: float = DEFAULT_STALL_TIMEOUT
 ) -> RunResult:
     """One contender at one N with ``spec.procs`` producer/consumer processes."""
-    from . import _worker
+    from . import _process
 
     contender = CONTENDERS[spec.contender]
     db_name = f"bucketq_bench_{uuid.uuid4().hex[:10]}"
@@ -120,7 +120,7 @@ def run_spec(
     }
     workers = [
         ctx.Process(
-            target=_worker.main, args=(wspec, i, barrier, pushed, done, results), daemon=True
+            target=_process.main, args=(wspec, i, barrier, pushed, done, results), daemon=True
         )
         for i in range(spec.procs)
     ]
@@ -375,10 +375,8 @@ def run(
         ]
     )
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from ._report import document, print_report
+    from ._terminal import Terminal
 
     preset = QUICK if quick else FULL
     overridden = n is not None or sizes is not None or procs is not None or element_n is not None
@@ -397,7 +395,8 @@ def run(
         "fresh_server_after_items": FRESH_SERVER_AFTER,
         "argv": sys.argv,
     }
-    console = console or Console(width=None if sys.stdout.isatty() else 180)
+    ui = Terminal(console)
+    console = ui.console
     t_start = time.monotonic()
     results: list[RunResult] = []
     restarts: list[dict[str, Any]] = []
@@ -407,20 +406,13 @@ def run(
         server_uri = server.start()
         env = environment(server_uri, server.embedded is not None, names)
         element_ns = ", ".join(f"{s:,}" for s in sorted(element_sizes(sizes, element_n).values()))
-        console.print(
+        ui.headline(
             f"[bold]bucketq bench[/]: {len(plan)} runs of {len(names)} contenders"
             f"{f' ({repeat} repetitions of each group)' if repeat > 1 else ''} on "
             f"{env['server']['description']}; N = {', '.join(f'{s:,}' for s in sizes)} (per-element "
             f"{element_ns}), processes = {', '.join(map(str, sorted({s.procs for s in plan})))}"
         )
-        columns = (
-            TextColumn("{task.description:<58}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console, transient=True) as bar:
-            overall = bar.add_task("runs", total=len(plan))
+        with ui.runs(len(plan)):
             group: tuple[int, int, int] | None = None
             for spec in plan:
                 # a repetition of a group is a group of its own: on a fresh server
@@ -432,34 +424,17 @@ def run(
                 label = f"{spec.contender} N={spec.n:,} P={spec.procs}"
                 if repeat > 1:
                     label += f" #{spec.repeat + 1}"
-                pt = bar.add_task(f"{label}: push", total=spec.n)
-                ct = bar.add_task(f"{label}: consume", total=spec.n)
-
-                def progress(p: int, c: int, pt: Any = pt, ct: Any = ct) -> None:
-                    bar.update(pt, completed=p)
-                    bar.update(ct, completed=c)
-
+                progress = ui.run_started(label, spec.n)
                 try:
                     r = run_spec(server_uri, spec, progress, stall_timeout=stall_timeout)
                 except RuntimeError as exc:  # one failed run must not cost the others
                     failed.append({**asdict(spec), "error": str(exc)})
-                    bar.console.print(f"[red]✗ {label}: {exc}[/]")
+                    ui.run_failed(label, exc)
                     server.items += spec.n
-                    bar.remove_task(pt)
-                    bar.remove_task(ct)
-                    bar.advance(overall)
                     continue
                 server.items += spec.n
                 results.append(r)
-                bar.remove_task(pt)
-                bar.remove_task(ct)
-                bar.advance(overall)
-                bar.console.print(
-                    f"{'✓' if r.items_ok else '✗'} {label}: push {r.push_rate:,.0f}/s, consume {r.consume_rate:,.0f}/s, "
-                    f"end-to-end {r.e2e_rate:,.0f}/s; {r.cpu_us_per_item:,.1f} CPU µs/item, "
-                    f"{r.commands_per_1000:,.1f} commands/1k items"
-                    + ("" if r.items_ok else f"; [red]{r.items_problem}[/]")
-                )
+                ui.run_done(label, r)
     finally:
         server.stop()
     settings["server_restarts"] = restarts

@@ -13,10 +13,9 @@ they measure.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .._worker import Worker
+from .._worker import Worker
 
 
 async def run(w: Worker, open_handle: Any) -> dict[str, Any]:
