@@ -47,6 +47,23 @@ def read_lines(path: Path) -> list[list[str]]:
     return [line.split("\t") for line in path.read_text().splitlines() if line]
 
 
+def ids(*paths: Path) -> Counter[int]:
+    """How often each item id (a line's first field) stands in the worker files ``paths``."""
+    seen: Counter[int] = Counter()
+    for path in paths:
+        seen.update(int(r[0]) for r in read_lines(path))
+    return seen
+
+
+def consumers(k: int, uri: str, db: str, queue: str, out_dir: Path, *args: str,
+              options: dict | None = None) -> tuple[list[subprocess.Popen[str]], list[Path]]:  # fmt: skip
+    """``k`` consume workers (``args`` added), each appending to its own file in ``out_dir``."""
+    outs = [out_dir / f"consumed{i}.txt" for i in range(k)]
+    return [
+        run_worker("consume", uri, db, queue, out, *args, options=options) for out in outs
+    ], outs
+
+
 def stored_items(col: Any) -> Counter[int]:
     """Payload ids of every not-yet-consumed item stored in a queue collection."""
     seen: Counter[int] = Counter()

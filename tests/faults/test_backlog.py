@@ -12,11 +12,10 @@ the same deterministically with a failpoint; this is the load that found it.
 from __future__ import annotations
 
 import os
-from collections import Counter
 
 import pytest
 
-from .conftest import read_lines, run_worker
+from .conftest import consumers, ids, run_worker
 
 pytestmark = pytest.mark.soak
 
@@ -28,24 +27,10 @@ def test_two_consumers_of_a_large_backlog_deliver_every_item_once(db, mongo_uri,
     push = run_worker("push", mongo_uri, db.name, "q", tmp_path / "acked.txt",
                       "--start", "0", "--count", str(n), "--batch", "1000", options=opts)  # fmt: skip
     assert push.wait() == 0
-    consumers = [
-        run_worker(
-            "consume",
-            mongo_uri,
-            db.name,
-            "q",
-            tmp_path / f"consumed{k}.txt",
-            "--idle",
-            "20",
-            options=opts,
-        )  # fmt: skip
-        for k in range(2)
-    ]
-    for p in consumers:
+    procs, outs = consumers(2, mongo_uri, db.name, "q", tmp_path, "--idle", "20", options=opts)
+    for p in procs:
         assert p.wait() == 0
-    consumed: Counter[int] = Counter()
-    for k in range(2):
-        consumed.update(int(r[0]) for r in read_lines(tmp_path / f"consumed{k}.txt"))
+    consumed = ids(*outs)
     dups = sum(v - 1 for v in consumed.values() if v > 1)
     print(f"\nbacklog: N={n} committed={sum(consumed.values())} duplicates={dups}")
     assert set(consumed) == set(range(n)), "an item was lost"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 
 import pytest
 from pymongo import MongoClient
@@ -13,7 +12,7 @@ from pymongo import MongoClient
 from bucketq import Queue
 from waiting import eventually
 
-from .conftest import FAST, read_lines, run_worker, stored_items
+from .conftest import FAST, ids, read_lines, run_worker, stored_items
 
 N = 3000
 
@@ -82,8 +81,7 @@ def test_producer_and_consumer_survive_a_server_restart(local_server, tmp_path, 
     assert cons.wait(180) == 0
     pstats = json.loads(prod.stdout.read().strip().splitlines()[-1])
     cstats = json.loads(cons.stdout.read().strip().splitlines()[-1])
-    acked = Counter(int(r[0]) for r in read_lines(acked_f))
-    consumed = Counter(int(r[0]) for r in read_lines(consumed_f))
+    acked, consumed = ids(acked_f), ids(consumed_f)
     with MongoClient(uri) as client:
         left = stored_items(client["bq"]["q"])
     lost = set(acked) - set(consumed) - set(left)

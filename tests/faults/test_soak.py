@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 
 import pytest
 
-from .conftest import read_lines, run_worker
+from .conftest import consumers, ids, run_worker
 
 pytestmark = pytest.mark.soak
 
@@ -37,28 +36,13 @@ def test_soak_four_producers_four_consumers(db, mongo_uri, tmp_path):
         )  # fmt: skip
         for k in range(4)
     ]
-    consumers = [
-        run_worker(
-            "consume",
-            mongo_uri,
-            db.name,
-            "q",
-            tmp_path / f"consumed{k}.txt",
-            "--idle",
-            "20",
-            options=opts,
-        )
-        for k in range(4)
-    ]
-    for p in producers + consumers:
+    procs, outs = consumers(4, mongo_uri, db.name, "q", tmp_path, "--idle", "20", options=opts)
+    for p in producers + procs:
         assert p.wait() == 0
     # Until the last commit was written (the consumers then idle out).
-    elapsed = max(os.path.getmtime(tmp_path / f"consumed{k}.txt") for k in range(4)) - t0
-    acked: Counter[int] = Counter()
-    consumed: Counter[int] = Counter()
-    for k in range(4):
-        acked.update(int(r[0]) for r in read_lines(tmp_path / f"acked{k}.txt"))
-        consumed.update(int(r[0]) for r in read_lines(tmp_path / f"consumed{k}.txt"))
+    elapsed = max(os.path.getmtime(out) for out in outs) - t0
+    acked = ids(*(tmp_path / f"acked{k}.txt" for k in range(4)))
+    consumed = ids(*outs)
     lost = set(acked) - set(consumed)
     dups = sum(v - 1 for v in consumed.values() if v > 1)
     print(f"\nsoak: N={n} in {elapsed:.0f}s ({n / elapsed:.0f} items/s end to end): acked={len(acked)} "
