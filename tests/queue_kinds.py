@@ -10,6 +10,7 @@ queue's result through. Import it from any test (``tests/`` is on ``sys.path``):
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,6 +42,19 @@ STREAMS = ["stream-sync", "stream-async"]
 
 async def resolve(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+async def consume(q: Any, want: int, deadline: float = 60.0) -> list[Any]:
+    """Reserve and commit until ``want`` items came (or ``deadline`` seconds passed);
+    their payloads."""
+    got = []
+    end = time.monotonic() + deadline
+    while len(got) < want and time.monotonic() < end:
+        msg = await resolve(q.reserve(timeout=0.5))
+        if msg is not None:
+            await resolve(q.commit(msg))
+            got.append(msg.payload)
+    return got
 
 
 class QueueKind:

@@ -11,7 +11,7 @@ import pytest
 
 from bucketq import PushFailed
 from bucketq._guard import LoopGuard
-from queue_kinds import resolve
+from queue_kinds import consume, resolve
 
 
 def fail_first(obj, name: str, times: int = 1) -> list[int]:
@@ -27,17 +27,6 @@ def fail_first(obj, name: str, times: int = 1) -> list[int]:
 
     setattr(obj, name, patched)
     return calls
-
-
-async def consume(q, want: int, deadline: float = 60.0) -> list:
-    got = []
-    end = time.monotonic() + deadline
-    while len(got) < want and time.monotonic() < end:
-        msg = await resolve(q.reserve(timeout=0.5))
-        if msg is not None:
-            await resolve(q.commit(msg))
-            got.append(msg.payload)
-    return got
 
 
 def errors_about(caplog, text: str) -> list[logging.LogRecord]:

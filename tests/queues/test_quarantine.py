@@ -12,19 +12,7 @@ import pytest
 from bucketq import Queue
 from bucketq.cli import main as cli_main
 from bucketq.queue._codec import decode_items, encode_item
-from queue_kinds import resolve
-
-
-async def consume(q, want: int, deadline: float = 60.0) -> list:
-    """Reserve and commit until ``want`` items came (or the deadline passed)."""
-    got = []
-    end = time.monotonic() + deadline
-    while len(got) < want and time.monotonic() < end:
-        msg = await resolve(q.reserve(timeout=0.5))
-        if msg is not None:
-            await resolve(q.commit(msg))
-            got.append(msg.payload)
-    return got
+from queue_kinds import consume, resolve
 
 
 async def listed_soon(q, deadline: float = 30.0) -> list:
