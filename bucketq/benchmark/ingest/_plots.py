@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._plots import grouped_bars, log_axes, pyplot, save
 from ._report import MODE_LABELS
 from ._stats import SEED_P95_MS, SWEEP_P95_LIMIT
 
@@ -16,11 +17,7 @@ PNG = "bucketq-bench-ingest.png"
 
 def write_plot(doc: Mapping[str, Any], directory: str | Path) -> str:
     """Writes the PNG into ``directory``; returns its path."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     modes = doc["modes"]
@@ -31,13 +28,10 @@ def write_plot(doc: Mapping[str, Any], directory: str | Path) -> str:
     ax = axes[0][0]
     names = list(modes)
     width = 0.2
-    for k, q in enumerate(("p50_ms", "p95_ms", "p99_ms", "max_ms")):
-        xs = [i + (k - 1.5) * width for i in range(len(names))]
-        ys = [modes[m]["load"]["latency"][q] or 0 for m in names]
-        bars = ax.bar(xs, ys, width, label=q.replace("_ms", ""), color=plt.get_cmap("Set2")(k))
-        for b, y in zip(bars, ys, strict=True):
-            ax.annotate(f"{y:,.0f}" if y >= 10 else f"{y:.1f}", (b.get_x() + b.get_width() / 2, y),
-                        ha="center", va="bottom", fontsize=7, rotation=90)  # fmt: skip
+    grouped_bars(ax, len(names),
+                 [(q.replace("_ms", ""), [modes[m]["load"]["latency"][q] or 0 for m in names])
+                  for q in ("p50_ms", "p95_ms", "p99_ms", "max_ms")],
+                 width, lambda y: f"{y:,.0f}" if y >= 10 else f"{y:.1f}")  # fmt: skip
     for storage, marker in (("TimescaleDB", "x"), ("MongoDB", "D")):
         # on the p95 bars
         pts = [(i - 0.5 * width, SEED_P95_MS[storage].get(m)) for i, m in enumerate(names)]
@@ -61,18 +55,6 @@ def write_plot(doc: Mapping[str, Any], directory: str | Path) -> str:
             ax2.plot(xs, ys, marker="o", label=MODE_LABELS.get(m, m))
         ax2.axhline(SWEEP_P95_LIMIT * 1000, color="black", linestyle="--", linewidth=1,
                     label="p95 limit")  # fmt: skip
-        ax2.set_xscale("log", base=2)
-        ax2.set_yscale("log")
-        ax2.set_xlabel("requests/s")
-        ax2.set_ylabel("p95 ms (log)")
-        ax2.set_title("Sweep: p95 by rate")
-        ax2.grid(which="both", alpha=0.3)
-        ax2.legend(fontsize=8)
-    fig.suptitle(
-        f"bucketq bench ingest on {doc['environment']['server']['description']}", fontsize=10
-    )
-    fig.tight_layout()
-    path = d / PNG
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+        log_axes(ax2, "requests/s", "p95 ms (log)", "Sweep: p95 by rate", xbase=2, legend_size=8)
+    return save(fig, f"bucketq bench ingest on {doc['environment']['server']['description']}",
+                d / PNG)  # fmt: skip
