@@ -4,7 +4,7 @@ repetitions, with their range, when each group ran more than once)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._contenders import CONTENDERS
@@ -180,6 +180,19 @@ def _items_back(r: RunSummary) -> str:
     return f"[red]{r.items_problem}[/]"
 
 
+def print_environment(console: Any, doc: Mapping[str, Any], prefix: str = "") -> None:
+    """The run's environment in one line (after ``prefix``), then its notes."""
+    env = doc["environment"]
+    console.print(
+        f"{prefix}Server: {env['server']['description']}; write concern: {env['write_concern']}. "
+        f"Python {env['versions']['python']}, "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if k != "python" and v)
+        + f"; {env['cpu_count']} CPUs; wall time {doc['wall_s']:.0f} s."
+    )
+    for n in doc["notes"]:
+        console.print(f"[dim]- {n}[/]")
+
+
 def print_report(console: Any, results: Sequence[RunSummary], doc: dict[str, Any]) -> None:
     """The tables: one row per (contender, N, P), the medians where groups were repeated."""
     from rich.table import Table
@@ -257,16 +270,12 @@ def print_report(console: Any, results: Sequence[RunSummary], doc: dict[str, Any
             )  # fmt: skip
         console.print(s)
 
-    env = doc["environment"]
     pl = doc["payload"]
-    console.print(
-        f"BSON floor: {floor_us:.2f} µs/item. Payload: {pl['bytes_json']} bytes as JSON, {pl['bytes_bson']} as BSON. "
-        f"Server: {env['server']['description']}; write concern: {env['write_concern']}. "
-        f"Python {env['versions']['python']}, "
-        + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if k != "python" and v)
-        + f"; {env['cpu_count']} CPUs; wall time {doc['wall_s']:.0f} s."
+    print_environment(
+        console,
+        doc,
+        f"BSON floor: {floor_us:.2f} µs/item. Payload: {pl['bytes_json']} bytes as JSON, "
+        f"{pl['bytes_bson']} as BSON. ",
     )
-    for n in doc["notes"]:
-        console.print(f"[dim]- {n}[/]")
     for f in doc["settings"].get("failed_runs") or []:
         console.print(f"[red]FAILED: {f['contender']} N={f['n']:,} P={f['procs']}: {f['error']}[/]")

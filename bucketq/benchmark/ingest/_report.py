@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._report import print_environment
 from ._load import DEFAULT_REQUEST_TIMEOUT
 from ._stats import CENSORED_SHARE, LAG_LIMIT, SEED_P95_MS, SWEEP_P95_LIMIT
 
@@ -222,15 +223,7 @@ def print_report(console: Any, doc: Mapping[str, Any]) -> None:
             g.add_row(x["target"], _figures(x["figures"]), _met(x["met"]))
         console.print(g)
 
-    env = doc["environment"]
-    console.print(
-        f"Server: {env['server']['description']}; write concern: {env['write_concern']}. "
-        f"Python {env['versions']['python']}, "
-        + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if k != "python" and v)
-        + f"; {env['cpu_count']} CPUs; wall time {doc['wall_s']:.0f} s."
-    )
-    for n in doc["notes"]:
-        console.print(f"[dim]- {n}[/]")
+    print_environment(console, doc)
     for m, e in (st.get("failed") or {}).items():
         console.print(f"[red]FAILED: {m}: {e}[/]")
     for p in doc.get("plots") or []:
