@@ -13,7 +13,36 @@ from ._record import from_fields, from_log_record, needs_item
 _SDK_PREFIX = LOGGER_NAME + "."
 
 
-class Client:
+class _Shared:
+    """One user of the processor shared by every client and handler of the same
+    configuration (queue, threads, connections, spill)."""
+
+    _processor: Processor
+
+    def _acquire(self, url: str, api_key: str, options: dict[str, Any]) -> None:
+        self._processor = acquire(make_config(url, api_key, **options))
+        self._service = self._processor.cfg.service
+        self._released = False
+
+    def _release(self, timeout: float | None = None) -> bool:
+        """Let go of the processor once (the last user stops it); True when nothing was
+        left pending."""
+        if self._released:
+            return True
+        self._released = True
+        return release(self._processor, timeout)
+
+    @property
+    def processor(self) -> Processor:
+        return self._processor
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this configuration: queued, queue_full, sent, retried, to_fallback,
+        spilled, replayed, refused, lost (by reason), pending, fill_percentage, ..."""
+        return self._processor.stats()
+
+
+class Client(_Shared):
     """A lower-level client: ``log(level, message, **fields)`` queues one record and
     returns at once (True: queued; False: the queue was full and it went to the spill).
 
@@ -23,13 +52,7 @@ class Client:
     """
 
     def __init__(self, url: str, api_key: str, **options: Any) -> None:
-        self._processor = acquire(make_config(url, api_key, **options))
-        self._service = self._processor.cfg.service
-        self._released = False
-
-    @property
-    def processor(self) -> Processor:
-        return self._processor
+        self._acquire(url, api_key, options)
 
     def log(self, level: str | int, message: object, **fields: Any) -> bool:
         return self._processor.submit(
@@ -44,15 +67,7 @@ class Client:
     def close(self, timeout: float | None = None) -> bool:
         """Flush (``timeout``, default ``shutdown_timeout``) and let go of the processor;
         the last user of a configuration stops it and spills what is left. Idempotent."""
-        if self._released:
-            return True
-        self._released = True
-        return release(self._processor, timeout)
-
-    def stats(self) -> dict[str, Any]:
-        """Counters of this configuration: queued, queue_full, sent, retried, to_fallback,
-        spilled, replayed, refused, lost (by reason), pending, fill_percentage, ..."""
-        return self._processor.stats()
+        return self._release(timeout)
 
     def __enter__(self) -> Client:
         return self
@@ -61,7 +76,7 @@ class Client:
         self.close()
 
 
-class IngestHandler(logging.Handler):
+class IngestHandler(_Shared, logging.Handler):
     """A ``logging.Handler`` that sends records to ``bucketq serve`` without blocking.
 
     ``IngestHandler(url, api_key, **options)``; usable from ``dictConfig`` (``"class":
@@ -74,13 +89,7 @@ class IngestHandler(logging.Handler):
     def __init__(self, url: str, api_key: str, level: int | str = logging.NOTSET,
                  **options: Any) -> None:  # fmt: skip
         super().__init__(level)
-        self._processor = acquire(make_config(url, api_key, **options))
-        self._service = self._processor.cfg.service
-        self._released = False
-
-    @property
-    def processor(self) -> Processor:
-        return self._processor
+        self._acquire(url, api_key, options)
 
     def handle(self, record: logging.LogRecord) -> Any:
         # emit is thread-safe on its own: skip Handler.handle's lock (one less wait), and
@@ -115,10 +124,5 @@ class IngestHandler(logging.Handler):
         self._processor.flush()
 
     def close(self) -> None:
-        if not self._released:
-            self._released = True
-            release(self._processor)
+        self._release()
         super().close()
-
-    def stats(self) -> dict[str, Any]:
-        return self._processor.stats()
