@@ -11,6 +11,13 @@ import them with ``from waiting import eventually``.
 
 Markers, set here by directory: ``faults`` (tests/faults), ``spark`` (tests/spark),
 ``bench`` (tests/test_benchmark.py); ``soak`` is opt-in (``-m soak``).
+
+Parallel: the suite runs on pytest-xdist workers (``addopts`` in pyproject.toml; ``-n0``
+runs it in one process). Each worker has its own session fixtures (its own embedded
+server, its own ``bucketq serve``), so a test must not depend on state another test
+left, and names what it creates uniquely (databases, Redis prefixes, ``tmp_path``).
+Tests that share an expensive fixture of module or session scope are kept on one
+worker with ``pytest.mark.xdist_group`` (``--dist loadgroup``).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ _MARKERS = {"faults": "faults", "spark": "spark", "test_benchmark.py": "bench"}
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         try:
@@ -44,6 +52,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = _MARKERS.get(top)
         if marker:
             item.add_marker(marker)
+        if top == "spark":
+            # One worker runs every Spark test: one JVM (the session's SparkSession) at a time.
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def _missing(reason: str) -> None:
