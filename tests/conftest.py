@@ -40,6 +40,16 @@ _ROOT = Path(__file__).resolve().parent
 _MARKERS = {"faults": "faults", "spark": "spark", "test_benchmark.py": "bench"}
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+#: xdist groups (``--dist loadgroup``): the tests that use one of these module- or
+#: session-scoped fixtures, each of which starts processes, run on one worker, so they are
+#: started once. Every test under tests/spark is in the group "spark": one worker starts
+#: the JVMs, one at a time.
+_SHARED = {
+    "bench": "bench-run",  # tests/test_benchmark.py: the one shared benchmark run
+    "serve": "serve",  # tests/server: one `bucketq serve`
+    "primary": "sdk-e2e",  # tests/sdk/test_e2e.py: two `bucketq serve`
+    "fallback": "sdk-e2e",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
@@ -52,9 +62,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = _MARKERS.get(top)
         if marker:
             item.add_marker(marker)
-        if top == "spark":
-            # One worker runs every Spark test: one JVM (the session's SparkSession) at a time.
-            item.add_marker(pytest.mark.xdist_group("spark"))
+        group = (
+            "spark"
+            if top == "spark"
+            else _SHARED.get(
+                next((f for f in getattr(item, "fixturenames", ()) if f in _SHARED), "")
+            )
+        )
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _missing(reason: str) -> None:

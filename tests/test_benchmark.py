@@ -42,11 +42,6 @@ PER_ITEM = {
 }
 
 
-#: The tests that read the one shared run (the ``bench`` fixture) stay on one xdist worker,
-#: so the run is made once.
-SHARED_RUN = pytest.mark.xdist_group("bench-run")
-
-
 @pytest.fixture(scope="module")
 def bench(mongo_uri, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
@@ -64,7 +59,6 @@ def bench(mongo_uri, tmp_path_factory):
     return doc, data, console.file.getvalue(), out
 
 
-@SHARED_RUN
 def test_every_contender_ran_at_every_process_count_and_got_all_items_back(bench):
     _, data, _, _ = bench
     seen = {(r["contender"], r["producers"], r["consumers"]) for r in data["runs"]}
@@ -84,7 +78,6 @@ def test_every_contender_ran_at_every_process_count_and_got_all_items_back(bench
         assert len(r["workers"]) == r["producers"]
 
 
-@SHARED_RUN
 def test_json_has_every_figure_and_the_environment(bench):
     doc, data, _, _ = bench
     assert data == json.loads(json.dumps(doc, default=str))
@@ -113,7 +106,6 @@ def test_json_has_every_figure_and_the_environment(bench):
     assert data["notes"] and data["settings"]["procs"] == list(PROCS)
 
 
-@SHARED_RUN
 def test_commands_are_counted_by_name(bench):
     _, data, _, _ = bench
     for r in data["runs"]:
@@ -130,7 +122,6 @@ def test_commands_are_counted_by_name(bench):
         assert r["commands_per_1000_items_by_name"]["findAndModify"] > 0
 
 
-@SHARED_RUN
 def test_plots_are_pngs_and_the_table_names_every_contender(bench):
     _, data, text, out = bench
     assert len(data["plots"]) == 2
@@ -237,7 +228,6 @@ def test_shares_checksums_and_spread():
     assert element_sizes([200], 500) == {200: 200}
 
 
-@SHARED_RUN
 def test_the_table_shows_bucketq_per_item_then_batches_then_per_element_and_peers(bench):
     _, data, text, _ = bench
     table = text[: text.index("MongoDB commands per 1,000 items")]
@@ -409,7 +399,6 @@ def test_repeat_runs_each_group_k_times_interleaved_and_reports_medians(mongo_ur
     assert any("ran 2 times" in n for n in data["notes"])
 
 
-@SHARED_RUN
 def test_without_repeat_the_table_has_no_range_column(bench):
     _, data, text, _ = bench
     assert data["settings"]["repeat"] == 1 and "range e2e" not in text
