@@ -8,7 +8,7 @@ from typing import Any
 
 from ._options import LOGGER_NAME, make_config
 from ._processor import Processor, acquire, release, sdk_thread
-from ._record import from_fields, from_log_record, needs_item
+from ._record import capture, from_fields, from_log_record, needs_item
 
 _SDK_PREFIX = LOGGER_NAME + "."
 
@@ -105,8 +105,8 @@ class IngestHandler(_Shared, logging.Handler):
         return rv
 
     def emit(self, record: logging.LogRecord) -> None:
-        # The caller's thread: format the message (its args may change next) and queue the
-        # record; its extra= fields are read by a sender (see bucketq.sdk._record).
+        # The caller's thread: one small tuple with the message formatted (its args may
+        # change next); a sender works out the rest (see bucketq.sdk._record).
         name = record.name
         if name == LOGGER_NAME or name.startswith(_SDK_PREFIX):
             return
@@ -116,7 +116,7 @@ class IngestHandler(_Shared, logging.Handler):
             if needs_item(record):
                 self._processor.submit(from_log_record(record, self._service))
             else:
-                self._processor.submit((record, record.getMessage()))
+                self._processor.submit(capture(record))
         except Exception:  # noqa: BLE001 - the logging contract: report, never raise
             self.handleError(record)
 

@@ -2,13 +2,16 @@
 
 Pure: no I/O. What the caller's thread queues is as little as it can be:
 
-- a ``logging`` record without exception or stack info: the pair ``(record, message)``,
-  the message formatted at call time (``record.getMessage()``: its ``args`` may be
-  mutable objects the caller changes next, and formatting costs a fraction of a
-  microsecond), the record itself kept by reference, as the standard library's
-  ``QueueHandler`` does: its ``extra=`` attributes are read when a sender encodes the
-  batch, so a mutable value passed in ``extra=`` and changed afterwards is sent as it
-  is then;
+- a ``logging`` record without exception or stack info: a :data:`Captured` tuple
+  (:func:`capture`): its time, level number, logger name, the message formatted at call
+  time (``record.getMessage()``: ``args`` are often mutable objects the caller changes
+  next, and formatting costs a fraction of a microsecond) and a shallow copy of its
+  ``extra=`` attributes (None when there are none, found by counting the record's
+  attributes). The record itself is not kept: every object that outlives the call
+  counts towards the next garbage collection in the caller's thread, and a record
+  with its ``__dict__`` and ``args`` is three of them where this tuple is one (two
+  with extras). The server's level, ``trace_id``/``span_id``/``service`` and the
+  metadata are worked out by a sender (:func:`wire`);
 - a record with exception or stack info: an :data:`Item` built at once
   (:func:`from_log_record`), so the traceback is text and its frames are not held;
 - ``Client.log``: an :data:`Item` (:func:`from_fields`).
@@ -30,8 +33,10 @@ from ..errors import ConfigurationError
 
 #: (created, level, message, service, metadata or None, trace_id or None, span_id or None)
 Item = tuple[float, str, str, str, dict[str, Any] | None, str | None, str | None]
-#: what the queue holds: an :data:`Item`, or ``(LogRecord, message)`` (see the module doc)
-Queued = Item | tuple[logging.LogRecord, str]
+#: (created, levelno, logger name, message, extra= attributes or None): see :func:`capture`
+Captured = tuple[float, int, str, str, dict[str, Any] | None]
+#: what the queue holds
+Queued = Item | Captured
 
 LEVELS = ("debug", "info", "warn", "error", "critical")
 _LEVEL_ALIASES = {
@@ -51,6 +56,8 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "taskName",
 }
 _TOP_LEVEL = ("trace_id", "span_id", "service")
+#: how many attributes a record made without ``extra=`` has (this Python's LogRecord)
+_PLAIN = len(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
 
 
 def wire_level(levelno: int) -> str:
@@ -89,14 +96,28 @@ def format_exception(exc_info: Any) -> dict[str, str]:
     }
 
 
-def _extra(record: logging.LogRecord, service: str
+def extra_of(record: logging.LogRecord) -> dict[str, Any] | None:
+    """A shallow copy of the record's ``extra=`` attributes, None when it has none."""
+    d = record.__dict__
+    if len(d) <= _PLAIN:
+        return None
+    # one set operation in C, not a loop over ~25 names
+    return {k: d[k] for k in d.keys() - _STANDARD} or None
+
+
+def capture(record: logging.LogRecord) -> Captured:
+    """What the caller's thread keeps of a record without exception or stack info."""
+    return (record.created, record.levelno, record.name, record.getMessage(), extra_of(record))
+
+
+def _split(name: str, extra: dict[str, Any] | None, service: str
            ) -> tuple[dict[str, Any], str, str | None, str | None]:  # fmt: skip
     """(metadata, service, trace_id, span_id) of a record's ``extra=`` attributes."""
-    meta: dict[str, Any] = {"logger": record.name}
+    meta: dict[str, Any] = {"logger": name}
     trace_id = span_id = None
-    d = record.__dict__
-    for k in d.keys() - _STANDARD:  # one set operation in C, not a loop over ~25 names
-        v = d[k]
+    if not extra:
+        return meta, service, None, None
+    for k, v in extra.items():
         if k == "trace_id":
             trace_id = None if v is None else str(v)
         elif k == "span_id":
@@ -113,7 +134,7 @@ def from_log_record(record: logging.LogRecord, service: str) -> Item:
     """The :data:`Item` of a stdlib record: ``extra=`` fields become metadata (``trace_id``,
     ``span_id`` and ``service`` go to the top level), exception info goes to
     ``metadata["exception"]``, the logger's name to ``metadata["logger"]``."""
-    meta, service, trace_id, span_id = _extra(record, service)
+    meta, service, trace_id, span_id = _split(record.name, extra_of(record), service)
     if record.exc_info and record.exc_info[0] is not None:
         meta["exception"] = format_exception(record.exc_info)
     elif record.exc_text:
@@ -125,7 +146,7 @@ def from_log_record(record: logging.LogRecord, service: str) -> Item:
 
 
 def needs_item(record: logging.LogRecord) -> bool:
-    """True when the caller's thread must build the :data:`Item` itself (exception or stack
+    """True when the caller's thread builds the whole :data:`Item` (exception or stack
     info: formatted at once, so no traceback and its frames are held in the queue)."""
     return bool(record.exc_info or record.exc_text or record.stack_info)
 
@@ -183,16 +204,16 @@ def to_wire(item: Item) -> dict[str, Any]:
 
 
 def wire(item: Queued, service: str) -> dict[str, Any]:
-    """The ingest JSON object of a queued entry (an :data:`Item`, or ``(record, message)``
-    whose ``extra=`` attributes are read now; ``service`` is the configuration's)."""
-    if len(item) != 2:
+    """The ingest JSON object of a queued entry (an :data:`Item` or a :data:`Captured`;
+    ``service`` is the configuration's)."""
+    if len(item) != 5:
         return to_wire(item)
-    record, message = item
-    meta, service, trace_id, span_id = _extra(record, service)
+    created, levelno, name, message, extra = item
+    meta, service, trace_id, span_id = _split(name, extra, service)
     out: dict[str, Any] = {
-        "time": iso_time(record.created),
+        "time": iso_time(created),
         "service": service,
-        "level": wire_level(record.levelno),
+        "level": wire_level(levelno),
         "message": message or "(empty)",
         "metadata": meta,
     }

@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import logging.config
 import sys
+from datetime import UTC, datetime
 
 import pytest
 
 from bucketq.errors import ConfigurationError
 from bucketq.sdk import Client, IngestHandler, classify, make_config
 from bucketq.sdk._policy import parse_retry_after
-from bucketq.sdk._record import from_log_record, to_wire
+from bucketq.sdk._record import capture, from_log_record, to_wire, wire
 
 from .helpers import dead_port
 
@@ -96,6 +97,22 @@ def test_log_record_to_wire_extra_exception_trace():
     assert e["level"] == "error"
     assert e["metadata"]["exception"]["type"] == "ZeroDivisionError"
     assert "1 / 0" in e["metadata"]["exception"]["traceback"]
+
+
+def test_what_the_caller_keeps_is_sent_like_the_whole_record():
+    args = ["a"]
+    r = logging.LogRecord("app.x", logging.INFO, __file__, 1, "items %s", (args,), None)
+    r.__dict__.update({"order": "A1", "trace_id": "ab" * 16, "service": "other"})
+    plain = logging.LogRecord("app.y", logging.DEBUG, __file__, 1, "", None, None)
+    kept, kept_plain = capture(r), capture(plain)
+    args.append("b")  # changed after the call: the message was formatted at call time
+    r.order = "B2"
+    assert kept_plain[-1] is None  # no extra=: nothing but the tuple
+    w = wire(kept, "svc")
+    assert w["message"] == "items ['a']" and w["metadata"] == {"logger": "app.x", "order": "A1"}
+    assert (w["service"], w["trace_id"], w["level"]) == ("other", "ab" * 16, "info")
+    assert w["time"] == datetime.fromtimestamp(r.created, UTC).isoformat(timespec="microseconds")
+    assert wire(kept_plain, "svc") == to_wire(from_log_record(plain, "svc"))
 
 
 def test_dict_config_builds_the_handler(tmp_path):
