@@ -14,9 +14,19 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from bucketq.sdk._spill import segment_paths, spill_directories
 from waiting import eventually
 
 __all__ = ["ROOT", "Serve", "dead_port", "eventually"]
+
+
+def spilled(root: Path) -> list[dict]:
+    """Every record in the spill files below ``root``."""
+    out = []
+    for d in spill_directories(root):
+        for p in segment_paths(d):
+            out.extend(json.loads(x) for x in p.read_text().splitlines() if x.strip())
+    return out
 
 
 def dead_port() -> int:

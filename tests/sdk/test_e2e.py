@@ -14,17 +14,15 @@ import textwrap
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from pymongo import MongoClient
 
 from bucketq.embedded import EmbeddedServer
 from bucketq.sdk import Client, IngestHandler, replay
-from bucketq.sdk._spill import segment_paths, spill_directories
 from bucketq.server import _keys
 
-from .helpers import ROOT, Serve, dead_port, eventually
+from .helpers import ROOT, Serve, dead_port, eventually, spilled
 
 FAST = {"batch_wait": 0.02, "health_interval": 0.2}
 
@@ -76,14 +74,6 @@ def frozen(primary: Serve) -> Iterator[Serve]:
         yield primary
     finally:
         primary.stop_signal(signal.SIGCONT)
-
-
-def spilled(root: Path) -> list[dict]:
-    out = []
-    for d in spill_directories(root):
-        for p in segment_paths(d):
-            out.extend(json.loads(x) for x in p.read_text().splitlines() if x.strip())
-    return out
 
 
 def messages(server: Serve, key: str, svc: str) -> Counter:

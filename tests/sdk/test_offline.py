@@ -3,29 +3,18 @@ what cannot be sent goes to the spill, the caller never waits, nothing is lost."
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from bucketq.sdk import Client, IngestHandler
-from bucketq.sdk._spill import segment_paths, spill_directories
 
-from .helpers import dead_port, eventually
-
-
-def spilled(root: Path) -> list[dict]:
-    out = []
-    for d in spill_directories(root):
-        for p in segment_paths(d):
-            out.extend(json.loads(x) for x in p.read_text().splitlines() if x.strip())
-    return out
+from .helpers import dead_port, eventually, spilled
 
 
 @pytest.fixture
