@@ -17,11 +17,17 @@ from bson.errors import BSONError, InvalidDocument
 
 from ..errors import DecodeError, PayloadNotEncodable
 
-__all__ = ["encode_item", "decode_items", "CODEC_OPTIONS"]
+__all__ = ["encode_item", "decode_items", "CODEC_OPTIONS", "collection"]
 
 CODEC_OPTIONS: bson.CodecOptions[dict[str, Any]] = bson.CodecOptions(
     tz_aware=True, tzinfo=bson.tz_util.utc
 )
+
+
+def collection(db: Any, name: str, write_concern: Any = None) -> Any:
+    """Collection ``name`` of ``db`` as every queue object reads it (``CODEC_OPTIONS``)."""
+    return db.get_collection(name, codec_options=CODEC_OPTIONS, write_concern=write_concern)
+
 
 _encode = bson.encode
 _decode_all = bson.decode_all

@@ -23,6 +23,7 @@ from typing import Any
 
 from .._guard import LoopGuard
 from ..errors import PushFailed, QueueClosed, WriteConcernNotConfirmed
+from ._core import item_id
 from ._deadline import StartupBusy
 
 log = logging.getLogger("bucketq.queue")
@@ -122,10 +123,9 @@ def receipt_error(error: BaseException) -> PushFailed:
     return new
 
 
-class AsyncReceipt:
-    """Returned by push: ``await receipt`` (or ``await receipt.wait(timeout)``) returns
-    once the item's bucket is in MongoDB under the queue's write concern, and raises
-    :class:`~bucketq.errors.PushFailed` if it never got there."""
+class _Receipt:
+    """What both flavours of receipt are: an item (``index``) of a bucket whose batch
+    resolves once the bucket is stored (or failed)."""
 
     __slots__ = ("_bucket", "index")
 
@@ -135,10 +135,21 @@ class AsyncReceipt:
 
     @property
     def id(self) -> str:
-        return f"{self._bucket.id}.{self.index}"
+        return item_id(self._bucket.id, self.index)
 
     def done(self) -> bool:
         return self._bucket.batch.done()
+
+    def __repr__(self) -> str:
+        return f"<Receipt {self.id} {'stored' if self.done() else 'pending'}>"
+
+
+class AsyncReceipt(_Receipt):
+    """Returned by push: ``await receipt`` (or ``await receipt.wait(timeout)``) returns
+    once the item's bucket is in MongoDB under the queue's write concern, and raises
+    :class:`~bucketq.errors.PushFailed` if it never got there."""
+
+    __slots__ = ()
 
     async def wait(self, timeout: float | None = None) -> bool:
         """True once stored; False if ``timeout`` passed first."""
@@ -146,9 +157,6 @@ class AsyncReceipt:
 
     def __await__(self) -> Generator[Any, None, bool]:
         return self.wait().__await__()
-
-    def __repr__(self) -> str:
-        return f"<Receipt {self.id} {'stored' if self.done() else 'pending'}>"
 
 
 class AsyncWorker:
@@ -296,29 +304,15 @@ class Batch:
         return True
 
 
-class Receipt:
+class Receipt(_Receipt):
     """Returned by push: ``receipt.wait(timeout)`` returns True once the item's bucket is
     in MongoDB under the queue's write concern (False if ``timeout`` passed first), and
     raises :class:`~bucketq.errors.PushFailed` if it never got there."""
 
-    __slots__ = ("_bucket", "index")
-
-    def __init__(self, bucket: Any, index: int) -> None:
-        self._bucket = bucket
-        self.index = index
-
-    @property
-    def id(self) -> str:
-        return f"{self._bucket.id}.{self.index}"
-
-    def done(self) -> bool:
-        return self._bucket.batch.done()
+    __slots__ = ()
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._bucket.batch.wait(timeout)
-
-    def __repr__(self) -> str:
-        return f"<Receipt {self.id} {'stored' if self.done() else 'pending'}>"
 
 
 class Worker:

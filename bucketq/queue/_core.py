@@ -191,6 +191,14 @@ def check_dead_letter_name(name: str, opts: QueueOptions) -> str:
     return dlq
 
 
+def open_options(name: Any, options: dict[str, Any]) -> tuple[QueueOptions, str]:
+    """A queue's options and name, checked when it opens (its dead-letter name too)."""
+    opts = QueueOptions.build(**options)
+    name = check_name(name)
+    check_dead_letter_name(name, opts)
+    return opts, name
+
+
 def check_max_items(max_items: Any) -> int:
     return v.count("max_items", max_items, lo=1, hi=1_000_000, unit="items")
 

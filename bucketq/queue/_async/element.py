@@ -21,7 +21,7 @@ from ..._driver import boundary
 from ...errors import PushFailed, QueueClosed
 from .. import _core as core
 from .. import _deadline as deadlines
-from .._codec import CODEC_OPTIONS, encode_item
+from .._codec import collection, encode_item
 from .._concurrency import (
     STARTUP_DONE,
     AsyncBatch,
@@ -33,6 +33,7 @@ from .._concurrency import (
     used_after_fork,
 )
 from .._db import check_async_database
+from .sizes import AsyncSizes
 
 log = logging.getLogger("bucketq.queue")
 
@@ -49,25 +50,18 @@ def _stored(doc_id: ObjectId) -> AsyncReceipt:
     return AsyncReceipt(core.ElementRef(doc_id, batch=_STORED), 0)
 
 
-class AsyncElementQueue:
+class AsyncElementQueue(AsyncSizes):
     """One MongoDB document per item. ``db`` is a pymongo ``AsyncDatabase``."""
 
     #: Set in a child process forked after the queue opened: it may not be used there.
     _forked: bool = False
 
     def __init__(self, db: Any, name: str, **options: Any) -> None:
-        self.options = opts = core.QueueOptions.build(**options)
-        self.name = core.check_name(name)
-        core.check_dead_letter_name(name, opts)
+        opts, name = core.open_options(name, options)
+        self.options, self.name = opts, name
         self.db = check_async_database(db)
-        self._col = db.get_collection(
-            name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
-        )
-        self._dlq_col = db.get_collection(
-            opts.dead_letter_name(name),
-            codec_options=CODEC_OPTIONS,
-            write_concern=opts.get_write_concern(),
-        )
+        self._col = collection(db, name, opts.get_write_concern())
+        self._dlq_col = collection(db, opts.dead_letter_name(name), opts.get_write_concern())
         self._wake = AsyncNotifier()
         self._stats = core.new_stats()
         self._paused = False
@@ -389,34 +383,11 @@ class AsyncElementQueue:
         self._wake.notify()
 
     async def _count(self, flt: dict[str, Any]) -> int:
-        with self._bounded("counting items"):
+        with self._read_bounded("counting items"):
             return await self._col.count_documents(flt)
 
-    @boundary("size()")
-    async def size(self) -> int:
-        return await self._count(core.ready_filter(_now()))
-
-    @boundary("total_size()")
-    async def total_size(self) -> int:
-        return await self._count({})
-
-    @boundary("sched_size()")
-    async def sched_size(self) -> int:
-        return await self._count(core.sched_filter(_now()))
-
-    @boundary("resv_size()")
-    async def resv_size(self) -> int:
-        return await self._count(core.leased_filter(_now()))
-
-    @boundary("next_t()")
-    async def next_t(self) -> Any:
-        with self._bounded("next_t()"):
-            doc = await self._col.find_one(
-                core.not_leased(core.to_datetime(_now())),
-                {"mature": 1},
-                sort=core.CLAIM_SORT,
-            )
-        return doc["mature"] if doc else None
+    def _read_bounded(self, what: str) -> Any:
+        return self._bounded(what)
 
     def stats(self) -> dict[str, int]:
         return dict(self._stats)

@@ -21,7 +21,7 @@ from pymongo.errors import DuplicateKeyError
 from ...errors import ConfigurationError
 from .. import _core as core
 from .. import _damage as damage
-from .._codec import CODEC_OPTIONS
+from .._codec import collection
 
 log = logging.getLogger("bucketq.queue")
 
@@ -55,9 +55,7 @@ class AsyncQuarantine:
     def __init__(self, db: Any, name: str, write_concern: Any = None) -> None:
         self.source = name
         self.name = damage.quarantine_name(name)
-        self._col = db.get_collection(
-            self.name, codec_options=CODEC_OPTIONS, write_concern=write_concern
-        )
+        self._col = collection(db, self.name, write_concern)
 
     async def put(self, doc: dict[str, Any], reason: str, owner: str) -> None:
         """Keep a damaged bucket (idempotent: an earlier attempt that landed is kept)."""

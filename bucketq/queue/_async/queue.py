@@ -26,7 +26,7 @@ from ...errors import (
 )
 from .. import _core as core
 from .. import _deadline as deadlines
-from .._codec import CODEC_OPTIONS, encode_item
+from .._codec import collection, encode_item
 from .._concurrency import (
     STARTUP_DONE,
     AsyncReceipt,
@@ -39,6 +39,7 @@ from .._db import check_async_database
 from .consumer import AsyncConsumer
 from .producer import AsyncProducer
 from .quarantine import AsyncQuarantine
+from .sizes import AsyncSizes
 
 log = logging.getLogger("bucketq.queue")
 
@@ -46,7 +47,7 @@ _now = time.time
 _monotonic = time.monotonic
 
 
-class AsyncQueue(AsyncProducer):
+class AsyncQueue(AsyncProducer, AsyncSizes):
     """A durable queue on MongoDB that packs pushed items into bucket documents.
 
     ``db`` is a pymongo ``AsyncDatabase``; the queue uses the collection ``name``.
@@ -54,13 +55,10 @@ class AsyncQueue(AsyncProducer):
     """
 
     def __init__(self, db: Any, name: str, **options: Any) -> None:
-        self.options = opts = core.QueueOptions.build(**options)
-        self.name = core.check_name(name)
-        core.check_dead_letter_name(name, opts)
+        opts, name = core.open_options(name, options)
+        self.options, self.name = opts, name
         self.db = check_async_database(db)
-        self._col = db.get_collection(
-            name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
-        )
+        self._col = collection(db, name, opts.get_write_concern())
         self._init_producer(opts, "queue")
         self._stats = core.new_stats()
         self._closed = False
@@ -348,42 +346,14 @@ class AsyncQueue(AsyncProducer):
     def resume(self) -> None:
         self._consumer.resume()
 
-    async def _live_sum(self, flt: dict[str, Any]) -> int:
-        with self._bounded(self.options.op_timeout, f"counting the items of queue {self.name!r}"):
+    async def _count(self, flt: dict[str, Any]) -> int:
+        """The live items of the buckets that match ``flt``."""
+        with self._read_bounded("counting the items"):
             cursor = await self._col.aggregate(core.live_sum_pipeline(flt))
             return core.sum_result([r async for r in cursor])
 
-    @boundary("size()")
-    async def size(self) -> int:
-        """Items ready to be delivered now (stored, mature, not leased)."""
-        return await self._live_sum(core.ready_filter(_now()))
-
-    @boundary("total_size()")
-    async def total_size(self) -> int:
-        """Every stored item not yet consumed."""
-        return await self._live_sum({})
-
-    @boundary("sched_size()")
-    async def sched_size(self) -> int:
-        """Stored items not yet mature."""
-        return await self._live_sum(core.sched_filter(_now()))
-
-    @boundary("resv_size()")
-    async def resv_size(self) -> int:
-        """Stored items in buckets leased by a consumer."""
-        return await self._live_sum(core.leased_filter(_now()))
-
-    @boundary("next_t()")
-    async def next_t(self) -> Any:
-        """The mature time of the next bucket to become deliverable (None if empty)."""
-        now = _now()
-        with self._bounded(self.options.op_timeout, f"next_t() of queue {self.name!r}"):
-            doc = await self._col.find_one(
-                core.not_leased(core.to_datetime(now)),
-                {"mature": 1},
-                sort=core.CLAIM_SORT,
-            )
-        return doc["mature"] if doc else None
+    def _read_bounded(self, what: str) -> Any:
+        return self._bounded(self.options.op_timeout, f"{what} of queue {self.name!r}")
 
     def stats(self) -> dict[str, int]:
         """Counters of this queue object since it opened, and what it holds in memory now."""

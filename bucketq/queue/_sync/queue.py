@@ -28,7 +28,7 @@ from ...errors import (
 )
 from .. import _core as core
 from .. import _deadline as deadlines
-from .._codec import CODEC_OPTIONS, encode_item
+from .._codec import collection, encode_item
 from .._concurrency import (
     STARTUP_DONE,
     Receipt,
@@ -41,6 +41,7 @@ from .._db import check_database
 from .consumer import Consumer
 from .producer import Producer
 from .quarantine import Quarantine
+from .sizes import Sizes
 
 log = logging.getLogger("bucketq.queue")
 
@@ -48,7 +49,7 @@ _now = time.time
 _monotonic = time.monotonic
 
 
-class Queue(Producer):
+class Queue(Producer, Sizes):
     """A durable queue on MongoDB that packs pushed items into bucket documents.
 
     ``db`` is a pymongo ``Database``; the queue uses the collection ``name``.
@@ -56,13 +57,10 @@ class Queue(Producer):
     """
 
     def __init__(self, db: Any, name: str, **options: Any) -> None:
-        self.options = opts = core.QueueOptions.build(**options)
-        self.name = core.check_name(name)
-        core.check_dead_letter_name(name, opts)
+        opts, name = core.open_options(name, options)
+        self.options, self.name = opts, name
         self.db = check_database(db)
-        self._col = db.get_collection(
-            name, codec_options=CODEC_OPTIONS, write_concern=opts.get_write_concern()
-        )
+        self._col = collection(db, name, opts.get_write_concern())
         self._init_producer(opts, "queue")
         self._stats = core.new_stats()
         self._closed = False
@@ -348,42 +346,14 @@ class Queue(Producer):
     def resume(self) -> None:
         self._consumer.resume()
 
-    def _live_sum(self, flt: dict[str, Any]) -> int:
-        with self._bounded(self.options.op_timeout, f"counting the items of queue {self.name!r}"):
+    def _count(self, flt: dict[str, Any]) -> int:
+        """The live items of the buckets that match ``flt``."""
+        with self._read_bounded("counting the items"):
             cursor = self._col.aggregate(core.live_sum_pipeline(flt))
             return core.sum_result([r for r in cursor])
 
-    @boundary("size()")
-    def size(self) -> int:
-        """Items ready to be delivered now (stored, mature, not leased)."""
-        return self._live_sum(core.ready_filter(_now()))
-
-    @boundary("total_size()")
-    def total_size(self) -> int:
-        """Every stored item not yet consumed."""
-        return self._live_sum({})
-
-    @boundary("sched_size()")
-    def sched_size(self) -> int:
-        """Stored items not yet mature."""
-        return self._live_sum(core.sched_filter(_now()))
-
-    @boundary("resv_size()")
-    def resv_size(self) -> int:
-        """Stored items in buckets leased by a consumer."""
-        return self._live_sum(core.leased_filter(_now()))
-
-    @boundary("next_t()")
-    def next_t(self) -> Any:
-        """The mature time of the next bucket to become deliverable (None if empty)."""
-        now = _now()
-        with self._bounded(self.options.op_timeout, f"next_t() of queue {self.name!r}"):
-            doc = self._col.find_one(
-                core.not_leased(core.to_datetime(now)),
-                {"mature": 1},
-                sort=core.CLAIM_SORT,
-            )
-        return doc["mature"] if doc else None
+    def _read_bounded(self, what: str) -> Any:
+        return self._bounded(self.options.op_timeout, f"{what} of queue {self.name!r}")
 
     def stats(self) -> dict[str, int]:
         """Counters of this queue object since it opened, and what it holds in memory now."""

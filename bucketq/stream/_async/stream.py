@@ -32,7 +32,7 @@ from ...errors import (
 )
 from ...queue import _core as qcore
 from ...queue import _deadline as deadlines
-from ...queue._codec import CODEC_OPTIONS
+from ...queue._codec import collection
 from ...queue._concurrency import (
     STARTUP_DONE,
     AsyncReceipt,
@@ -69,10 +69,8 @@ class AsyncStreamQueue(AsyncProducer):
         self.name = qcore.check_name(name)
         self.db = check_async_database(db)
         wc = opts.get_write_concern()
-        self._col = db.get_collection(name, codec_options=CODEC_OPTIONS, write_concern=wc)
-        self._meta = db.get_collection(
-            core.meta_name(name), codec_options=CODEC_OPTIONS, write_concern=wc
-        )
+        self._col = collection(db, name, wc)
+        self._meta = collection(db, core.meta_name(name), wc)
         self._init_producer(opts.packer, "stream")
         self._closed = False
         self._setup_done = False

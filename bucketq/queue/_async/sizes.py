@@ -1,0 +1,63 @@
+"""What both queue classes answer about what is stored: ``size()``, ``total_size()``,
+``sched_size()``, ``resv_size()`` and ``next_t()``, written once. Which documents each
+looks at is ``_core``'s filters; a class says how it counts the items of the documents
+that match (``_count``: a bucket holds many, an element one) and how its reads are
+bounded (``_read_bounded``).
+
+The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..._driver import boundary
+from .. import _core as core
+
+_now = time.time
+
+
+class AsyncSizes:
+    """Base of the queue classes' size questions; see the module docstring."""
+
+    _col: Any
+
+    async def _count(self, flt: dict[str, Any]) -> int:
+        """The items of the documents that match ``flt`` (not yet consumed)."""
+        raise NotImplementedError
+
+    def _read_bounded(self, what: str) -> Any:
+        """A context in which the driver calls get ``op_timeout`` (a timeout names ``what``)."""
+        raise NotImplementedError
+
+    @boundary("size()")
+    async def size(self) -> int:
+        """Items ready to be delivered now (stored, mature, not leased)."""
+        return await self._count(core.ready_filter(_now()))
+
+    @boundary("total_size()")
+    async def total_size(self) -> int:
+        """Every stored item not yet consumed."""
+        return await self._count({})
+
+    @boundary("sched_size()")
+    async def sched_size(self) -> int:
+        """Stored items not yet mature."""
+        return await self._count(core.sched_filter(_now()))
+
+    @boundary("resv_size()")
+    async def resv_size(self) -> int:
+        """Stored items leased by a consumer."""
+        return await self._count(core.leased_filter(_now()))
+
+    @boundary("next_t()")
+    async def next_t(self) -> Any:
+        """The mature time of the next item to become deliverable (None if empty)."""
+        with self._read_bounded("next_t()"):
+            doc = await self._col.find_one(
+                core.not_leased(core.to_datetime(_now())),
+                {"mature": 1},
+                sort=core.CLAIM_SORT,
+            )
+        return doc["mature"] if doc else None
