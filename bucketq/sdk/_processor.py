@@ -396,10 +396,8 @@ class Processor:
                                                  fill_wait=cfg.batch_wait)  # fmt: skip
                     if batch:
                         self._send_items(sender, batch, drain=False)
-                except Exception:
-                    self._count("worker_errors")
-                    log.exception("bucketq.sdk worker error; going on")
-                    self._stop.wait(0.1)
+                except Exception:  # noqa: BLE001 - _went_wrong logs it with its traceback
+                    self._went_wrong("worker")
         finally:
             sender.close()
 
@@ -428,10 +426,15 @@ class Processor:
                 ):
                     self._replay_wanted = False
                     self._replay_thread = self._spawn(self._replay, "replay")
-            except Exception:
-                self._count("worker_errors")
-                log.exception("bucketq.sdk monitor error; going on")
-                self._stop.wait(0.1)
+            except Exception:  # noqa: BLE001 - _went_wrong logs it with its traceback
+                self._went_wrong("monitor")
+
+    def _went_wrong(self, loop: str) -> None:
+        """What a long-running loop does with a failure it did not expect (inside its
+        ``except``): count it, log it with its traceback, pause briefly, go on."""
+        self._count("worker_errors")
+        log.exception("bucketq.sdk %s error; going on", loop)
+        self._stop.wait(0.1)
 
     def _maybe_drain(self) -> None:
         running = self._drain_thread is not None and self._drain_thread.is_alive()
@@ -485,10 +488,8 @@ class Processor:
                             if ep is self.primary:
                                 self._replay_wanted = True
                     self._stop.wait(next_probe)
-                except Exception:
-                    self._count("worker_errors")
-                    log.exception("bucketq.sdk health probe error; going on")
-                    self._stop.wait(0.1)
+                except Exception:  # noqa: BLE001 - _went_wrong logs it with its traceback
+                    self._went_wrong("health probe")
         finally:
             sender.close()
 
