@@ -270,7 +270,7 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
         the bucket or ``msg`` was committed or rolled back already."""
         if self._forked:
             raise used_after_fork(self)
-        return await self._consumer.rollback(msg, delay, next_t=next_t, reason=reason)
+        return await self._consumer.rollback(msg, delay, next_t, reason)
 
     async def pop(self, timeout: float | None = None) -> core.Message | None:
         """Reserve and commit in one step (at-most-once for this consumer)."""

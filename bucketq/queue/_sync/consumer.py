@@ -209,14 +209,7 @@ class Consumer:
             return sum(1 for m in done if not m.bucket.lost)
         return len(done)
 
-    def rollback(
-        self,
-        msg: core.Message,
-        delay: float | None = None,
-        *,
-        next_t: Any = None,
-        reason: str | None = None,
-    ) -> bool:
+    def rollback(self, msg: core.Message, delay: Any, next_t: Any, reason: Any) -> bool:
         core.check_message(msg, self.origin, "rollback")
         v.text("reason", reason, optional=True)
         now = _now()
@@ -318,13 +311,7 @@ class Consumer:
             self.held[b.id] = b
             self.release([b])
             return True
-        with self._mutex:
-            msgs = b.ready_messages(now, self.options.max_tries)
-            b.queued = len(msgs)
-            self.held[b.id] = b
-            self.ready.extend(msgs)
-        if msgs:
-            self._consumers.notify()
+        msgs = self._hold(b, now)
         if b.dying or not msgs:
             self._flush_wake.notify()
         return True
@@ -643,13 +630,18 @@ class Consumer:
         b = core.HeldBucket(doc, token, sent, self.options.lease)
         b.origin = self.origin
         self._stats["held_on_write"] += 1
+        self._hold(b, sent)
+
+    def _hold(self, b: core.HeldBucket, now: float) -> list[core.Message]:
+        """Hold ``b`` here (claimed, or leased on write) and serve its ready items."""
         with self._mutex:
-            msgs = b.ready_messages(sent, self.options.max_tries)
+            msgs = b.ready_messages(now, self.options.max_tries)
             b.queued = len(msgs)
             self.held[b.id] = b
             self.ready.extend(msgs)
         if msgs:
             self._consumers.notify()
+        return msgs
 
     def pause(self) -> None:
         self.paused = True

@@ -270,7 +270,7 @@ class Queue(Producer, Sizes):
         the bucket or ``msg`` was committed or rolled back already."""
         if self._forked:
             raise used_after_fork(self)
-        return self._consumer.rollback(msg, delay, next_t=next_t, reason=reason)
+        return self._consumer.rollback(msg, delay, next_t, reason)
 
     def pop(self, timeout: float | None = None) -> core.Message | None:
         """Reserve and commit in one step (at-most-once for this consumer)."""
