@@ -1,6 +1,6 @@
 """The queues under test, each behind the same five verbs so one loop drives them all.
 
-bucketq's ``Queue`` / ``AsyncQueue`` (item by item, and through the batch API), its
+bucketq's ``Queue`` / ``AsyncQueue`` (item by item, and through the ``_many`` calls), its
 per-element baseline ``ElementQueue`` / ``AsyncElementQueue``, and the Python peers that
 store one document per message:
 mongo-taskqueue (``mongotq.TaskQueue``) and kombu's MongoDB transport (a
@@ -126,8 +126,9 @@ class _AsyncBucketqHandle(_BucketqHandle):
         await self.client.close()
 
 
-#: Items per call of the batch contenders: ``push_many`` of this many payloads,
-#: ``reserve_many(BATCH, timeout)`` then ``commit_many`` of what came.
+#: Items per call of the contenders marked (batches), which use the ``_many`` calls:
+#: ``push_many`` of this many payloads, ``reserve_many(BATCH, timeout)`` then
+#: ``commit_many`` of what came.
 BATCH = 1000
 
 
@@ -146,7 +147,7 @@ class BucketqContender(Contender):
         if batch:
             self.note = (
                 "bucketq Queue / AsyncQueue (batches): the same queues, with the same options, as "
-                f"the per-item rows, driven through the batch API: push_many of {batch:,} payloads "
+                f"the per-item rows, driven through the _many calls: push_many of {batch:,} payloads "
                 f"at a time, then reserve_many({batch:,}, timeout) and commit_many of what came "
                 "back. The rows without '(batches)' call push, reserve and commit once per item."
             )
