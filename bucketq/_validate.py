@@ -91,6 +91,20 @@ def count(
     return value
 
 
+def partition_key(value: Any, name: str = "key") -> str | bytes | int | None:
+    """A push's partition key: None (the producer's partition), a str, bytes, or a whole
+    number (int, not bool: it picks partition ``key % partitions``)."""
+    if value is None or isinstance(value, (str, bytes)):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise _fail(name, "a str, bytes, or a whole number >= 0", value)
+        return value
+    raise _fail(
+        name, "a str, bytes, or a whole number >= 0 (or None: the producer's partition)", value
+    )
+
+
 def flag(name: str, value: Any, *, optional: bool = False) -> bool | None:
     if value is None and optional:
         return None

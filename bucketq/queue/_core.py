@@ -9,6 +9,7 @@ Times are floats (seconds since the epoch) in memory and BSON datetimes in Mongo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import socket
@@ -55,6 +56,8 @@ DLQ_SUFFIX = ".dlq"
 BUCKET_OVERHEAD = 512
 MAX_PREFETCH = 1024
 MAX_TRIES = 1_000_000
+#: Partitions a queue may have (claims, the index and a shard key all stay one range each).
+MAX_PARTITIONS = 4096
 
 #: Time options (seconds): the lowest value and whether it is excluded. Each is at most
 #: ``MAX_OPTION_SECONDS`` (30 days).
@@ -105,6 +108,7 @@ class QueueOptions:
     write_concern: WriteConcern | dict[str, Any] | None = None
     change_streams: bool | None = None
     hold_pushed: bool = False
+    partitions: int = 1
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     def __post_init__(self) -> None:
@@ -137,6 +141,10 @@ class QueueOptions:
         v.write_concern(self.write_concern)
         v.flag("change_streams", self.change_streams, optional=True)
         v.flag("hold_pushed", self.hold_pushed)
+        v.count(
+            "partitions", self.partitions, lo=1, hi=MAX_PARTITIONS, unit="partitions",
+            note=" (1: one claim range, today's layout; more: claims each search one partition)",
+        )  # fmt: skip
         v.text("owner", self.owner)
 
     @classmethod
@@ -317,10 +325,13 @@ def parse_item_id(value: Any) -> tuple[ObjectId, int]:
 class OpenBucket:
     """Items buffered for one bucket insert. ``batch`` is the shell's completion handle."""
 
-    __slots__ = ("id", "items", "nbytes", "mature", "opened", "slot", "batch", "urgent", "error")
+    __slots__ = (
+        "id", "items", "nbytes", "mature", "opened", "slot", "part", "batch", "urgent", "error"
+    )  # fmt: skip
 
-    def __init__(self, slot: int | None, opened: float, batch: Any) -> None:
+    def __init__(self, slot: int | None, opened: float, batch: Any, part: int = 0) -> None:
         self.id = ObjectId()
+        self.part = part
         self.items: list[bytes] = []
         self.nbytes = 0
         self.mature = 0.0
@@ -348,6 +359,8 @@ class OpenBucket:
             "items": b"".join(self.items),
             "leases": 0,
         }
+        if self.part:  # partition 0 has no field: see part_filter
+            doc["part"] = self.part
         if seq is not None:
             doc["seq"] = seq
         return doc
@@ -393,9 +406,12 @@ def bulk_write_concern_failed(exc: Any) -> bool:
     return bool(exc.details.get("writeConcernErrors"))
 
 
-def recovered_bucket(bucket_id: ObjectId, items: list[bytes], now: float) -> OpenBucket:
-    """A sealed bucket of items recovered from a quarantined one, due now."""
-    ob = OpenBucket(None, now, None)
+def recovered_bucket(
+    bucket_id: ObjectId, items: list[bytes], now: float, part: int = 0
+) -> OpenBucket:
+    """A sealed bucket of items recovered from a quarantined one, due now (in the
+    re-queueing producer's partition ``part``)."""
+    ob = OpenBucket(None, now, None, part)
     ob.id = bucket_id
     ob.items = list(items)
     ob.nbytes = sum(len(it) for it in items)
@@ -403,9 +419,16 @@ def recovered_bucket(bucket_id: ObjectId, items: list[bytes], now: float) -> Ope
     return ob
 
 
+def open_key(mature: float, now: float, granularity: float, part: int) -> Any:
+    """The open bucket an item joins: its mature slot (None: due now), and its partition
+    when not 0 (a bucket holds one partition's items)."""
+    slot = None if mature <= now else -int(-mature // granularity)
+    return slot if not part else (slot, part)
+
+
 class Packer:
-    """Groups pushed items into open buckets by mature slot and seals them by count,
-    bytes or age.
+    """Groups pushed items into open buckets by mature slot (and partition) and seals
+    them by count, bytes or age.
 
     Items due now share one open bucket (slot ``None``); delayed items go to the bucket
     of their slot, ``ceil(mature / granularity)``, so a bucket's mature time (the latest
@@ -418,7 +441,7 @@ class Packer:
         self.max_wait = opts.bucket_max_wait
         self.granularity = opts.mature_granularity
         self.new_batch = new_batch
-        self.open: dict[int | None, OpenBucket] = {}
+        self.open: dict[Any, OpenBucket] = {}
 
     def check_size(self, nbytes: int) -> None:
         if nbytes > self.max_item_bytes:
@@ -430,20 +453,20 @@ class Packer:
             )
 
     def add(
-        self, item: bytes, mature: float, now: float
+        self, item: bytes, mature: float, now: float, part: int = 0
     ) -> tuple[OpenBucket, int, tuple[OpenBucket, ...]]:
-        """Add an encoded item; returns (its bucket, its index, the buckets this add sealed,
-        oldest first)."""
+        """Add an encoded item (to partition ``part``); returns (its bucket, its index, the
+        buckets this add sealed, oldest first)."""
         nbytes = len(item)
         self.check_size(nbytes)
-        slot = None if mature <= now else -int(-mature // self.granularity)
+        slot = open_key(mature, now, self.granularity, part)
         sealed: tuple[OpenBucket, ...] = ()
         ob = self.open.get(slot)
         if ob is not None and ob.nbytes + nbytes > self.max_item_bytes:
             sealed = (self.open.pop(slot),)
             ob = None
         if ob is None:
-            ob = self.open[slot] = OpenBucket(slot, now, self.new_batch())
+            ob = self.open[slot] = OpenBucket(slot, now, self.new_batch(), part)
         index = len(ob.items)
         ob.items.append(item)
         ob.nbytes += nbytes
@@ -455,19 +478,19 @@ class Packer:
         return ob, index, sealed
 
     def add_many(
-        self, items: list[bytes], sizes: list[int], mature: float, now: float
+        self, items: list[bytes], sizes: list[int], mature: float, now: float, part: int = 0
     ) -> tuple[list[tuple[OpenBucket, int, int]], list[OpenBucket]]:
-        """Add encoded items of one mature time (sizes checked by the caller), filling
-        buckets in runs. Returns ((bucket, first index, count) per run, the buckets this
-        sealed, oldest first)."""
-        slot = None if mature <= now else -int(-mature // self.granularity)
+        """Add encoded items of one mature time and partition (sizes checked by the
+        caller), filling buckets in runs. Returns ((bucket, first index, count) per run,
+        the buckets this sealed, oldest first)."""
+        slot = open_key(mature, now, self.granularity, part)
         runs: list[tuple[OpenBucket, int, int]] = []
         sealed: list[OpenBucket] = []
         i, n = 0, len(items)
         while i < n:
             ob = self.open.get(slot)
             if ob is None:
-                ob = self.open[slot] = OpenBucket(slot, now, self.new_batch())
+                ob = self.open[slot] = OpenBucket(slot, now, self.new_batch(), part)
             start = len(ob.items)
             limit = min(n, i + self.max_size - start)
             nbytes, cap, j = ob.nbytes, self.max_item_bytes, i
@@ -510,6 +533,74 @@ class Packer:
 # -- consume side: claims and held buckets -------------------------------------------
 
 CLAIM_SORT = [("mature", 1), ("_id", 1)]
+#: The claim index of a partitioned queue: a claim is one equality on ``part`` and then
+#: the same range and order as ``CLAIM_SORT``. (``mature_id`` stays: next_t() and the
+#: queue-wide counts look across partitions.)
+PART_CLAIM_INDEX = [("part", 1), ("mature", 1), ("_id", 1)]
+
+
+def member_id(owner: str) -> str:
+    """A queue object's own id (its producer's partition and its consumer's first one
+    come from it): the owner (host:pid) and a fresh ObjectId, unique across objects."""
+    return f"{owner}/{ObjectId()}"
+
+
+def partition_of(key: Any, partitions: int) -> int:
+    """The partition of a push ``key`` (or of a producer's id): a whole number picks
+    ``key % partitions``; str and bytes are hashed (blake2b, the same in every process
+    and Python version, unlike ``hash()``)."""
+    if partitions == 1:
+        return 0
+    if isinstance(key, int):
+        return key % partitions
+    raw = key.encode() if isinstance(key, str) else bytes(key)
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") % partitions
+
+
+def part_filter(part: int | None) -> dict[str, Any]:
+    """The claim's partition term: none for an unpartitioned queue (None), else an
+    equality. Partition 0 is stored without the field (``{"part": None}`` matches it), so
+    buckets written before a queue was partitioned, or by a writer that knows nothing of
+    partitions, belong to partition 0 and are claimed."""
+    if part is None:
+        return {}
+    return {"part": part if part else None}
+
+
+class Rotation:
+    """The order in which one consumer's claims visit the partitions: a round tries
+    each partition once, from ``next``; a claim that finds a bucket moves ``next`` past
+    its partition (so the consumer moves on after each bucket, and consumers that start
+    at different partitions stay spread over them); an empty partition costs one claim
+    and never holds the consumer up."""
+
+    __slots__ = ("partitions", "next")
+
+    def __init__(self, start: int, partitions: int) -> None:
+        self.partitions = partitions
+        self.next = start % partitions
+
+    def round(self) -> list[int]:
+        """The partitions to try, in order, until one has a bucket."""
+        k = self.partitions
+        return [(self.next + i) % k for i in range(k)]
+
+    def found(self, part: int) -> None:
+        """A claim in ``part`` found a bucket: the next round starts after it."""
+        self.next = (part + 1) % self.partitions
+
+
+def partitions_to_fold(found: Iterable[Any], partitions: int) -> dict[int, int | None]:
+    """Partition numbers stored by a queue opened with more partitions than now, and
+    where their buckets go (``p % partitions``; None: partition 0, stored without the
+    field), so no bucket sits where no claim looks."""
+    out: dict[int, int | None] = {}
+    for p in found:
+        if isinstance(p, int) and not isinstance(p, bool) and p >= partitions:
+            out[p] = (p % partitions) or None
+    return out
+
+
 #: Change events that can make a bucket claimable: an insert, or a release (an update
 #: that sets ``lease`` to null). Claims and state flushes (most updates) are filtered out
 #: on the server, so a busy consumer's own writes do not come back to it as events.
@@ -546,10 +637,13 @@ def over_tried(tries: int, max_tries: int | None, *, rolled_back: bool = False) 
     return f"{how} {tries} times without a commit (max_tries={max_tries})"
 
 
-def claim_request(now: float, token: ObjectId, owner: str, lease: float) -> tuple[dict, dict]:
-    """Filter and update of the single atomic claim of a mature, unleased bucket."""
+def claim_request(
+    now: float, token: ObjectId, owner: str, lease: float, part: int | None = None
+) -> tuple[dict, dict]:
+    """Filter and update of the single atomic claim of a mature, unleased bucket (of
+    partition ``part``; None: an unpartitioned queue)."""
     dnow = to_datetime(now)
-    flt = {"mature": {"$lte": dnow}, **not_leased(dnow)}
+    flt = {**part_filter(part), "mature": {"$lte": dnow}, **not_leased(dnow)}
     upd = {
         "$set": {"lease": {"tok": token, "owner": owner, "until": to_datetime(now + lease)}},
         "$inc": {"leases": 1},

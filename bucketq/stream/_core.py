@@ -123,6 +123,13 @@ class StreamOptions:
 
     @classmethod
     def build(cls, **options: Any) -> StreamOptions:
+        if options.get("partitions", 1) != 1:
+            raise ConfigurationError(
+                f"partitions={options['partitions']!r}: a stream queue has one partition (its "
+                "items are delivered in one order, to one consumer). For many consumers use "
+                "a bucket queue, Queue(db, name, partitions=K)."
+            )
+        options.pop("partitions", None)
         known = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(options) - known)
         if unknown:

@@ -94,6 +94,13 @@ class AsyncConsumer:
         self.flusher: AsyncWorker | None = None
         self.watcher: AsyncWorker | None = None
         self._dlq: Any = None
+        # Partitioned: each claim searches one partition, in this consumer's rotation,
+        # which starts at the partition of its queue object's id (others start elsewhere).
+        self._rotation = (
+            core.Rotation(core.partition_of(origin.producer_id, options.partitions),
+                          options.partitions)
+            if options.partitions > 1 else None
+        )  # fmt: skip
 
     def start(self) -> None:
         """Start the fetcher, the flusher and (where change streams may be) the watcher."""
@@ -285,10 +292,24 @@ class AsyncConsumer:
             await self._fetch_wake.wait(gen, wait)
 
     async def _claim(self) -> bool:
+        """Claim one bucket: True if one was found. A partitioned queue tries the next
+        partition of its rotation, then the following ones, and is idle only once a
+        whole round found nothing."""
         await self._setup()
+        if self._rotation is None:
+            return await self._claim_in(None)
+        for part in self._rotation.round():
+            if await self._claim_in(part):
+                self._rotation.found(part)
+                return True
+            if self.draining or self._is_closed():
+                return False
+        return False
+
+    async def _claim_in(self, part: int | None) -> bool:
         now = _now()
         token = ObjectId()
-        flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
+        flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease, part)
         doc = await self._col.find_one_and_update(
             flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE
         )

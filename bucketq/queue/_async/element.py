@@ -18,7 +18,7 @@ from pymongo.errors import BulkWriteError, WriteConcernError
 
 from ... import _validate as v
 from ..._driver import boundary
-from ...errors import PushFailed, QueueClosed
+from ...errors import ConfigurationError, PushFailed, QueueClosed
 from .. import _core as core
 from .. import _deadline as deadlines
 from .._codec import collection, encode_item
@@ -59,6 +59,12 @@ class AsyncElementQueue(AsyncSizes):
     def __init__(self, db: Any, name: str, **options: Any) -> None:
         opts, name = core.open_options(name, options)
         self.options, self.name = opts, name
+        if opts.partitions != 1:
+            raise ConfigurationError(
+                f"partitions={opts.partitions}: the per-element queue has no partitions "
+                "(it is the baseline of one document per item). Use Queue(db, name, "
+                "partitions=K)."
+            )
         self.db = check_async_database(db)
         self._col = collection(db, name, opts.get_write_concern())
         self._dlq_col = collection(db, opts.dead_letter_name(name), opts.get_write_concern())

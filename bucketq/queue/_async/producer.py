@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ... import _validate as v
 from ..._guard import LoopGuard
 from ...errors import QueueFull
 from .. import _core as core
@@ -57,6 +58,10 @@ class AsyncProducer:
         self._writer: AsyncWorker | None = None
         self._guards: dict[str, LoopGuard] = {}
         self._health = deadlines.Health(f"{kind} {self.name}")
+        #: This queue object's own id; its pushes without a ``key`` go to its partition,
+        #: so one producer's items keep their order within it.
+        self.producer_id = core.member_id(opts.owner)
+        self.partition = core.partition_of(self.producer_id, opts.partitions)
 
     def health(self) -> dict[str, Any]:
         """Whether MongoDB answers this object's operations, from what they met (no
@@ -80,11 +85,22 @@ class AsyncProducer:
 
     # -- adding -------------------------------------------------------------------------
 
+    def _partition(self, key: Any) -> int:
+        """The partition of a push: the producer's own, or that of ``key``."""
+        if key is None:
+            return self.partition
+        return core.partition_of(v.partition_key(key), self._push_opts.partitions)
+
     async def _add_many(
-        self, payloads: Any, headers: dict[str, Any] | None, at: float | None, durable: bool
+        self,
+        payloads: Any,
+        headers: dict[str, Any] | None,
+        at: float | None,
+        durable: bool,
+        part: int = 0,
     ) -> list[AsyncReceipt]:
-        """Encode every payload first (one bad item stores none), then pack them in runs;
-        ``at`` is their mature time (None: now)."""
+        """Encode every payload first (one bad item stores none), then pack them in runs
+        (into partition ``part``); ``at`` is their mature time (None: now)."""
         items = [encode_item(p, headers) for p in payloads]
         sizes = [len(it) for it in items]
         for size in sizes:
@@ -98,10 +114,10 @@ class AsyncProducer:
             for item in items:
                 if self._pending_bytes + len(item) > self._push_opts.max_pending_bytes:
                     await self._wait_for_space(len(item))
-                receipts.append(self._add(item, at, now))
+                receipts.append(self._add(item, at, now, part))
         else:
             with self._mutex:
-                runs, sealed = self._packer.add_many(items, sizes, at, now)
+                runs, sealed = self._packer.add_many(items, sizes, at, now, part)
                 self._pending_bytes += total
                 self._stats["pushed"] += len(items)
                 self._to_write.extend(sealed)
@@ -129,11 +145,11 @@ class AsyncProducer:
         for r in receipts:
             await r.wait()
 
-    def _add(self, item: bytes, at: float, now: float) -> AsyncReceipt:
-        """Pack one encoded item (the hot path of ``push``: no await, so no coroutine).
-        The caller made room first: see ``_wait_for_space``."""
+    def _add(self, item: bytes, at: float, now: float, part: int = 0) -> AsyncReceipt:
+        """Pack one encoded item into partition ``part`` (the hot path of ``push``: no
+        await, so no coroutine). The caller made room first: see ``_wait_for_space``."""
         with self._mutex:
-            ob, index, sealed = self._packer.add(item, at, now)
+            ob, index, sealed = self._packer.add(item, at, now, part)
             self._pending_bytes += len(item)
             self._stats["pushed"] += 1
             if sealed:

@@ -91,22 +91,38 @@ class Queue(Producer, Sizes):
     def _setup(self, timeout: float | None = None) -> None:
         """Create the claim index (and so the collection): once per collection and
         process, never alongside other start-up work (see ``Startup``); within
-        ``timeout`` seconds (default ``op_timeout``), else it is tried again later."""
+        ``timeout`` seconds (default ``op_timeout``), else it is tried again later.
+        A partitioned queue also gets its partition index, and buckets of partitions
+        it no longer has (opened with more before) move into its own."""
         if self._setup_done:
             return
         timeout = self.options.op_timeout if timeout is None else timeout
-        key = startup_key(self._col, "mature_id")
+        parts = self.options.partitions
+        key = startup_key(self._col, "mature_id" if parts == 1 else f"part_mature_id/{parts}")
         try:
             with Startup(timeout):
                 if key not in STARTUP_DONE:
                     with self._bounded(timeout):
                         self._col.create_index(core.CLAIM_SORT, name="mature_id")
+                        if parts > 1:
+                            self._col.create_index(core.PART_CLAIM_INDEX, name="part_mature_id")
+                            self._fold_partitions(parts)
                     STARTUP_DONE.add(key)
             self._setup_done = True
         except (PyMongoError, deadlines.StartupBusy) as exc:
             log.warning(
                 "queue %s: creating the claim index failed (%s); will retry", self.name, exc
             )
+
+    def _fold_partitions(self, parts: int) -> None:
+        """Move buckets of partitions >= ``parts`` (the queue had more before) into
+        this queue's range: no claim would look for them there."""
+        found = self._col.distinct("part", {"part": {"$gte": parts}})
+        for old, new in core.partitions_to_fold(found, parts).items():
+            upd = {"$set": {"part": new}} if new is not None else {"$unset": {"part": ""}}
+            res = self._col.update_many({"part": old}, upd)
+            log.info("queue %s: moved %d buckets of partition %d (of %d now) to partition %d",
+                     self.name, res.modified_count, old, parts, new or 0)  # fmt: skip
 
     def _open_dead_letter_queue(self) -> Queue:
         # Buckets as large as MongoDB allows: any item of this queue fits there with
@@ -118,6 +134,7 @@ class Queue(Producer, Sizes):
             bucket_max_bytes=core.HARD_MAX_BYTES,
             retry_budget=self.options.retry_budget,
             op_timeout=self.options.op_timeout,
+            partitions=self.options.partitions,
         )
 
     def _check_open(self) -> None:
@@ -138,9 +155,12 @@ class Queue(Producer, Sizes):
         mature: Any = None,
         headers: dict[str, Any] | None = None,
         durable: bool = False,
+        key: Any = None,
     ) -> Receipt:
-        """Buffer one item and return its receipt at once (``durable=True``: once stored)."""
+        """Buffer one item and return its receipt at once (``durable=True``: once stored).
+        ``key`` (str, bytes or int) picks its partition; by default the producer's own."""
         self._check_open()
+        part = self._partition(key)
         item = encode_item(payload, core.check_push(headers, durable))
         now = _now()
         at = (
@@ -148,7 +168,7 @@ class Queue(Producer, Sizes):
         )
         if self._pending_bytes + len(item) > self.options.max_pending_bytes:
             self._wait_for_space(len(item))
-        receipt = self._add(item, at, now)
+        receipt = self._add(item, at, now, part)
         if durable:
             self._wait_stored([receipt])
         return receipt
@@ -161,9 +181,12 @@ class Queue(Producer, Sizes):
         mature: Any = None,
         headers: dict[str, Any] | None = None,
         durable: bool = False,
+        key: Any = None,
     ) -> list[Receipt]:
-        """Push several items; all are encoded first, so one bad item stores none of them."""
+        """Push several items (to one partition: ``key``'s, by default the producer's);
+        all are encoded first, so one bad item stores none of them."""
         self._check_open()
+        part = self._partition(key)
         payloads = v.payloads(payloads)
         headers = core.check_push(headers, durable)
         at = (
@@ -171,7 +194,7 @@ class Queue(Producer, Sizes):
             if delay is not None or mature is not None
             else None
         )
-        return self._add_many(payloads, headers, at, durable)
+        return self._add_many(payloads, headers, at, durable, part)
 
     def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
         """Insert sealed buckets (one command), retrying transient failures within the
@@ -386,7 +409,7 @@ class Queue(Producer, Sizes):
 
     def _put_recovered(self, bucket_id: ObjectId, items: list[bytes]) -> None:
         now = _now()
-        ob = core.recovered_bucket(bucket_id, items, now)
+        ob = core.recovered_bucket(bucket_id, items, now, self.partition)
         failed, error = self._write([ob])
         if failed:
             raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error

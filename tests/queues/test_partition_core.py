@@ -1,0 +1,142 @@
+"""Property tests of the partition decisions in the pure core: which partition a key or
+a producer's id goes to, the order a consumer's claims visit the partitions, the claim's
+partition term, packing by partition, folding partitions a queue no longer has, and the
+option's checks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bucketq.errors import ConfigurationError
+from bucketq.queue import _core as core
+from bucketq.queue._codec import encode_item
+
+NOW = 1_700_000_000.0
+keys = st.one_of(st.text(max_size=40), st.binary(max_size=40), st.integers(0, 10**12))
+parts = st.integers(min_value=1, max_value=core.MAX_PARTITIONS)
+
+
+@given(keys, parts)
+def test_a_key_has_one_partition_in_range(key, k):
+    p = core.partition_of(key, k)
+    assert 0 <= p < k
+    assert core.partition_of(key, k) == p  # the same every time
+    if k == 1:
+        assert p == 0
+
+
+@given(st.integers(0, 10**12), parts)
+def test_a_whole_number_key_picks_its_partition(key, k):
+    assert core.partition_of(key, k) == key % k
+
+
+def test_a_text_key_hashes_the_same_in_every_process():
+    # Pinned values: a process (or Python version) that hashed differently would put
+    # one tenant's items in two partitions.
+    assert [core.partition_of(f"tenant-{i}", 8) for i in range(6)] == [2, 3, 5, 4, 4, 6]
+    assert core.partition_of(b"tenant-0", 8) == core.partition_of("tenant-0", 8)
+
+
+@given(st.lists(st.text(min_size=1, max_size=12), min_size=200, max_size=200, unique=True))
+@settings(max_examples=20)
+def test_producer_ids_spread_over_the_partitions(ids):
+    # 200 distinct ids over 4 partitions: each gets some (a hash that lumped them would
+    # leave partitions without producers).
+    counts = [0] * 4
+    for i in ids:
+        counts[core.partition_of(i, 4)] += 1
+    assert min(counts) > 0
+
+
+@given(parts.filter(lambda k: k <= 64), st.integers(0, 10**6), st.lists(st.booleans(), max_size=50))
+def test_a_rotation_tries_every_partition_once_per_round(k, start, found_in_first):
+    rot = core.Rotation(start, k)
+    assert rot.round()[0] == start % k
+    for found in found_in_first:
+        order = rot.round()
+        assert sorted(order) == list(range(k))  # each once
+        assert all(order[i + 1] == (order[i] + 1) % k for i in range(k - 1))  # in turn
+        if found:
+            rot.found(order[0])
+            assert rot.round()[0] == (order[0] + 1) % k  # moves on after a bucket
+        else:
+            assert rot.round() == order  # an empty round: the same next time
+
+
+@given(st.integers(2, 64), st.integers(2, 64))
+def test_consumers_that_start_apart_claim_apart(k, consumers):
+    # Consumers that each find a bucket at every claim stay on distinct partitions
+    # when they start on distinct ones.
+    n = min(k, consumers)
+    rots = [core.Rotation(i, k) for i in range(n)]
+    for _ in range(3 * k):
+        at = [r.round()[0] for r in rots]
+        assert len(set(at)) == n
+        for r, p in zip(rots, at, strict=True):
+            r.found(p)
+
+
+@given(st.integers(0, core.MAX_PARTITIONS - 1))
+def test_a_bucket_matches_the_claim_of_its_partition_only(part):
+    ob = core.OpenBucket(None, NOW, None, part)
+    ob.items = [encode_item("x")]
+    doc = ob.document()
+    flt = core.part_filter(part)
+    # Equality on the field ({"part": None} matches a missing field).
+    assert list(flt) == ["part"]
+    assert doc.get("part") == flt["part"]
+    if part == 0:
+        assert "part" not in doc  # partition 0: today's document layout
+    other = core.part_filter(part + 1)
+    assert doc.get("part") != other["part"]
+    assert core.part_filter(None) == {}
+    flt, _ = core.claim_request(NOW, ob.id, "me", 30.0, part)
+    assert flt["part"] == (part or None)
+    flt, _ = core.claim_request(NOW, ob.id, "me", 30.0)
+    assert "part" not in flt
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0.0, 2.5])), max_size=200),
+    st.integers(1, 20),
+)
+def test_the_packer_keeps_partitions_apart(specs, max_size):
+    opts = core.QueueOptions(bucket_max_size=max_size, partitions=6)
+    packer = core.Packer(opts, object)
+    placed = []
+    sealed: list[core.OpenBucket] = []
+    for n, (part, delay) in enumerate(specs):
+        ob, index, out = packer.add(encode_item(n), NOW + delay, NOW, part)
+        sealed.extend(out)
+        placed.append((n, part, ob, index))
+    buckets = sealed + packer.take_all()
+    for n, part, ob, index in placed:
+        assert ob in buckets and ob.part == part
+        assert ob.items[index] == encode_item(n)
+    assert sum(len(b) for b in buckets) == len(specs)
+    for b in buckets:
+        assert len(b) <= max_size
+
+
+@given(st.lists(st.one_of(st.integers(0, 100), st.none(), st.text(max_size=2))), st.integers(1, 40))
+def test_folding_moves_every_partition_out_of_range_into_it(found, k):
+    moves = core.partitions_to_fold(found, k)
+    for old, new in moves.items():
+        assert old >= k
+        assert new is None or 0 < new < k
+        assert (new or 0) == old % k
+    assert set(moves) == {p for p in found if isinstance(p, int) and p >= k}
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [(0, "from 1 to 4096"), (core.MAX_PARTITIONS + 1, "from 1 to 4096"), ("4", "whole number"),
+     (True, "whole number"), (2.0, "whole number")],
+)  # fmt: skip
+def test_partitions_is_checked_with_a_clear_error(value, says):
+    with pytest.raises(ConfigurationError) as err:
+        core.QueueOptions(partitions=value)
+    assert "partitions" in str(err.value) and says in str(err.value)

@@ -1,0 +1,245 @@
+"""Partitioned queues (``partitions=K``) on the embedded server: every claim searches one
+partition by equality (watched with pymongo's command monitoring), consumers go round
+the partitions so an empty one starves nobody, a producer's items keep their order in
+its partition, ``key=`` places items, and what works on a queue works on a partitioned
+one: sizes, stats, drain, remove(), the dead-letter queue, quarantine; buckets from
+before the queue was partitioned (or had more partitions) are still delivered."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from pymongo import MongoClient, monitoring
+
+from bucketq import AsyncElementQueue, AsyncQueue, Queue
+from bucketq.errors import ConfigurationError
+from bucketq.queue import _core as core
+from bucketq.stream import AsyncStreamQueue, StreamQueue
+
+FAST = {"state_flush_period": 0.1, "poll_interval": 0.2, "drain_timeout": 0.5}
+
+
+class Claims(monitoring.CommandListener):
+    """The filter of every findAndModify (a claim) the client sent."""
+
+    def __init__(self) -> None:
+        self.filters: list[dict] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "findAndModify":
+            self.filters.append(dict(event.command["query"]))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def consume(q, want: int, deadline: float = 60.0) -> list:
+    got = []
+    end = time.monotonic() + deadline
+    while len(got) < want and time.monotonic() < end:
+        for m in q.reserve_many(100, timeout=0.5):
+            q.commit(m)
+            got.append(m)
+    return got
+
+
+def test_every_claim_filters_on_one_partition_and_all_are_delivered(mongo_uri, db, db_name):
+    claims = Claims()
+    client = MongoClient(mongo_uri, event_listeners=[claims])
+    producers = [Queue(db, "q", partitions=4, bucket_max_size=10, **FAST) for _ in range(3)]
+    # Items in partitions 1 and 3 only: consumers starting on an empty one move on.
+    for n, p in enumerate(producers):
+        p.push_many([{"p": n, "i": i} for i in range(50)], key=1 if n < 2 else 3)
+        p.flush()
+    consumers = [Queue(client[db_name], "q", partitions=4, **FAST) for _ in range(3)]
+    try:
+        got: list = []
+        end = time.monotonic() + 60
+        while len(got) < 150 and time.monotonic() < end:
+            for c in consumers:
+                for m in c.reserve_many(20, timeout=0.1):
+                    c.commit(m)
+                    got.append(m.payload)
+        assert sorted((g["p"], g["i"]) for g in got) == [
+            (n, i) for n in range(3) for i in range(50)
+        ]
+        for c in consumers:
+            c.flush()
+        assert Queue(db, "q", partitions=4).total_size() == 0
+    finally:
+        for q in producers + consumers:
+            q.close()
+        client.close()
+    assert claims.filters, "the consumers claimed nothing"
+    for flt in claims.filters:
+        assert "part" in flt and (flt["part"] is None or isinstance(flt["part"], int)), flt
+    assert {f["part"] for f in claims.filters} == {None, 1, 2, 3}  # every partition tried
+
+
+def test_an_unpartitioned_queue_claims_without_a_partition_term(mongo_uri, db, db_name):
+    claims = Claims()
+    client = MongoClient(mongo_uri, event_listeners=[claims])
+    q = Queue(client[db_name], "q", **FAST)
+    try:
+        q.push_many(list(range(5)))
+        q.flush()
+        assert len(consume(q, 5)) == 5
+    finally:
+        q.close()
+        client.close()
+    assert claims.filters and all("part" not in f for f in claims.filters)
+    assert all("part" not in d for d in db.q.find())  # today's layout
+
+
+def test_keys_and_producers_place_items_and_keep_their_order(db):
+    q = Queue(db, "q", partitions=4, bucket_max_size=4, **FAST)
+    try:
+        q.push("zero", key=0)
+        q.push("two", key=2)
+        q.push("six", key=6)  # 6 % 4
+        q.push("tenant", key="tenant-a")
+        q.push_many(["b1", "b2"], key=b"tenant-a")
+        for i in range(20):  # the producer's own partition, several buckets
+            q.push(i)
+        q.flush()
+        where = {}
+        for d in db.q.find():
+            for m in core.HeldBucket(d, d["_id"], time.time(), 30).ready_messages(
+                time.time(), None
+            ):
+                where[m.payload] = d.get("part", 0)
+        assert where["zero"] == 0 and where["two"] == 2 and where["six"] == 2
+        assert where["tenant"] == where["b1"] == where["b2"] == core.partition_of("tenant-a", 4)
+        assert {where[i] for i in range(20)} == {q.partition}
+        got = [m.payload for m in consume(q, 26)]
+        assert len(got) == 26
+        mine = [p for p in got if isinstance(p, int)]
+        assert mine == list(range(20))  # one producer's items in order
+    finally:
+        q.close()
+
+
+def test_sizes_stats_remove_drain_and_the_dead_letter_queue(db):
+    q = Queue(db, "q", partitions=3, max_tries=1, bucket_max_size=5, **FAST)
+    try:
+        receipts = [q.push(i, key=i) for i in range(12)]
+        q.push("later", key=1, delay=3600)
+        q.flush()
+        assert {d.get("part", 0) for d in db.q.find()} == {0, 1, 2}
+        assert q.total_size() == 13 and q.size() == 12 and q.sched_size() == 1
+        assert q.next_t() is not None
+        assert q.remove(receipts[4].id) is True  # partition 1
+        assert q.size() == 11
+        msgs = consume_no_commit(q, 11)
+        assert q.resv_size() == 11 and q.size() == 0
+        assert q.stats()["claims"] >= 3
+        for m in msgs[:10]:
+            q.commit(m)
+        assert q.rollback(msgs[10]) is True  # max_tries=1: to the dead-letter queue
+        q.flush()
+        report = q.drain()
+        assert set(report) == set(core.DRAIN_REPORT)
+    finally:
+        q.close()
+    assert Queue(db, "q", partitions=3).total_size() == 1  # the delayed one
+    dlq = Queue(db, "q.dlq", partitions=3, **FAST)
+    try:
+        dead = consume(dlq, 1)
+        assert [m.payload for m in dead] == [msgs[10].payload]
+        assert dead[0].headers["x-reason"]
+    finally:
+        dlq.close()
+
+
+def consume_no_commit(q, want: int) -> list:
+    got: list = []
+    end = time.monotonic() + 60
+    while len(got) < want and time.monotonic() < end:
+        got += q.reserve_many(want - len(got), timeout=0.5)
+    assert len(got) == want
+    return got
+
+
+def test_a_damaged_bucket_of_a_partition_is_quarantined_and_requeued(db):
+    q = Queue(db, "q", partitions=4, **FAST)
+    try:
+        q.push_many(["a", "b"], key=2)
+        q.push_many(["c"], key=3)
+        q.flush()
+        bad = db.q.find_one({"part": 2})
+        db.q.update_one({"_id": bad["_id"]}, {"$set": {"n": 5, "live": 5}})
+        assert [m.payload for m in consume(q, 1)] == ["c"]
+        end = time.monotonic() + 30
+        while not q.quarantined() and time.monotonic() < end:
+            q.reserve(timeout=0.2)
+        assert [r["id"] for r in q.quarantined()] == [str(bad["_id"])]
+        report = q.requeue_quarantined()
+        assert report["items"] == 2, report
+        # Back in the re-queueing producer's partition, and delivered.
+        assert sorted(m.payload for m in consume(q, 2)) == ["a", "b"]
+    finally:
+        q.close()
+
+
+def test_buckets_from_before_partitioning_or_from_more_partitions_are_delivered(db):
+    old = Queue(db, "q", **FAST)  # unpartitioned: no part field
+    old.push_many(["old-1", "old-2"])
+    old.close()
+    wide = Queue(db, "q", partitions=8, **FAST)
+    wide.push_many(["p5"], key=5)
+    wide.push_many(["p4"], key=4)
+    wide.close()
+    q = Queue(db, "q", partitions=4, **FAST)  # 5 -> 1, 4 -> 0
+    try:
+        assert sorted(m.payload for m in consume(q, 4)) == ["old-1", "old-2", "p4", "p5"]
+    finally:
+        q.close()
+    assert all(d.get("part", 0) < 4 for d in db.q.find())
+    back = Queue(db, "q", **FAST)  # and back to one: no partition term, all are seen
+    try:
+        back.push("x", key=3)
+        back.flush()
+        assert [m.payload for m in consume(back, 1)] == ["x"]
+    finally:
+        back.close()
+
+
+def test_the_partition_index_is_there(db):
+    q = Queue(db, "q", partitions=2, **FAST)
+    try:
+        q.push("x")
+        q.flush()
+        keys = {
+            name: [tuple(k) for k in ix["key"]] for name, ix in db.q.index_information().items()
+        }
+        assert keys["part_mature_id"] == [("part", 1), ("mature", 1), ("_id", 1)]
+        assert keys["mature_id"] == [("mature", 1), ("_id", 1)]
+    finally:
+        q.close()
+
+
+@pytest.mark.parametrize("cls", [StreamQueue, AsyncStreamQueue])
+def test_a_stream_queue_refuses_partitions(db, adb, cls):
+    with pytest.raises(
+        ConfigurationError, match="one partition.*Queue\\(db, name, partitions=K\\)"
+    ):
+        cls(db if cls is StreamQueue else adb, "s", partitions=2)
+
+
+async def test_bad_partition_options_and_keys_are_refused(adb):
+    with pytest.raises(ConfigurationError, match="partitions must be a whole number from 1"):
+        AsyncQueue(adb, "q", partitions=0)
+    with pytest.raises(ConfigurationError, match="per-element queue has no partitions"):
+        AsyncElementQueue(adb, "q", partitions=2)
+    q = AsyncQueue(adb, "q", partitions=2)
+    try:
+        for bad in (1.5, -1, ["k"], True):
+            with pytest.raises(ConfigurationError, match="key must be a str, bytes"):
+                await q.push("x", key=bad)
+        await q.push("x", key="ok")
+    finally:
+        await q.close()
