@@ -238,6 +238,7 @@ def test_bench_ingest_runs_real_servers_and_counts_what_storage_holds(mongo_uri,
         assert r["mongodb_requests"] > 0 and r["api_cpu_s"] > 0
     out = console.file.getvalue()
     assert "bucketq buffer" in out and "seed p95" in out and "Targets" in out
+    assert "✓ bucketq at 10 req/s: p50" in out  # the line each finished run prints
     assert (tmp_path / "plots" / "bucketq-bench-ingest.png").read_bytes().startswith(b"\x89PNG")
     # the run's databases are gone
     with MongoClient(mongo_uri) as client:

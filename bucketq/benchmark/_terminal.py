@@ -12,14 +12,19 @@ from typing import Any
 from ._stats import RunResult
 
 
+def make_console(console: Any = None) -> Any:
+    """``console``, or a ``rich.console.Console`` as wide as the terminal (180 columns
+    when stdout is not a terminal, so a log file keeps whole table rows)."""
+    from rich.console import Console
+
+    return console or Console(width=None if sys.stdout.isatty() else 180)
+
+
 class Terminal:
-    """``console``: a ``rich.console.Console`` (default: the terminal's width, 180
-    columns when stdout is not a terminal)."""
+    """``console``: a ``rich.console.Console`` (default: see ``make_console``)."""
 
     def __init__(self, console: Any = None) -> None:
-        from rich.console import Console
-
-        self.console = console or Console(width=None if sys.stdout.isatty() else 180)
+        self.console = make_console(console)
         self._bar: Any = None
         self._overall: Any = None
         self._phases: tuple[Any, Any] | None = None

@@ -330,12 +330,11 @@ def run(
 
     st = st or settings_for()
     _require(bool(plots_dir))
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from ._report import document, print_report
+    from ._terminal import IngestTerminal
 
-    console = console or Console(width=None if sys.stdout.isatty() else 180)
+    ui = IngestTerminal(console)
+    console = ui.console
     skipped: dict[str, str] = {}
     if "redis" in st.modes:
         problem = _redis_problem(st.redis_url)
@@ -355,42 +354,33 @@ def run(
         env["versions"].update(
             {d: _version(d) for d in ("fastapi", "uvicorn", "pydantic", "redis", "starlette")}
         )
-        console.print(
+        ui.headline(
             f"[bold]bucketq bench ingest[/]: {', '.join(modes_run)} at {st.rate:g} requests/s × "
             f"{st.batch} logs for {st.duration:g} s each, one `bucketq serve` per mode, on "
             f"{env['server']['description']}"
             + (f"; sweep from {st.rate:g} requests/s" if st.sweep else "")
         )
         for m, why in skipped.items():
-            console.print(f"[yellow]skipping {m}: {why}[/]")
+            ui.skipped(m, why)
         mongo_pid = embedded.pid if embedded is not None else None
-        columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[seen]}"), TimeElapsedColumn())  # fmt: skip
 
-        def one(bar: Any, mode: str, rate: float, duration: float) -> dict[str, Any]:
-            task = bar.add_task(f"{mode} at {rate:g} req/s", total=None, seen="")
-
-            def progress(done: int, total: int, seen: int) -> None:
-                bar.update(task, completed=done, total=total, seen=f"{seen:,} records stored")
-
-            try:
+        def one(mode: str, rate: float, duration: float) -> dict[str, Any]:
+            with ui.mode_running(mode, rate) as progress:
                 return run_mode(server_uri, observer, mode, rate=rate, duration=duration,
                                 batch=st.batch, redis_url=st.redis_url,
                                 drain_timeout=st.drain_timeout, mongo_pid=mongo_pid,
                                 progress=progress)  # fmt: skip
-            finally:
-                bar.remove_task(task)
 
-        with Progress(*columns, console=console, transient=True) as bar:
+        with ui.runs():
             for mode in modes_run:
                 try:
-                    r = one(bar, mode, st.rate, st.duration)
+                    r = one(mode, st.rate, st.duration)
                 except (RuntimeError, OSError, ConfigurationError) as exc:
                     failed[mode] = str(exc)
-                    bar.console.print(f"[red]✗ {mode}: {exc}[/]")
+                    ui.failed(mode, exc)
                     continue
                 results[mode] = r
-                bar.console.print(_line(r))
+                ui.result(r)
             if st.sweep:
                 live = [m for m in modes_run if m not in failed]
                 sweeps = {m: SweepResult() for m in live}
@@ -402,10 +392,10 @@ def run(
                             step_r = (
                                 results[mode]
                                 if rate_now == st.rate and st.duration >= st.sweep_duration
-                                else one(bar, mode, rate_now, st.sweep_duration)
+                                else one(mode, rate_now, st.sweep_duration)
                             )
                         except (RuntimeError, OSError) as exc:
-                            bar.console.print(f"[red]✗ sweep {mode} at {rate_now:g}: {exc}[/]")
+                            ui.failed(f"sweep {mode} at {rate_now:g}", exc)
                             step_r = None
                         step = SweepStep(
                             rate_now,
@@ -416,7 +406,7 @@ def run(
                         )
                         sweeps[mode].steps.append(step)
                         if step_r is not None and step_r is not results.get(mode):
-                            bar.console.print("sweep " + _line(step_r))
+                            ui.result(step_r, "sweep ")
                         if next_sweep_rate(sweeps[mode].steps, st.sweep_max_rate) is None:
                             live.remove(mode)
                     rate_now = rate_now * 2 if rate_now * 2 <= st.sweep_max_rate else None
@@ -463,19 +453,3 @@ def _version(dist: str) -> str | None:
         return version(dist)
     except PackageNotFoundError:
         return None
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
-
-
-def _line(r: dict[str, Any]) -> str:
-    lat, ld = r["load"]["latency"], r["load"]
-    ok = r["stored_ok"] and not ld["errors"]
-    return (
-        f"{'✓' if ok else '✗'} {r['mode']} at {r['rate']:g} req/s: p50 {_fmt(lat['p50_ms'])} ms, "
-        f"p95 {_fmt(lat['p95_ms'])} ms, p99 {_fmt(lat['p99_ms'])} ms; {ld['errors']} errors; "
-        f"{ld['records_accepted']:,} accepted, {r['records_stored']:,} stored; "
-        f"{_fmt(r['commands_per_1000_records'])} MongoDB commands / 1k records"
-        + ("" if ld["kept_schedule"] else "; [yellow]the generator fell behind its schedule[/]")
-    )
