@@ -1,10 +1,12 @@
 """``hold_pushed``: a queue object that consumes inserts the buckets it writes already
 leased to itself and serves them without a claim; nobody else gets them while it holds
-them, a close gives back what it did not hand out, and a SIGKILLed holder's buckets come
-back to another consumer when their lease runs out."""
+them, a close gives back what it did not hand out, a SIGKILLed holder's buckets come
+back to another consumer when their lease runs out, and one that stopped consuming
+holds nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -12,6 +14,7 @@ import sys
 import textwrap
 
 from bucketq import AsyncQueue
+from waiting import eventually_async
 
 FAST = {"state_flush_period": 0.1, "poll_interval": 0.2, "drain_timeout": 0.5}
 
@@ -20,9 +23,10 @@ async def test_a_consuming_queue_serves_what_it_pushes_without_a_claim(adb):
     q = AsyncQueue(adb, "q", hold_pushed=True, **FAST)
     other = AsyncQueue(adb, "q", **FAST)
     try:
-        assert await q.reserve(timeout=0) is None  # starts consuming
+        first = asyncio.create_task(q.reserve(timeout=30))  # a consumer waits
+        await eventually_async(lambda: q._consumer._waiters)
         await q.push_many([f"m{i}" for i in range(5)], durable=True)
-        got = [await q.reserve(timeout=10) for _ in range(5)]
+        got = [await first] + [await q.reserve(timeout=10) for _ in range(4)]
         assert [m.payload for m in got if m is not None] == [f"m{i}" for i in range(5)]
         assert q.stats()["claims"] == 0
         assert q.stats()["held_on_write"] == 1
@@ -40,9 +44,13 @@ async def test_a_consuming_queue_serves_what_it_pushes_without_a_claim(adb):
 
 async def test_close_gives_back_what_was_held_and_not_handed_out(adb):
     q = AsyncQueue(adb, "q", hold_pushed=True, **FAST)
-    assert await q.reserve(timeout=0) is None
+    waiter = asyncio.create_task(q.reserve(timeout=30))
+    await eventually_async(lambda: q._consumer._waiters)
     await q.push_many(["a", "b"], durable=True)
     assert q.stats()["held_on_write"] == 1
+    first = await waiter
+    assert first is not None
+    await q.rollback(first, delay=0)
     await q.close()
     other = AsyncQueue(adb, "q", **FAST)
     try:
@@ -53,13 +61,20 @@ async def test_close_gives_back_what_was_held_and_not_handed_out(adb):
 
 
 async def test_a_queue_that_does_not_consume_pushes_unleased(adb):
-    producer = AsyncQueue(adb, "q", hold_pushed=True, **FAST)
+    producer = AsyncQueue(adb, "q", hold_pushed=True, lease=3.0, **FAST)
     consumer = AsyncQueue(adb, "q", **FAST)
     try:
         await producer.push("x", durable=True)
         assert producer.stats()["held_on_write"] == 0
         msg = await consumer.reserve(timeout=10)
         assert msg is not None and msg.payload == "x"
+        # Reserved once, then only pushes: nothing waits in reserve() and nothing was served
+        # for a third of its lease, so its buckets are not leased on write (what its fetcher
+        # claims ahead stays bounded by prefetch, as for any consumer).
+        assert await producer.reserve(timeout=0) is None
+        await asyncio.sleep(1.1)
+        await producer.push("y", durable=True)
+        assert producer.stats()["held_on_write"] == 0
     finally:
         await producer.close()
         await consumer.close()
@@ -74,9 +89,12 @@ _HOLDER = textwrap.dedent(
     async def main(uri, name):
         q = AsyncQueue(AsyncMongoClient(uri)[name], "q", hold_pushed=True, lease=2.0,
                        state_flush_period=0.2, poll_interval=0.2)
-        assert await q.reserve(timeout=0) is None
+        waiter = asyncio.create_task(q.reserve(timeout=30))
+        while not q._consumer._waiters:
+            await asyncio.sleep(0.01)
         await q.push_many(["k1", "k2", "k3"], durable=True)
         assert q.stats()["held_on_write"] == 1
+        await q.rollback(await waiter, delay=0)
         print("held", flush=True)
         await asyncio.sleep(3600)
 

@@ -612,12 +612,16 @@ class AsyncConsumer:
     def lease_on_write(self, docs: dict[Any, dict[str, Any]]) -> None:
         """``hold_pushed``: while this queue object consumes, the mature buckets it writes
         are inserted already leased to it (``written`` serves them here), which spares
-        a claim per bucket; if this process dies, they come back when the lease runs out."""
+        a claim per bucket; if this process dies, they come back when the lease runs out.
+        Consuming means a reserve() waits now or was served within a third of the lease:
+        a queue object that reserved once and then only pushes keeps nothing from others."""
         if not self.options.hold_pushed or self.fetcher is None or self.paused:
             return
         if self.draining or self._is_closed():
             return
         now = _now()
+        if not self._waiters and now - self._last_reserve > self.options.lease / 3:
+            return
         for bid, doc in docs.items():
             if core.from_datetime(doc["mature"]) <= now:
                 token = ObjectId()
