@@ -90,6 +90,7 @@ def _bench(args: argparse.Namespace) -> int:
             element_n=args.element_n,
             contenders=names,
             repeat=args.repeat,
+            partitions=args.partitions,
             json_path=args.json,
             plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR),
         ),
@@ -152,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="K",
         help="run each (N, processes) group K times; the table shows medians and their range",
+    )
+    b.add_argument(
+        "--partitions",
+        type=v.cli_count(1),
+        default=1,
+        metavar="K",
+        help="open the bucketq queues with partitions=K (runs only Queue/AsyncQueue contenders)",
     )
     b.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     b.add_argument("--plots", metavar="DIR", help="PNG plots go here (default: bench-results/)")

@@ -441,3 +441,31 @@ def test_medians_and_ranges_of_repetitions():
     assert not bad.items_ok and bad.items_problem == (
         "1 of 4 repetitions: 2 items left in the queue"
     )
+
+
+def test_partitions_opens_partitioned_queues_and_runs_only_the_queues(mongo_uri, tmp_path):
+    path = tmp_path / "bench.json"
+    run(
+        mongo_uri,
+        n=2_000,
+        procs=[2],
+        json_path=str(path),
+        plots_dir=None,
+        console=Console(file=io.StringIO(), width=220),
+        partitions=3,
+    )
+    data = json.loads(path.read_text())
+    assert data["settings"]["partitions"] == 3
+    # only bucketq's Queue/AsyncQueue take partitions: the others are left out
+    assert {r["contender"] for r in data["runs"]} == {
+        name for name, c in CONTENDERS.items() if c.takes_options
+    }
+    assert all(r["items_ok"] for r in data["runs"])
+
+
+def test_partitions_with_a_contender_that_has_none_is_refused(capsys):
+    code = main(["bench", "--partitions", "2", "--contender", "per-element ElementQueue",
+                 "--no-plots"])  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "--partitions 2 applies to bucketq's Queue and AsyncQueue only" in err

@@ -67,14 +67,16 @@ class Contender:
     modules: tuple[str, ...] = ()
     #: A sentence the report prints about how this contender was driven.
     note: str = ""
+    #: Whether it takes queue options (``bucketq bench --partitions``).
+    takes_options: bool = False
 
     def prepare(self, uri: str, db_name: str) -> None:
         pass
 
-    def open(self, uri: str, db_name: str) -> Handle:
+    def open(self, uri: str, db_name: str, **options: Any) -> Handle:
         raise NotImplementedError
 
-    async def open_async(self, uri: str, db_name: str) -> Handle:
+    async def open_async(self, uri: str, db_name: str, **options: Any) -> Handle:
         raise NotImplementedError
 
     def remaining(self, uri: str, db_name: str) -> int:
@@ -144,6 +146,7 @@ class BucketqContender(Contender):
             batch,
         )
         self.distributions = ("bucketq", "pymongo")
+        self.takes_options = not per_element
         if batch:
             self.note = (
                 "bucketq Queue / AsyncQueue (batches): the same queues, with the same options, as "
@@ -157,19 +160,19 @@ class BucketqContender(Contender):
 
         return getattr(queue, self.cls_name)
 
-    def open(self, uri: str, db_name: str) -> Handle:
+    def open(self, uri: str, db_name: str, **options: Any) -> Handle:
         from pymongo import MongoClient
 
         client: MongoClient = MongoClient(uri)
         client.admin.command("ping")  # connect before the clock starts
-        return _BucketqHandle(self._cls()(client[db_name], QUEUE_NAME), client)
+        return _BucketqHandle(self._cls()(client[db_name], QUEUE_NAME, **options), client)
 
-    async def open_async(self, uri: str, db_name: str) -> Handle:
+    async def open_async(self, uri: str, db_name: str, **options: Any) -> Handle:
         from pymongo import AsyncMongoClient
 
         client: AsyncMongoClient = AsyncMongoClient(uri)
         await client.admin.command("ping")
-        return _AsyncBucketqHandle(self._cls()(client[db_name], QUEUE_NAME), client)
+        return _AsyncBucketqHandle(self._cls()(client[db_name], QUEUE_NAME, **options), client)
 
     def remaining(self, uri: str, db_name: str) -> int:
         """Items in the queue and its dead-letter queue: the ``live`` count of every bucket
@@ -226,7 +229,7 @@ class TaskQueueContender(Contender):
     def prepare(self, uri: str, db_name: str) -> None:
         self._queue(uri, db_name).close()  # creates the collection and indexes once, not racing
 
-    def open(self, uri: str, db_name: str) -> Handle:
+    def open(self, uri: str, db_name: str, **options: Any) -> Handle:
         q = self._queue(uri, db_name)
         q.database.command("ping")
         return _TaskQueueHandle(q)
@@ -293,7 +296,7 @@ class KombuContender(Contender):
         q.close()
         conn.release()
 
-    def open(self, uri: str, db_name: str) -> Handle:
+    def open(self, uri: str, db_name: str, **options: Any) -> Handle:
         return _KombuHandle(*self._open(uri, db_name))
 
     def remaining(self, uri: str, db_name: str) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import traceback
+from functools import partial
 from typing import Any
 
 from pymongo import monitoring
@@ -26,10 +27,11 @@ def main(
         monitoring.register(counter)  # before any client exists
         contender = CONTENDERS[spec["contender"]]
         w = Worker(spec, idx, barrier, pushed, done, counter, contender.batch)
+        options = spec.get("queue_options") or {}
         if contender.is_async:
-            report = asyncio.run(run_async(w, contender.open_async))
+            report = asyncio.run(run_async(w, partial(contender.open_async, **options)))
         else:
-            report = run_sync(w, contender.open)
+            report = run_sync(w, partial(contender.open, **options))
         results.put(("ok", idx, report))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         try:

@@ -24,6 +24,7 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
+from .. import _validate as v
 from ..errors import ConfigurationError
 from ._contenders import CONTENDERS
 from ._stats import RunResult, WorkerReport, floor, summarize
@@ -99,7 +100,12 @@ Progress = Callable[[int, int], None]
 
 
 def run_spec(
-    uri: str, spec: RunSpec, progress: Progress, *, stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    uri: str,
+    spec: RunSpec,
+    progress: Progress,
+    *,
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT,
+    queue_options: dict[str, Any] | None = None,
 ) -> RunResult:
     """One contender at one N with ``spec.procs`` producer/consumer processes."""
     from . import _process
@@ -117,6 +123,7 @@ def run_spec(
         "db": db_name,
         "n": spec.n,
         "procs": spec.procs,
+        "queue_options": queue_options,
     }
     workers = [
         ctx.Process(
@@ -351,6 +358,7 @@ def run(
     console: Any = None,
     stall_timeout: float = DEFAULT_STALL_TIMEOUT,
     repeat: int = 1,
+    partitions: int = 1,
 ) -> dict[str, Any]:
     """Run the benchmark, print its tables, write the JSON (``json_path``) and the plots
     (``plots_dir``; None for none). Returns the JSON document.
@@ -359,14 +367,28 @@ def run(
     ``procs`` and ``element_n`` override it, and an override drops the preset's extra runs.
     ``repeat`` K runs every (N, processes) group K times (a fresh embedded server each
     time); the tables and plots show the median of each figure, the JSON every repetition.
+    ``partitions`` K > 1 opens the bucketq queues with ``partitions=K`` (and runs only
+    the contenders that take it unless ``contenders`` names others, which is an error).
     """
     import json
     import sys
 
-    names = list(contenders or CONTENDERS)
+    from ..queue import _core as qcore
+
+    v.count("partitions", partitions, lo=1, hi=qcore.MAX_PARTITIONS, unit="partitions")
+    names = list(
+        contenders or (c for c in CONTENDERS if partitions == 1 or CONTENDERS[c].takes_options)
+    )
     unknown = [c for c in names if c not in CONTENDERS]
     if unknown:
         raise ConfigurationError(f"Unknown contender(s) {unknown}; choose from {list(CONTENDERS)}.")
+    unpartitioned = [c for c in names if partitions > 1 and not CONTENDERS[c].takes_options]
+    if unpartitioned:
+        raise ConfigurationError(
+            f"--partitions {partitions} applies to bucketq's Queue and AsyncQueue only, not to "
+            f"{unpartitioned}; leave those out (or pass no --contender)."
+        )
+    queue_options = {"partitions": partitions} if partitions > 1 else {}
     _require(
         [
             "rich",
@@ -390,6 +412,7 @@ def run(
         "sizes": list(sizes),
         "procs": list(procs),
         "element_n": element_n,
+        "partitions": partitions,
         "contenders": names,
         "plan": [asdict(s) for s in plan],
         "fresh_server_after_items": FRESH_SERVER_AFTER,
@@ -426,7 +449,13 @@ def run(
                     label += f" #{spec.repeat + 1}"
                 progress = ui.run_started(label, spec.n)
                 try:
-                    r = run_spec(server_uri, spec, progress, stall_timeout=stall_timeout)
+                    r = run_spec(
+                        server_uri,
+                        spec,
+                        progress,
+                        stall_timeout=stall_timeout,
+                        queue_options=queue_options,
+                    )
                 except RuntimeError as exc:  # one failed run must not cost the others
                     failed.append({**asdict(spec), "error": str(exc)})
                     ui.run_failed(label, exc)
@@ -445,7 +474,7 @@ def run(
     if plots_dir and results:
         from ._plots import write_plots
 
-        title = f"bucketq bench{' --quick' if quick else ''}{f' --repeat {repeat}' if repeat > 1 else ''} on {env['server']['description']}"
+        title = f"bucketq bench{' --quick' if quick else ''}{f' --repeat {repeat}' if repeat > 1 else ''}{f' --partitions {partitions}' if partitions > 1 else ''} on {env['server']['description']}"
         plots = write_plots(summaries, floor(results), plots_dir, title)
     doc = document(results, env, settings, wall, plots)
     print_report(console, summaries, doc)

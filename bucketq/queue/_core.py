@@ -567,18 +567,26 @@ def part_filter(part: int | None) -> dict[str, Any]:
     return {"part": part if part else None}
 
 
+#: Buckets a consumer claims in a row from one partition before it moves on to the next
+#: (fewer: more claims that find nothing when only some partitions have items; more: a
+#: partition waits longer for a consumer busy elsewhere).
+ROTATION_STAY = 8
+
+
 class Rotation:
     """The order in which one consumer's claims visit the partitions: a round tries
-    each partition once, from ``next``; a claim that finds a bucket moves ``next`` past
-    its partition (so the consumer moves on after each bucket, and consumers that start
-    at different partitions stay spread over them); an empty partition costs one claim
-    and never holds the consumer up."""
+    each partition once, from ``next``. A claim that finds a bucket keeps the consumer
+    on that partition for up to ``stay`` buckets in a row, then moves it on, so every
+    partition is visited and consumers that start at different partitions stay spread
+    over them; a partition where a claim finds nothing is left at once (one claim)."""
 
-    __slots__ = ("partitions", "next")
+    __slots__ = ("partitions", "next", "stay", "run")
 
-    def __init__(self, start: int, partitions: int) -> None:
+    def __init__(self, start: int, partitions: int, stay: int = ROTATION_STAY) -> None:
         self.partitions = partitions
         self.next = start % partitions
+        self.stay = stay
+        self.run = 0  # buckets found in a row in ``next``
 
     def round(self) -> list[int]:
         """The partitions to try, in order, until one has a bucket."""
@@ -586,8 +594,12 @@ class Rotation:
         return [(self.next + i) % k for i in range(k)]
 
     def found(self, part: int) -> None:
-        """A claim in ``part`` found a bucket: the next round starts after it."""
-        self.next = (part + 1) % self.partitions
+        """A claim in ``part`` found a bucket."""
+        if part != self.next:
+            self.next, self.run = part, 0
+        self.run += 1
+        if self.run >= self.stay:
+            self.next, self.run = (part + 1) % self.partitions, 0
 
 
 def partitions_to_fold(found: Iterable[Any], partitions: int) -> dict[int, int | None]:

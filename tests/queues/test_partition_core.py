@@ -50,28 +50,51 @@ def test_producer_ids_spread_over_the_partitions(ids):
     assert min(counts) > 0
 
 
-@given(parts.filter(lambda k: k <= 64), st.integers(0, 10**6), st.lists(st.booleans(), max_size=50))
-def test_a_rotation_tries_every_partition_once_per_round(k, start, found_in_first):
-    rot = core.Rotation(start, k)
+@settings(deadline=None, max_examples=60)
+@given(
+    parts.filter(lambda k: k <= 64),
+    st.integers(0, 10**6),
+    st.integers(1, 10),
+    st.lists(st.integers(0, 64), max_size=60),
+)
+def test_a_rotation_tries_every_partition_and_moves_on(k, start, stay, found_at):
+    rot = core.Rotation(start, k, stay)
     assert rot.round()[0] == start % k
-    for found in found_in_first:
+    in_a_row = 0
+    for offset in found_at:
         order = rot.round()
-        assert sorted(order) == list(range(k))  # each once
+        assert sorted(order) == list(range(k))  # each once per round
         assert all(order[i + 1] == (order[i] + 1) % k for i in range(k - 1))  # in turn
-        if found:
-            rot.found(order[0])
-            assert rot.round()[0] == (order[0] + 1) % k  # moves on after a bucket
+        part = order[offset % k]  # the claims before it found nothing
+        in_a_row = in_a_row + 1 if offset % k == 0 else 1
+        rot.found(part)
+        if in_a_row >= stay:
+            assert rot.round()[0] == (part + 1) % k  # at most ``stay`` in a row
+            in_a_row = 0
         else:
-            assert rot.round() == order  # an empty round: the same next time
+            assert rot.round()[0] == part  # stays where the buckets are
 
 
-@given(st.integers(2, 64), st.integers(2, 64))
-def test_consumers_that_start_apart_claim_apart(k, consumers):
+@settings(deadline=None, max_examples=60)
+@given(st.integers(1, 64), st.integers(1, 10))
+def test_a_consumer_visits_every_partition_while_all_have_buckets(k, stay):
+    rot = core.Rotation(0, k, stay)
+    seen = set()
+    for _ in range(k * stay):
+        p = rot.round()[0]
+        seen.add(p)
+        rot.found(p)
+    assert seen == set(range(k))
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.integers(2, 64), st.integers(2, 64), st.integers(1, 10))
+def test_consumers_that_start_apart_claim_apart(k, consumers, stay):
     # Consumers that each find a bucket at every claim stay on distinct partitions
     # when they start on distinct ones.
     n = min(k, consumers)
-    rots = [core.Rotation(i, k) for i in range(n)]
-    for _ in range(3 * k):
+    rots = [core.Rotation(i, k, stay) for i in range(n)]
+    for _ in range(3 * k * stay):
         at = [r.round()[0] for r in rots]
         assert len(set(at)) == n
         for r, p in zip(rots, at, strict=True):

@@ -9,7 +9,10 @@ import pytest
 
 from bucketq.reservoir._policy import new_entry
 
-from .conftest import TRANSPORTS
+from .conftest import QUICK_QUEUE, TRANSPORTS
+
+#: The bucketq transport on partitioned shard queues, too (``queue_options``).
+PARTITIONED = {**QUICK_QUEUE, "partitions": 4}
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,9 +28,12 @@ def msgs(deliveries) -> list[str]:
     return [d.entry["record"]["message"] for d in deliveries]
 
 
-@pytest.fixture(params=TRANSPORTS)
+@pytest.fixture(params=[*TRANSPORTS, "bucketq-partitioned"])
 async def transport(request, backends):
-    t = backends.transport(request.param)
+    if request.param == "bucketq-partitioned":
+        t = backends.transport("bucketq", queue_options=PARTITIONED)
+    else:
+        t = backends.transport(request.param)
     await t.start(2)
     yield t
     await t.stop()
@@ -167,15 +173,20 @@ async def test_shards_are_independent(transport):
             await task
 
 
-@pytest.mark.parametrize("name", ["redis", "bucketq"])
+@pytest.mark.parametrize("name", ["redis", "bucketq", "bucketq-partitioned"])
 async def test_durable_unsettled_deliveries_come_back_to_a_new_consumer(backends, name):
     """A consumer that took entries and vanished (no ack): a new transport object (a new
-    process, as far as the backend can tell) gets them again."""
-    opts = (
+    process, as far as the backend can tell) gets them again (on partitioned shard
+    queues, the new one starts its claims at another partition)."""
+    quick = {"lease": 1.5, "state_flush_period": 0.2, "poll_interval": 0.2}
+    opts: dict = (
         {"claim_idle": 0.5}
         if name == "redis"
-        else {"queue_options": {"lease": 1.5, "state_flush_period": 0.2, "poll_interval": 0.2}}
+        else {"queue_options": {**quick, "partitions": 4}}
+        if name == "bucketq-partitioned"
+        else {"queue_options": quick}
     )
+    name = "bucketq" if name == "bucketq-partitioned" else name
     first = backends.transport(name, **opts)
     await first.start(1)
     await first.enqueue_many(0, entries(4))

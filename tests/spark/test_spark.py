@@ -81,6 +81,43 @@ def test_batch_read_of_a_bucket_queue_shows_its_live_items(spark, db, mongo_uri,
     assert all(r.seq is None and len(r.bucket) == 24 for r in rows)
 
 
+def test_a_partitioned_queue_is_read_and_written_whole(spark, db, mongo_uri, db_name):
+    """Batch read sees the live items of every partition; rows Spark writes into a
+    partitioned queue (partition 0: the writer knows nothing of partitions) are consumed
+    by partitioned consumers."""
+    q = Queue(db, "jobs", partitions=4, bucket_max_size=50, bucket_max_wait=0.05)
+    for k in range(4):
+        q.push_many([f"job-{k}-{i}" for i in range(50)], key=k)
+    q.flush()
+    assert {d.get("part", 0) for d in db.jobs.find()} == {0, 1, 2, 3}
+    taken = [q.pop(timeout=5) for _ in range(30)]
+    q.flush()
+    rows = reader(spark, mongo_uri, db_name, "jobs", payloadFormat="binary").collect()
+    gone = {m.payload for m in taken}
+    assert len(gone) == 30
+    assert Counter(json.loads(r.payload) for r in rows) == Counter(
+        f"job-{k}-{i}" for k in range(4) for i in range(50) if f"job-{k}-{i}" not in gone
+    )
+    (
+        spark.range(0, 1000, numPartitions=2)
+        .selectExpr("id")
+        .write.format("bucketq")
+        .option("uri", mongo_uri)
+        .option("database", db_name)
+        .option("queue", "jobs")
+        .option("mode", "queue")
+        .mode("append")
+        .save()
+    )
+    got = []
+    while (m := q.reserve(timeout=2)) is not None:
+        q.commit(m)
+        got.append(m.payload)
+    q.close()
+    assert len(got) == 170 + 1000
+    assert sorted(p["id"] for p in got if isinstance(p, dict)) == list(range(1000))
+
+
 def fail_once(marker: str):
     """A UDF passing ids through; the first attempt of partition 1 dies 40,000 rows in
     (and leaves ``marker`` behind to show it did)."""
