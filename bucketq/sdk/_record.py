@@ -27,6 +27,7 @@ import logging
 import math
 import traceback
 from datetime import UTC, datetime
+from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
 from typing import Any
 
 from ..errors import ConfigurationError
@@ -268,9 +269,25 @@ def sanitize(value: Any, depth: int = 0) -> Any:
     return sanitize(json_default(value), depth + 1) if not isinstance(value, str) else value
 
 
-# One encoder built once: json.dumps with options builds a JSONEncoder on every call.
-_encode = json.JSONEncoder(default=json_default, ensure_ascii=False, allow_nan=False,
-                           separators=(",", ":")).encode  # fmt: skip
+# One encoder built once: json.dumps with options builds a JSONEncoder on every call,
+# and JSONEncoder.encode builds its C encoder on every call; the C encoder itself is
+# reusable (no circular-reference markers, so it holds no state: a cycle ends in
+# RecursionError, which dumps answers with sanitize).
+_c_encoder = (
+    None
+    if c_make_encoder is None or c_encode_basestring is None  # no C accelerator
+    else c_make_encoder(
+        None, json_default, c_encode_basestring, None, ":", ",", False, False, False
+    )  # fmt: skip
+)
+_py_encoder = json.JSONEncoder(default=json_default, ensure_ascii=False, allow_nan=False,
+                               separators=(",", ":"))  # fmt: skip
+
+
+def _encode(value: Any) -> str:
+    if _c_encoder is not None:
+        return "".join(_c_encoder(value, 0))
+    return _py_encoder.encode(value)  # pragma: no cover
 
 
 def dumps(value: Any) -> str:
