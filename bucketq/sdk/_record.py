@@ -6,11 +6,10 @@ Pure: no I/O. What the caller's thread queues is as little as it can be:
   (:func:`capture`): its time, level number, logger name, the message formatted at call
   time (``record.getMessage()``: ``args`` are often mutable objects the caller changes
   next, and formatting costs a fraction of a microsecond) and its ``extra=``
-  attributes in a flat tuple (None when there are none, found by counting the record's
-  attributes). The record itself is not kept: every object that outlives the call
+  attributes appended to the same tuple (found by counting the record's attributes). The record itself is not kept: every object that outlives the call
   counts towards the next garbage collection in the caller's thread, and a record
-  with its ``__dict__`` and ``args`` is three of them where this tuple is one (two
-  with extras), and one the collector stops tracking (see :func:`extra_of`). The server's level, ``trace_id``/``span_id``/``service`` and the
+  with its ``__dict__`` and ``args`` is three of them where this tuple is one, and one
+  the collector stops tracking (see :func:`extra_of`). The server's level, ``trace_id``/``span_id``/``service`` and the
   metadata are worked out by a sender (:func:`wire`);
 - a record with exception or stack info: an :data:`Item` built at once
   (:func:`from_log_record`), so the traceback is text and its frames are not held;
@@ -34,8 +33,9 @@ from ..errors import ConfigurationError
 
 #: (created, level, message, service, metadata or None, trace_id or None, span_id or None)
 Item = tuple[float, str, str, str, dict[str, Any] | None, str | None, str | None]
-#: (created, levelno, logger name, message, extra= attributes or None): see :func:`capture`
-Captured = tuple[float, int, str, str, tuple[Any, ...] | None]
+#: (created, levelno, logger name, message, k1, .., kn, v1, .., vn): see :func:`capture`;
+#: its length is even (4 + 2n), an :data:`Item`'s is 7
+Captured = tuple[Any, ...]
 #: what the queue holds
 Queued = Item | Captured
 
@@ -115,8 +115,12 @@ def extra_of(record: logging.LogRecord) -> tuple[Any, ...] | None:
 
 
 def capture(record: logging.LogRecord) -> Captured:
-    """What the caller's thread keeps of a record without exception or stack info."""
-    return (record.created, record.levelno, record.name, record.getMessage(), extra_of(record))
+    """What the caller's thread keeps of a record without exception or stack info: one
+    tuple, the ``extra=`` attributes appended to it (one object outliving the call, not
+    two: each one brings the next garbage collection in the caller's thread closer)."""
+    head = (record.created, record.levelno, record.name, record.getMessage())
+    extra = extra_of(record)
+    return head if extra is None else head + extra
 
 
 def _split(name: str, extra: tuple[Any, ...] | None, service: str
@@ -217,10 +221,10 @@ def to_wire(item: Item) -> dict[str, Any]:
 def wire(item: Queued, service: str) -> dict[str, Any]:
     """The ingest JSON object of a queued entry (an :data:`Item` or a :data:`Captured`;
     ``service`` is the configuration's)."""
-    if len(item) != 5:
+    if len(item) == 7:
         return to_wire(item)
-    created, levelno, name, message, extra = item
-    meta, service, trace_id, span_id = _split(name, extra, service)
+    created, levelno, name, message = item[:4]
+    meta, service, trace_id, span_id = _split(name, item[4:], service)
     out: dict[str, Any] = {
         "time": iso_time(created),
         "service": service,

@@ -107,7 +107,7 @@ def test_what_the_caller_keeps_is_sent_like_the_whole_record():
     kept, kept_plain = capture(r), capture(plain)
     args.append("b")  # changed after the call: the message was formatted at call time
     r.order = "B2"
-    assert kept_plain[-1] is None  # no extra=: nothing but the tuple
+    assert len(kept_plain) == 4  # no extra=: time, level, logger, message
     w = wire(kept, "svc")
     assert w["message"] == "items ['a']" and w["metadata"] == {"logger": "app.x", "order": "A1"}
     assert (w["service"], w["trace_id"], w["level"]) == ("other", "ab" * 16, "info")
