@@ -267,8 +267,7 @@ class Consumer:
                     self._fetch_full = False
                 continue
             try:
-                with self._bounded(self.options.op_timeout):
-                    got = self._claim()
+                got = self._claim()
             except PyMongoError as exc:
                 idle_attempt += 1
                 log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
@@ -294,12 +293,16 @@ class Consumer:
     def _claim(self) -> bool:
         """Claim one bucket: True if one was found. A partitioned queue tries the next
         partition of its rotation, then the following ones, and is idle only once a
-        whole round found nothing."""
+        whole round found nothing. Each claim gets ``op_timeout`` (a round of many
+        partitions is not one operation)."""
         self._setup()
         if self._rotation is None:
-            return self._claim_in(None)
+            with self._bounded(self.options.op_timeout):
+                return self._claim_in(None)
         for part in self._rotation.round():
-            if self._claim_in(part):
+            with self._bounded(self.options.op_timeout):
+                got = self._claim_in(part)
+            if got:
                 self._rotation.found(part)
                 return True
             if self.draining or self._is_closed():
