@@ -594,6 +594,11 @@ class Rotation:
         k = self.partitions
         return [(self.next + i) % k for i in range(k)]
 
+    def start_at(self, part: int) -> None:
+        """The next round starts at ``part`` (an idle consumer saw a bucket there)."""
+        if part != self.next:
+            self.next, self.run = part % self.partitions, 0
+
     def found(self, part: int) -> None:
         """A claim in ``part`` found a bucket."""
         if part != self.next:
@@ -601,6 +606,12 @@ class Rotation:
         self.run += 1
         if self.run >= self.stay:
             self.next, self.run = (part + 1) % self.partitions, 0
+
+
+def partition_of_document(doc: dict[str, Any]) -> int:
+    """A stored bucket's partition (no field, or null: partition 0)."""
+    part = doc.get("part")
+    return part if isinstance(part, int) and not isinstance(part, bool) and part > 0 else 0
 
 
 def partitions_to_fold(found: Iterable[Any], partitions: int) -> dict[int, int | None]:
@@ -648,6 +659,13 @@ def over_tried(tries: int, max_tries: int | None, *, rolled_back: bool = False) 
         return None
     how = "rolled back" if rolled_back else "delivered"
     return f"{how} {tries} times without a commit (max_tries={max_tries})"
+
+
+def claimable_filter(now: float) -> dict[str, Any]:
+    """Buckets a claim could take now, in any partition: an idle consumer of a
+    partitioned queue reads one with this (a read, not a claim) to know where to claim."""
+    dnow = to_datetime(now)
+    return {"mature": {"$lte": dnow}, **not_leased(dnow)}
 
 
 def claim_request(

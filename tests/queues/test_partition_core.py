@@ -75,6 +75,24 @@ def test_a_rotation_tries_every_partition_and_moves_on(k, start, stay, found_at)
 
 
 @settings(deadline=None, max_examples=60)
+@given(st.integers(1, 64), st.integers(0, 10**6), st.integers(0, 10**6))
+def test_an_idle_consumer_starts_its_round_where_a_bucket_was_seen(k, start, seen):
+    rot = core.Rotation(start, k)
+    rot.start_at(seen)
+    order = rot.round()
+    assert order[0] == seen % k and sorted(order) == list(range(k))
+
+
+def test_the_partition_of_a_stored_bucket():
+    assert core.partition_of_document({}) == 0
+    assert core.partition_of_document({"part": None}) == 0
+    assert core.partition_of_document({"part": 5}) == 5
+    # the read an idle consumer makes has no partition term: it is not a claim
+    assert "part" not in core.claimable_filter(NOW)
+    flt, _ = core.claim_request(NOW, core.ObjectId(), "me", 30.0)
+    assert flt == core.claimable_filter(NOW)
+
+
 @given(st.integers(1, 64), st.integers(1, 10))
 def test_a_consumer_visits_every_partition_while_all_have_buckets(k, stay):
     rot = core.Rotation(0, k, stay)

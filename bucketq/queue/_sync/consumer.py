@@ -294,11 +294,21 @@ class Consumer:
         """Claim one bucket: True if one was found. A partitioned queue tries the next
         partition of its rotation, then the following ones, and is idle only once a
         whole round found nothing. Each claim gets ``op_timeout`` (a round of many
-        partitions is not one operation)."""
+        partitions is not one operation). While idle, one read looks for a claimable
+        bucket in any partition first: an idle consumer costs one command per poll,
+        not one per partition."""
         self._setup()
         if self._rotation is None:
             with self._bounded(self.options.op_timeout):
                 return self._claim_in(None)
+        if self._starved:
+            with self._bounded(self.options.op_timeout):
+                doc = self._col.find_one(
+                    core.claimable_filter(_now()), {"part": 1}, sort=core.CLAIM_SORT
+                )
+            if doc is None:
+                return False
+            self._rotation.start_at(core.partition_of_document(doc))
         for part in self._rotation.round():
             with self._bounded(self.options.op_timeout):
                 got = self._claim_in(part)
