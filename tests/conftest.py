@@ -42,8 +42,8 @@ _MARKERS = {"faults": "faults", "spark": "spark", "test_benchmark.py": "bench"}
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 #: xdist groups (``--dist loadgroup``): the tests that use one of these module- or
 #: session-scoped fixtures, each of which starts processes, run on one worker, so they are
-#: started once. Every test under tests/spark is in the group "spark": one worker starts
-#: the JVMs, one at a time.
+#: started once. Every test under tests/spark is in the group "spark" (one worker starts
+#: the JVMs) unless it names another group itself.
 _SHARED = {
     "bench": "bench-run",  # tests/test_benchmark.py: the one shared benchmark run
     "serve": "serve",  # tests/server: one `bucketq serve`
@@ -69,7 +69,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 next((f for f in getattr(item, "fixturenames", ()) if f in _SHARED), "")
             )
         )
-        if group:
+        if group and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 

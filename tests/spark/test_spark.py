@@ -24,6 +24,11 @@ from waiting import eventually
 pytestmark = pytest.mark.spark
 
 WORKER = str(Path(__file__).with_name("spark_worker.py"))
+#: Rows per micro-batch of a query restarted from its checkpoint (the killed one read 200).
+RESTART_ROWS = 1000
+#: The tests that kill a query in its own process and restart it from its checkpoint are
+#: a second xdist group: a second worker runs them (and their JVMs) beside the others.
+RESTARTS = pytest.mark.xdist_group("spark-restarts")
 
 
 def reader(spark, uri, db_name, queue, **extra):
@@ -206,6 +211,7 @@ def _run_killed(mode, uri, db_name, queue, out, checkpoint, min_batches):
     return _committed_batches(checkpoint)
 
 
+@RESTARTS
 def test_streaming_query_killed_and_restarted_from_its_checkpoint_is_exactly_once(
     spark, db, mongo_uri, db_name, tmp_path
 ):
@@ -219,7 +225,10 @@ def test_streaming_query_killed_and_restarted_from_its_checkpoint_is_exactly_onc
     done_before = _run_killed("parquet", mongo_uri, db_name, "logs", out, ckpt, 3)
     q.push_many(pushed[2000:], durable=True)  # more arrive while it is down
     assert spark.read.parquet(str(out)).count() < 3000
-    query = start(spark, "parquet", mongo_uri, db_name, "logs", str(out), str(ckpt))
+    # The restarted query replays the planned micro-batch as its offsets log says, then
+    # reads the rest in micro-batches of RESTART_ROWS (fewer, so the test is quicker).
+    query = start(spark, "parquet", mongo_uri, db_name, "logs", str(out), str(ckpt),
+                  max_rows=RESTART_ROWS)  # fmt: skip
     try:
         query.processAllAvailable()
     finally:
@@ -234,6 +243,7 @@ def test_streaming_query_killed_and_restarted_from_its_checkpoint_is_exactly_onc
     assert q.position()["acked"] >= 40
 
 
+@RESTARTS
 def test_streaming_write_killed_and_restarted_neither_loses_nor_duplicates(
     spark, db, mongo_uri, db_name, tmp_path
 ):
@@ -244,7 +254,8 @@ def test_streaming_write_killed_and_restarted_neither_loses_nor_duplicates(
     q.push_many([{"k": i} for i in range(2000)], durable=True)
     ckpt = tmp_path / "ckpt"
     _run_killed("copy", mongo_uri, db_name, "src", "dst", ckpt, 3)
-    query = start(spark, "copy", mongo_uri, db_name, "src", "dst", str(ckpt))
+    query = start(spark, "copy", mongo_uri, db_name, "src", "dst", str(ckpt),
+                  max_rows=RESTART_ROWS)  # fmt: skip
     try:
         query.processAllAvailable()
     finally:
@@ -274,6 +285,7 @@ def test_a_replayed_micro_batch_is_published_once(db, mongo_uri, db_name):
     assert db["dst.meta"].find_one({"_id": ops.WRITER_PREFIX + "default"})["batch"] == 8
 
 
+@RESTARTS
 def test_available_now_after_a_query_killed_in_its_third_micro_batch_reads_all_once(
     spark, db, mongo_uri, db_name, tmp_path
 ):
