@@ -662,10 +662,25 @@ def over_tried(tries: int, max_tries: int | None, *, rolled_back: bool = False) 
 
 
 def claimable_filter(now: float) -> dict[str, Any]:
-    """Buckets a claim could take now, in any partition: an idle consumer of a
-    partitioned queue reads one with this (a read, not a claim) to know where to claim."""
+    """Buckets a claim could take now, in any partition."""
     dnow = to_datetime(now)
     return {"mature": {"$lte": dnow}, **not_leased(dnow)}
+
+
+def probe_requests(now: float, start: int) -> list[dict[str, Any]]:
+    """The reads (not claims) an idle consumer of a partitioned queue makes to learn
+    where a claimable bucket is: the first partition from ``start`` on that has one,
+    else from partition 0 (each in partition order, on the index ``{part, mature,
+    _id}``). Starting from its own place, not at the oldest bucket, keeps consumers
+    spread: if all went to the oldest bucket's partition they would claim together."""
+    flt = claimable_filter(now)
+    if start == 0:
+        return [flt]
+    return [{**flt, "part": {"$gte": start}}, flt]
+
+
+#: The order of the idle probe: the first partition with a claimable bucket.
+PROBE_SORT = PART_CLAIM_INDEX
 
 
 def claim_request(

@@ -83,6 +83,17 @@ def test_an_idle_consumer_starts_its_round_where_a_bucket_was_seen(k, start, see
     assert order[0] == seen % k and sorted(order) == list(range(k))
 
 
+@given(st.integers(0, 64))
+def test_the_idle_probe_looks_from_the_consumers_own_place_then_from_the_start(start):
+    reqs = core.probe_requests(NOW, start)
+    assert reqs[-1] == core.claimable_filter(NOW)  # finally: any partition, from 0
+    if start:
+        assert reqs[0] == {**core.claimable_filter(NOW), "part": {"$gte": start}}
+    else:
+        assert len(reqs) == 1
+    assert core.PROBE_SORT[0] == ("part", 1)  # partition order, not the oldest bucket
+
+
 def test_the_partition_of_a_stored_bucket():
     assert core.partition_of_document({}) == 0
     assert core.partition_of_document({"part": None}) == 0

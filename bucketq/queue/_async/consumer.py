@@ -302,10 +302,12 @@ class AsyncConsumer:
             with self._bounded(self.options.op_timeout):
                 return await self._claim_in(None)
         if self._starved:
-            with self._bounded(self.options.op_timeout):
-                doc = await self._col.find_one(
-                    core.claimable_filter(_now()), {"part": 1}, sort=core.CLAIM_SORT
-                )
+            doc = None
+            for flt in core.probe_requests(_now(), self._rotation.next):
+                with self._bounded(self.options.op_timeout):
+                    doc = await self._col.find_one(flt, {"part": 1}, sort=core.PROBE_SORT)
+                if doc is not None:
+                    break
             if doc is None:
                 return False
             self._rotation.start_at(core.partition_of_document(doc))
