@@ -26,8 +26,9 @@ pytestmark = pytest.mark.spark
 WORKER = str(Path(__file__).with_name("spark_worker.py"))
 #: Rows per micro-batch of a query restarted from its checkpoint (the killed one read 200).
 RESTART_ROWS = 1000
-#: The tests that kill a query in its own process and restart it from its checkpoint are
-#: a second xdist group: a second worker runs them (and their JVMs) beside the others.
+#: Two of the tests that kill a query in its own process and restart it from its
+#: checkpoint are a second xdist group: a second worker runs them (and their JVMs) beside
+#: the other Spark tests, which take about as long.
 RESTARTS = pytest.mark.xdist_group("spark-restarts")
 
 
@@ -285,7 +286,6 @@ def test_a_replayed_micro_batch_is_published_once(db, mongo_uri, db_name):
     assert db["dst.meta"].find_one({"_id": ops.WRITER_PREFIX + "default"})["batch"] == 8
 
 
-@RESTARTS
 def test_available_now_after_a_query_killed_in_its_third_micro_batch_reads_all_once(
     spark, db, mongo_uri, db_name, tmp_path
 ):
