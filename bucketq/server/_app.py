@@ -271,6 +271,9 @@ class Service:
         self.reservoir: Any = None
         self.keys: KeyCache | None = None
         self.tee: Any = None
+        #: The buffer's stop ran out of time: ``bucketq serve`` then exits 1 whether or
+        #: not the process gets to end by itself before the forced exit.
+        self.stop_incomplete = False
 
     async def open(self) -> Service:
         from pymongo import AsyncMongoClient
@@ -331,6 +334,7 @@ class Service:
                     "kept by the transport for the next process" if durable else "lost",
                 )  # fmt: skip
                 report = None
+                self.stop_incomplete = True
                 # Tasks the buffer leaves behind may not end while storage is down, and
                 # asyncio.run would wait for them forever: exit after a grace period.
                 exit_soon(DEFAULT_STOP_MARGIN, 1)

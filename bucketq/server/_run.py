@@ -116,6 +116,9 @@ def serve(
                 signal.signal(sig, handler)
         if caught:
             log.info("stopped by signal %d", caught[0])
+        svc = getattr(app.state, "svc", None)
+        if svc is not None and svc.stop_incomplete:
+            return 1  # records were kept by the transport or lost: say so to the supervisor
         return 0 if server.started else 1
     finally:
         sock.close()

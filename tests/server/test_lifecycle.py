@@ -107,10 +107,11 @@ def test_sigterm_with_the_storage_gone_exits_1_and_says_what_was_kept(
         serve.proc.send_signal(signal.SIGTERM)
         code = serve.proc.wait(120)  # a generous bound: without the forced exit, never
         out = serve.output()
+        # 1 both when the process ends by itself after giving up on the buffer and when
+        # the forced exit ends it ("exiting (1)"): whichever comes first on this machine.
         assert code == 1, out[-3000:]
         assert "buffer stop did not finish" in out, out[-3000:]
         assert "30 records pending were kept by the transport for the next process" in out
-        assert "exiting (1)" in out
 
         storage.start()
         serve.env["RESERVOIR_BUFFER_MAX_BATCH_AGE_MS"] = "200"
