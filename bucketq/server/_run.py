@@ -42,9 +42,16 @@ def embedded_uri() -> str | None:
 
 
 def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, made as ``loop.create_server`` would make it. Its protocol
+    is ``IPPROTO_TCP``, not 0: asyncio turns Nagle's algorithm off (``TCP_NODELAY``) only
+    on sockets that say so, and accepted sockets inherit the listener's. With Nagle on,
+    the answer's body (uvicorn writes the head and the body separately) waited for the
+    client's delayed ACK of the head: every answer took ~40 ms more than its work
+    (measured: the memory transport's p50 was a flat 44 ms at 100 requests/s)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
