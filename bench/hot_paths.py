@@ -56,7 +56,7 @@ def main() -> None:
     def queue() -> Queue:
         q = Queue(client["bench"], "hot", max_pending_bytes=1 << 40)
         # Stand-ins for the background workers, so nothing here talks to a server.
-        q._writer = q._consumer.fetcher = object()  # type: ignore[assignment]
+        q._producer._writer = q._consumer.fetcher = object()  # type: ignore[assignment]
         opened.append(q)
         return q
 

@@ -172,6 +172,7 @@ class AsyncWorker:
         stopped: Callable[[], bool] = lambda: False,
     ) -> None:
         self.name = name
+        self.guard = guard
         # A fresh context: a task inherits its creator's context variables, and a
         # pymongo.timeout() block around the first push would otherwise bound every
         # call the worker ever makes by that block's deadline.
@@ -324,6 +325,7 @@ class Worker:
         stopped: Callable[[], bool] = lambda: False,
     ) -> None:
         self.name = name
+        self.guard = guard
         self._thread = threading.Thread(
             target=self._run, args=(fn, guard, stopped), name=name, daemon=True
         )

@@ -1,4 +1,4 @@
-"""Both flavours of the shared push side, for the other queue kinds (stream mode) to build on."""
+"""Both flavours of the push side, for the other queue kinds (stream mode) to compose."""
 
 from ._async.producer import AsyncProducer
 from ._sync.producer import Producer

@@ -46,7 +46,7 @@ async def test_a_bucket_that_cannot_be_built_fails_only_its_own_receipts(bucket_
     q = bucket_kind.open(bucket_max_wait=5.0)
     good = [await resolve(q.push(i)) for i in range(20)]
     delayed = [await resolve(q.push(i, delay=0.01)) for i in range(20, 30)]
-    bad = q._add(encode_item("bad"), 1e12, time.time())  # the year 33715
+    bad = q._producer.add(encode_item("bad"), 1e12, time.time())  # the year 33715
     await resolve(q.flush())
     for r in good + delayed:
         assert await resolve(r.wait(10)) is True
@@ -61,7 +61,7 @@ async def test_close_reports_the_items_it_could_not_store(bucket_kind):
     """close() says how many buffered items were NOT stored, as StreamQueue.close() does."""
     q = bucket_kind.open(bucket_max_wait=5.0)
     await resolve(q.push(1))
-    bad = q._add(encode_item("bad"), 1e12, time.time())  # a bucket BSON cannot hold
+    bad = q._producer.add(encode_item("bad"), 1e12, time.time())  # a bucket BSON cannot hold
     report = await resolve(q.close())
     assert report["push_failed"] == 1 and report["buckets_written"] == 1
     with pytest.raises(PushFailed):

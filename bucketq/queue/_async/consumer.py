@@ -39,6 +39,8 @@ class AsyncConsumer:
     messages ready in memory (``ready``), and the workers that keep them.
 
     ``origin`` is the queue object (messages remember who delivered them);
+    ``partition`` is where its claims start (with ``partitions`` > 1: its queue object's
+    own partition, so that consumers of other objects start elsewhere);
     ``is_closed`` tells whether it is closed; ``bounded(seconds, what)`` bounds
     driver calls; ``worker(role, fn)`` starts a guarded background loop that ends
     once the queue is closed; ``setup()`` creates the claim index;
@@ -49,6 +51,7 @@ class AsyncConsumer:
         self,
         *,
         origin: Any,
+        partition: int,
         col: Any,
         name: str,
         options: core.QueueOptions,
@@ -95,12 +98,10 @@ class AsyncConsumer:
         self.watcher: AsyncWorker | None = None
         self._dlq: Any = None
         # Partitioned: each claim searches one partition, in this consumer's rotation,
-        # which starts at the partition of its queue object's id (others start elsewhere).
+        # which starts at ``partition``.
         self._rotation = (
-            core.Rotation(core.partition_of(origin.producer_id, options.partitions),
-                          options.partitions)
-            if options.partitions > 1 else None
-        )  # fmt: skip
+            core.Rotation(partition, options.partitions) if options.partitions > 1 else None
+        )
 
     def start(self) -> None:
         """Start the fetcher, the flusher and (where change streams may be) the watcher."""
@@ -585,7 +586,7 @@ class AsyncConsumer:
                 pushed.append((b, i, await self._dlq.push(it.get("p"), headers=headers)))
             except BucketQError as exc:
                 failed.append((b, i, exc))
-        await self._dlq._flush_pushes()
+        await self._dlq._producer.flush()
         moved = []
         for b, i, r in pushed:
             try:

@@ -1,7 +1,8 @@
-"""The push side shared by the bucket queue and the stream queue (pymongo ``AsyncMongoClient``).
+"""The push side of the bucket queue and the stream queue (pymongo ``AsyncMongoClient``):
+a component each of them composes, as the bucket queue composes its consumer.
 
 Encoded items are packed into open buckets (``_core.Packer``); sealed buckets are
-written by one writer worker through the subclass's ``_write``; receipts resolve only
+written by one writer worker through the owner's ``write``; receipts resolve only
 after that, and ``max_pending_bytes`` bounds what waits in memory.
 
 The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _validate as v
-from ..._guard import LoopGuard
 from ...errors import QueueFull
 from .. import _core as core
 from .. import _deadline as deadlines
@@ -36,62 +36,82 @@ _now = time.time
 
 
 class AsyncProducer:
-    """Base of the queue classes' push side. A subclass calls ``_init_producer`` and
-    implements ``_write(buckets)``; it may override ``_written(buckets, now)``."""
+    """What one queue object buffers and writes: open buckets, the writer, and the
+    budget of every bucket insert.
 
-    name: str
-    _stats: dict[str, int]
-    _closed: bool
-    #: Set in a child process forked after the queue opened: it may not be used there.
-    _forked: bool = False
+    The owner hands it what it needs: ``name`` and ``kind`` ("queue" or "stream", for
+    messages), the push ``options``, the ``mutex`` and ``stats`` it shares with the
+    owner's other parts, ``write(buckets)`` (store sealed buckets; returns the ids NOT
+    stored and why), ``written(buckets, now)`` (called with the buckets just stored,
+    before their items are freed), ``is_closed()``, ``bounded(seconds)`` (bound driver
+    calls) and ``worker(role, fn, stopped)`` (start a guarded background loop).
+    """
 
-    def _init_producer(self, opts: core.QueueOptions, kind: str) -> None:
-        self._push_opts = opts
-        self._kind = kind  # "queue" or "stream", for messages
-        self._mutex = AsyncMutex()
-        self._packer = core.Packer(opts, AsyncBatch)
+    def __init__(
+        self,
+        *,
+        name: str,
+        kind: str,
+        options: core.QueueOptions,
+        mutex: AsyncMutex,
+        stats: dict[str, int],
+        write: Callable[[list[core.OpenBucket]], Any],
+        written: Callable[[list[core.OpenBucket], float], None] | None = None,
+        is_closed: Callable[[], bool],
+        bounded: Callable[..., Any],
+        worker: Callable[..., AsyncWorker],
+    ) -> None:
+        self.name = name
+        self._kind = kind
+        self._opts = options
+        self._mutex = mutex
+        self._stats = stats
+        self._write = write
+        self._written = written
+        self._is_closed = is_closed
+        self._bounded = bounded
+        self._worker = worker
+        self._packer = core.Packer(options, AsyncBatch)
         self._to_write: deque[core.OpenBucket] = deque()
         self._unwritten: dict[Any, core.OpenBucket] = {}
-        self._pending_bytes = 0
+        self.pending_bytes = 0
         self._writer_wake = AsyncNotifier()
         self._space = AsyncNotifier()
         self._writer: AsyncWorker | None = None
-        self._guards: dict[str, LoopGuard] = {}
-        self._health = deadlines.Health(f"{kind} {self.name}")
-        #: This queue object's own id; its pushes without a ``key`` go to its partition,
-        #: so one producer's items keep their order within it.
-        self.producer_id = core.member_id(opts.owner)
-        self.partition = core.partition_of(self.producer_id, opts.partitions)
+        #: The owner's own id; its pushes without a ``key`` go to its partition, so one
+        #: producer's items keep their order within it.
+        self.producer_id = core.member_id(options.owner)
+        self.partition = core.partition_of(self.producer_id, options.partitions)
 
-    def health(self) -> dict[str, Any]:
-        """Whether MongoDB answers this object's operations, from what they met (no
-        query): ``ok``, ``unreachable_since`` (epoch seconds; None while it answers),
-        ``unreachable_for``, ``last_error`` and ``last_error_at`` (kept after recovery),
-        ``last_answer_at``."""
-        return self._health.report(_now())
+    @property
+    def open_buckets(self) -> int:
+        return len(self._packer.open)
 
-    def _bounded(self, seconds: float | None, what: str | None = None) -> Any:
-        """The driver calls in the block get ``seconds`` to be answered; see
-        ``_deadline.bounded`` (``what``: a public call, whose timeout is raised as
-        OperationTimeout)."""
-        return deadlines.bounded(seconds, self._health, what)
-
-    async def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
-        """Store sealed buckets; returns the ids of those NOT stored and why."""
-        raise NotImplementedError
-
-    def _written(self, buckets: list[core.OpenBucket], now: float) -> None:
-        """Called with the buckets just stored (before their items are freed)."""
+    def holds(self, bucket_id: Any) -> bool:
+        """Is the bucket ``bucket_id`` still buffered here (not yet stored)?"""
+        return bucket_id in self._unwritten
 
     # -- adding -------------------------------------------------------------------------
 
-    def _partition(self, key: Any) -> int:
+    def partition_for(self, key: Any) -> int:
         """The partition of a push: the producer's own, or that of ``key``."""
         if key is None:
             return self.partition
-        return core.partition_of(v.partition_key(key), self._push_opts.partitions)
+        return core.partition_of(v.partition_key(key), self._opts.partitions)
 
-    async def _add_many(
+    async def push(
+        self, item: bytes, at: float, now: float, part: int, durable: bool
+    ) -> AsyncReceipt:
+        """Buffer one encoded item into partition ``part`` (waiting for room first, as
+        ``pending_policy`` says) and return its receipt (``durable``: once stored)."""
+        if self.pending_bytes + len(item) > self._opts.max_pending_bytes:
+            await self._wait_for_space(len(item))
+        receipt = self.add(item, at, now, part)
+        if durable:
+            await self._wait_stored([receipt])
+        return receipt
+
+    async def add_many(
         self,
         payloads: Any,
         headers: dict[str, Any] | None,
@@ -108,17 +128,17 @@ class AsyncProducer:
         now = _now()
         at = now if at is None else at
         total = sum(sizes)
-        if self._pending_bytes + total > self._push_opts.max_pending_bytes:
+        if self.pending_bytes + total > self._opts.max_pending_bytes:
             # Over the limit: one at a time, each waiting for space as push() does.
             receipts = []
             for item in items:
-                if self._pending_bytes + len(item) > self._push_opts.max_pending_bytes:
+                if self.pending_bytes + len(item) > self._opts.max_pending_bytes:
                     await self._wait_for_space(len(item))
-                receipts.append(self._add(item, at, now, part))
+                receipts.append(self.add(item, at, now, part))
         else:
             with self._mutex:
                 runs, sealed = self._packer.add_many(items, sizes, at, now, part)
-                self._pending_bytes += total
+                self.pending_bytes += total
                 self._stats["pushed"] += len(items)
                 self._to_write.extend(sealed)
             opened = [ob for ob, first, _ in runs if first == 0]
@@ -145,12 +165,12 @@ class AsyncProducer:
         for r in receipts:
             await r.wait()
 
-    def _add(self, item: bytes, at: float, now: float, part: int = 0) -> AsyncReceipt:
+    def add(self, item: bytes, at: float, now: float, part: int = 0) -> AsyncReceipt:
         """Pack one encoded item into partition ``part`` (the hot path of ``push``: no
         await, so no coroutine). The caller made room first: see ``_wait_for_space``."""
         with self._mutex:
             ob, index, sealed = self._packer.add(item, at, now, part)
-            self._pending_bytes += len(item)
+            self.pending_bytes += len(item)
             self._stats["pushed"] += 1
             if sealed:
                 self._to_write.extend(sealed)
@@ -163,14 +183,14 @@ class AsyncProducer:
         """Block (or raise, by ``pending_policy``) until ``nbytes`` more fit under
         ``max_pending_bytes``; an item that can never fit in a bucket raises at once."""
         self._packer.check_size(nbytes)
-        opts = self._push_opts
+        opts = self._opts
         if opts.pending_policy == "raise":
             raise QueueFull(
-                f"{self._kind.capitalize()} {self.name!r} has {self._pending_bytes} bytes of pushes waiting "
+                f"{self._kind.capitalize()} {self.name!r} has {self.pending_bytes} bytes of pushes waiting "
                 f"to be written (max_pending_bytes={opts.max_pending_bytes}). Retry later, call flush(), "
                 'or open it with pending_policy="block".'
             )
-        while self._pending_bytes + nbytes > opts.max_pending_bytes and self._pending_bytes > 0:
+        while self.pending_bytes + nbytes > opts.max_pending_bytes and self.pending_bytes > 0:
             gen = self._space.gen
             # Seal what is open so the writer can free space.
             with self._mutex:
@@ -180,18 +200,11 @@ class AsyncProducer:
 
     # -- writing ------------------------------------------------------------------------
 
-    def _worker(self, role: str, fn: Any, stopped: Callable[[], bool] | None = None) -> AsyncWorker:
-        """A background loop that survives what it does not handle (see ``bucketq._guard``)."""
-        guard = LoopGuard(f"{self._kind} {self.name}: the {role}", self._stats, log)
-        self._guards[role] = guard
-        name = f"bucketq-{self._kind}-{role}-{self.name}"
-        return AsyncWorker(name, fn, guard, stopped or (lambda: self._closed))
-
     def _wake_writer(self) -> None:
         if self._writer is None:
             # It ends only once closed with nothing left to write.
             self._writer = self._worker(
-                "writer", self._writer_loop, lambda: self._closed and not self._unwritten
+                "writer", self._writer_loop, lambda: self._is_closed() and not self._unwritten
             )
         self._writer_wake.notify()
 
@@ -207,11 +220,12 @@ class AsyncProducer:
                 try:
                     failed, error = await self._write(batch)
                 except Exception as exc:  # noqa: BLE001 - never leave receipts hanging (the guard logs it)
-                    self._guards["writer"].failed(exc)
+                    if self._writer is not None and self._writer.guard is not None:
+                        self._writer.guard.failed(exc)
                     failed, error = {ob.id for ob in batch}, exc
                 self._settle(batch, failed, error)
                 continue
-            if self._closed and next_due is None:
+            if self._is_closed() and next_due is None:
                 return
             await self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
 
@@ -221,7 +235,7 @@ class AsyncProducer:
         """Resolve the receipts of written (or given-up) buckets and free their memory."""
         stored = []
         for ob in buckets:
-            self._pending_bytes -= ob.nbytes
+            self.pending_bytes -= ob.nbytes
             self._unwritten.pop(ob.id, None)
             if ob.id in failed:
                 why = ob.error or error
@@ -245,45 +259,46 @@ class AsyncProducer:
                 self._stats["buckets_written"] += 1
                 ob.batch.resolve()
                 stored.append(ob)
-        self._written(stored, _now())
+        if self._written is not None:
+            self._written(stored, _now())
         for ob in buckets:
             ob.items = []  # receipts keep the bucket; free its items
         self._space.notify()
 
-    def _write_deadline(self, buckets: list[core.OpenBucket]) -> float:
+    def write_deadline(self, buckets: list[core.OpenBucket]) -> float:
         """When writing ``buckets`` gives up (epoch seconds): see ``_deadline.write_deadline``."""
-        opts = self._push_opts
+        opts = self._opts
         return deadlines.write_deadline(
             (ob.opened for ob in buckets), opts.bucket_max_wait, opts.retry_budget
         )
 
-    def _attempt(self, deadline: float) -> Any:
+    def attempt(self, deadline: float) -> Any:
         """One write attempt, bounded by what is left of its budget."""
         return self._bounded(deadlines.attempt_timeout(deadline, _now()))
 
-    def _retry_ok(self, exc: BaseException, deadline: float) -> bool:
+    def retry_ok(self, exc: BaseException, deadline: float) -> bool:
         """May a failed write be tried again (transient or unanswered, budget left)?"""
         return (core.is_transient(exc) or deadlines.is_unanswered(exc)) and deadlines.may_retry(
             deadline, _now()
         )
 
-    async def _backoff(self, attempt: int, deadline: float) -> None:
-        delay = core.backoff(attempt, self._push_opts.retry_base, self._push_opts.retry_cap)
+    async def backoff(self, attempt: int, deadline: float) -> None:
+        delay = core.backoff(attempt, self._opts.retry_base, self._opts.retry_cap)
         await async_sleep(deadlines.backoff_within(delay, deadline, _now()))
 
-    async def _retry_insert(self, exc: BaseException, deadline: float, attempt: int) -> bool:
+    async def retry_insert(self, exc: BaseException, deadline: float, attempt: int) -> bool:
         """The retry step of every bucket insert (bucket queue and stream alike): False
         when ``exc`` is neither transient nor unanswered, or the budget is spent;
         otherwise count it (``stats()["insert_retries"]``), log it, back off, and True."""
-        if not self._retry_ok(exc, deadline):
+        if not self.retry_ok(exc, deadline):
             return False
         self._stats["insert_retries"] += 1
         log.warning("%s %s: bucket insert failed (%s); retry %d",
                     self._kind, self.name, exc, attempt)  # fmt: skip
-        await self._backoff(attempt, deadline)
+        await self.backoff(attempt, deadline)
         return True
 
-    async def _flush_pushes(self) -> None:
+    async def flush(self) -> None:
         """Write every open bucket and wait until each is stored (or failed)."""
         with self._mutex:
             self._to_write.extend(self._packer.take_all())
@@ -295,3 +310,9 @@ class AsyncProducer:
                 await ob.batch.wait()
             except Exception:  # noqa: BLE001 - the receipts carry the error
                 pass
+
+    async def stop(self) -> None:
+        """Once the owner is closed: let the writer finish what it holds, and end."""
+        self._writer_wake.notify()
+        if self._writer is not None:
+            await self._writer.join(5.0)

@@ -29,6 +29,7 @@ from .. import _deadline as deadlines
 from .._codec import collection, encode_item
 from .._concurrency import (
     STARTUP_DONE,
+    AsyncMutex,
     AsyncReceipt,
     AsyncStartup,
     async_register_exit,
@@ -39,6 +40,7 @@ from .._db import check_async_database
 from .consumer import AsyncConsumer
 from .producer import AsyncProducer
 from .quarantine import AsyncQuarantine
+from .runtime import AsyncRuntime
 from .sizes import AsyncSizes
 
 log = logging.getLogger("bucketq.queue")
@@ -47,35 +49,56 @@ _now = time.time
 _monotonic = time.monotonic
 
 
-class AsyncQueue(AsyncProducer, AsyncSizes):
+class AsyncQueue(AsyncSizes):
     """A durable queue on MongoDB that packs pushed items into bucket documents.
 
     ``db`` is a pymongo ``AsyncDatabase``; the queue uses the collection ``name``.
     Options and their defaults are those of :class:`bucketq.queue.QueueOptions`.
     """
 
+    #: Set in a child process forked after the queue opened: it may not be used there.
+    _forked: bool = False
+
     def __init__(self, db: Any, name: str, **options: Any) -> None:
         opts, name = core.open_options(name, options)
         self.options, self.name = opts, name
         self.db = check_async_database(db)
         self._col = collection(db, name, opts.get_write_concern())
-        self._init_producer(opts, "queue")
         self._stats = core.new_stats()
         self._closed = False
         self._drain_report: dict[str, int] | None = None
         self._setup_done = False
         self._quarantine = AsyncQuarantine(db, name, opts.get_write_concern())
+        self._runtime = AsyncRuntime("queue", name, self._stats, lambda: self._closed, log)
+        self._bounded = self._runtime.bounded
+        mutex = AsyncMutex()
+        self._producer = AsyncProducer(
+            name=name,
+            kind="queue",
+            options=opts,
+            mutex=mutex,
+            stats=self._stats,
+            write=self._write,
+            written=self._written,
+            is_closed=lambda: self._closed,
+            bounded=self._bounded,
+            worker=self._runtime.worker,
+        )
+        #: This queue object's own id, and the partition its pushes go to by default.
+        self.producer_id = self._producer.producer_id
+        self.partition = self._producer.partition
         self._consumer = AsyncConsumer(
             origin=self,
+            partition=self.partition,
             col=self._col,
             name=self.name,
             options=opts,
-            mutex=self._mutex,
+            mutex=mutex,
             stats=self._stats,
             quarantine=self._quarantine,
             is_closed=lambda: self._closed,
             bounded=self._bounded,
-            worker=self._worker,
+            worker=self._runtime.worker,
             setup=self._setup,
             open_dead_letter_queue=self._open_dead_letter_queue,
         )
@@ -83,6 +106,10 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.db.name}.{self.name}>"
+
+    def health(self) -> dict[str, Any]:
+        """Whether MongoDB answers this queue's operations: see ``AsyncRuntime.health``."""
+        return self._runtime.health()
 
     # -- setup --------------------------------------------------------------------------
 
@@ -160,18 +187,13 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
         """Buffer one item and return its receipt at once (``durable=True``: once stored).
         ``key`` (str, bytes or int) picks its partition; by default the producer's own."""
         self._check_open()
-        part = self._partition(key)
+        part = self._producer.partition_for(key)
         item = encode_item(payload, core.check_push(headers, durable))
         now = _now()
         at = (
             core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
         )
-        if self._pending_bytes + len(item) > self.options.max_pending_bytes:
-            await self._wait_for_space(len(item))
-        receipt = self._add(item, at, now, part)
-        if durable:
-            await self._wait_stored([receipt])
-        return receipt
+        return await self._producer.push(item, at, now, part, durable)
 
     async def push_many(
         self,
@@ -186,7 +208,7 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
         """Push several items (to one partition: ``key``'s, by default the producer's);
         all are encoded first, so one bad item stores none of them."""
         self._check_open()
-        part = self._partition(key)
+        part = self._producer.partition_for(key)
         payloads = v.payloads(payloads)
         headers = core.check_push(headers, durable)
         at = (
@@ -194,12 +216,12 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
             if delay is not None or mature is not None
             else None
         )
-        return await self._add_many(payloads, headers, at, durable, part)
+        return await self._producer.add_many(payloads, headers, at, durable, part)
 
     async def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
         """Insert sealed buckets (one command), retrying transient failures within the
         retry budget; an id already there is an earlier attempt that landed."""
-        deadline = self._write_deadline(buckets)
+        deadline = self._producer.write_deadline(buckets)
         await self._setup(deadlines.attempt_timeout(deadline, _now()))
         docs, bad = core.build_documents(buckets, core.OpenBucket.document)
         self._consumer.lease_on_write(docs)
@@ -207,7 +229,7 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
         attempt = 0
         while docs:
             try:
-                with self._attempt(deadline):
+                with self._producer.attempt(deadline):
                     if len(docs) == 1:
                         await self._col.insert_one(next(iter(docs.values())))
                     else:
@@ -229,7 +251,7 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
                     if not docs:
                         break
                 attempt += 1
-                if not await self._retry_insert(exc, deadline, attempt):
+                if not await self._producer.retry_insert(exc, deadline, attempt):
                     self._consumer.not_written(docs)
                     return set(docs) | bad, exc
         return bad, None
@@ -242,7 +264,7 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
         """Write every open bucket and wait until stored; then flush consumer state."""
         if self._forked:
             raise used_after_fork(self)
-        await self._flush_pushes()
+        await self._producer.flush()
         with self._bounded(None, f"flush() of queue {self.name!r}"):
             await self._consumer.flush_state()
 
@@ -321,7 +343,7 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
         self._consumer.stop_claiming()
         written_before = self._stats["buckets_written"]
         failed_before = self._stats["push_failed"]
-        await self._flush_pushes()
+        await self._producer.flush()
         served, released_buckets, released_items = await self._consumer.drain(
             self.options.drain_timeout if timeout is None else timeout
         )
@@ -350,10 +372,8 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
     async def _stop_workers(self) -> None:
         """Stop the background workers (each join is bounded: their driver calls are)."""
         self._closed = True
-        self._writer_wake.notify()
         self._consumer.wake_all()
-        if self._writer is not None:
-            await self._writer.join(5.0)
+        await self._producer.stop()
         await self._consumer.join()
 
     async def __aenter__(self) -> AsyncQueue:
@@ -383,8 +403,8 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
     def stats(self) -> dict[str, int]:
         """Counters of this queue object since it opened, and what it holds in memory now."""
         s = dict(self._stats)
-        s["pending_bytes"] = self._pending_bytes
-        s["open_buckets"] = len(self._packer.open)
+        s["pending_bytes"] = self._producer.pending_bytes
+        s["open_buckets"] = self._producer.open_buckets
         s["held_buckets"] = len(self._consumer.held)
         s["ready_in_memory"] = len(self._consumer.ready)
         return s
@@ -423,8 +443,8 @@ class AsyncQueue(AsyncProducer, AsyncSizes):
         if self._forked:
             raise used_after_fork(self)
         bid, index = core.parse_item_id(id)
-        if bid in self._unwritten:
-            await self._flush_pushes()
+        if self._producer.holds(bid):
+            await self._producer.flush()
         with self._bounded(self.options.op_timeout, f"remove() on queue {self.name!r}"):
             return await self._remove(bid, index)
 

@@ -31,6 +31,7 @@ from .. import _deadline as deadlines
 from .._codec import collection, encode_item
 from .._concurrency import (
     STARTUP_DONE,
+    Mutex,
     Receipt,
     Startup,
     register_exit,
@@ -41,6 +42,7 @@ from .._db import check_database
 from .consumer import Consumer
 from .producer import Producer
 from .quarantine import Quarantine
+from .runtime import Runtime
 from .sizes import Sizes
 
 log = logging.getLogger("bucketq.queue")
@@ -49,35 +51,56 @@ _now = time.time
 _monotonic = time.monotonic
 
 
-class Queue(Producer, Sizes):
+class Queue(Sizes):
     """A durable queue on MongoDB that packs pushed items into bucket documents.
 
     ``db`` is a pymongo ``Database``; the queue uses the collection ``name``.
     Options and their defaults are those of :class:`bucketq.queue.QueueOptions`.
     """
 
+    #: Set in a child process forked after the queue opened: it may not be used there.
+    _forked: bool = False
+
     def __init__(self, db: Any, name: str, **options: Any) -> None:
         opts, name = core.open_options(name, options)
         self.options, self.name = opts, name
         self.db = check_database(db)
         self._col = collection(db, name, opts.get_write_concern())
-        self._init_producer(opts, "queue")
         self._stats = core.new_stats()
         self._closed = False
         self._drain_report: dict[str, int] | None = None
         self._setup_done = False
         self._quarantine = Quarantine(db, name, opts.get_write_concern())
+        self._runtime = Runtime("queue", name, self._stats, lambda: self._closed, log)
+        self._bounded = self._runtime.bounded
+        mutex = Mutex()
+        self._producer = Producer(
+            name=name,
+            kind="queue",
+            options=opts,
+            mutex=mutex,
+            stats=self._stats,
+            write=self._write,
+            written=self._written,
+            is_closed=lambda: self._closed,
+            bounded=self._bounded,
+            worker=self._runtime.worker,
+        )
+        #: This queue object's own id, and the partition its pushes go to by default.
+        self.producer_id = self._producer.producer_id
+        self.partition = self._producer.partition
         self._consumer = Consumer(
             origin=self,
+            partition=self.partition,
             col=self._col,
             name=self.name,
             options=opts,
-            mutex=self._mutex,
+            mutex=mutex,
             stats=self._stats,
             quarantine=self._quarantine,
             is_closed=lambda: self._closed,
             bounded=self._bounded,
-            worker=self._worker,
+            worker=self._runtime.worker,
             setup=self._setup,
             open_dead_letter_queue=self._open_dead_letter_queue,
         )
@@ -85,6 +108,10 @@ class Queue(Producer, Sizes):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.db.name}.{self.name}>"
+
+    def health(self) -> dict[str, Any]:
+        """Whether MongoDB answers this queue's operations: see ``Runtime.health``."""
+        return self._runtime.health()
 
     # -- setup --------------------------------------------------------------------------
 
@@ -160,18 +187,13 @@ class Queue(Producer, Sizes):
         """Buffer one item and return its receipt at once (``durable=True``: once stored).
         ``key`` (str, bytes or int) picks its partition; by default the producer's own."""
         self._check_open()
-        part = self._partition(key)
+        part = self._producer.partition_for(key)
         item = encode_item(payload, core.check_push(headers, durable))
         now = _now()
         at = (
             core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
         )
-        if self._pending_bytes + len(item) > self.options.max_pending_bytes:
-            self._wait_for_space(len(item))
-        receipt = self._add(item, at, now, part)
-        if durable:
-            self._wait_stored([receipt])
-        return receipt
+        return self._producer.push(item, at, now, part, durable)
 
     def push_many(
         self,
@@ -186,7 +208,7 @@ class Queue(Producer, Sizes):
         """Push several items (to one partition: ``key``'s, by default the producer's);
         all are encoded first, so one bad item stores none of them."""
         self._check_open()
-        part = self._partition(key)
+        part = self._producer.partition_for(key)
         payloads = v.payloads(payloads)
         headers = core.check_push(headers, durable)
         at = (
@@ -194,12 +216,12 @@ class Queue(Producer, Sizes):
             if delay is not None or mature is not None
             else None
         )
-        return self._add_many(payloads, headers, at, durable, part)
+        return self._producer.add_many(payloads, headers, at, durable, part)
 
     def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
         """Insert sealed buckets (one command), retrying transient failures within the
         retry budget; an id already there is an earlier attempt that landed."""
-        deadline = self._write_deadline(buckets)
+        deadline = self._producer.write_deadline(buckets)
         self._setup(deadlines.attempt_timeout(deadline, _now()))
         docs, bad = core.build_documents(buckets, core.OpenBucket.document)
         self._consumer.lease_on_write(docs)
@@ -207,7 +229,7 @@ class Queue(Producer, Sizes):
         attempt = 0
         while docs:
             try:
-                with self._attempt(deadline):
+                with self._producer.attempt(deadline):
                     if len(docs) == 1:
                         self._col.insert_one(next(iter(docs.values())))
                     else:
@@ -229,7 +251,7 @@ class Queue(Producer, Sizes):
                     if not docs:
                         break
                 attempt += 1
-                if not self._retry_insert(exc, deadline, attempt):
+                if not self._producer.retry_insert(exc, deadline, attempt):
                     self._consumer.not_written(docs)
                     return set(docs) | bad, exc
         return bad, None
@@ -242,7 +264,7 @@ class Queue(Producer, Sizes):
         """Write every open bucket and wait until stored; then flush consumer state."""
         if self._forked:
             raise used_after_fork(self)
-        self._flush_pushes()
+        self._producer.flush()
         with self._bounded(None, f"flush() of queue {self.name!r}"):
             self._consumer.flush_state()
 
@@ -319,7 +341,7 @@ class Queue(Producer, Sizes):
         self._consumer.stop_claiming()
         written_before = self._stats["buckets_written"]
         failed_before = self._stats["push_failed"]
-        self._flush_pushes()
+        self._producer.flush()
         served, released_buckets, released_items = self._consumer.drain(
             self.options.drain_timeout if timeout is None else timeout
         )
@@ -348,10 +370,8 @@ class Queue(Producer, Sizes):
     def _stop_workers(self) -> None:
         """Stop the background workers (each join is bounded: their driver calls are)."""
         self._closed = True
-        self._writer_wake.notify()
         self._consumer.wake_all()
-        if self._writer is not None:
-            self._writer.join(5.0)
+        self._producer.stop()
         self._consumer.join()
 
     def __enter__(self) -> Queue:
@@ -381,8 +401,8 @@ class Queue(Producer, Sizes):
     def stats(self) -> dict[str, int]:
         """Counters of this queue object since it opened, and what it holds in memory now."""
         s = dict(self._stats)
-        s["pending_bytes"] = self._pending_bytes
-        s["open_buckets"] = len(self._packer.open)
+        s["pending_bytes"] = self._producer.pending_bytes
+        s["open_buckets"] = self._producer.open_buckets
         s["held_buckets"] = len(self._consumer.held)
         s["ready_in_memory"] = len(self._consumer.ready)
         return s
@@ -421,8 +441,8 @@ class Queue(Producer, Sizes):
         if self._forked:
             raise used_after_fork(self)
         bid, index = core.parse_item_id(id)
-        if bid in self._unwritten:
-            self._flush_pushes()
+        if self._producer.holds(bid):
+            self._producer.flush()
         with self._bounded(self.options.op_timeout, f"remove() on queue {self.name!r}"):
             return self._remove(bid, index)
 

@@ -37,6 +37,7 @@ from ...queue import _deadline as deadlines
 from ...queue._codec import collection
 from ...queue._concurrency import (
     STARTUP_DONE,
+    Mutex,
     Receipt,
     Startup,
     register_exit,
@@ -47,6 +48,7 @@ from ...queue._concurrency import (
 from ...queue._db import check_database
 from ...queue._producer import Producer
 from ...queue._quarantine import Quarantine
+from ...queue._runtime import Runtime
 from .. import _core as core
 
 log = logging.getLogger("bucketq.stream")
@@ -57,7 +59,7 @@ _now = time.time
 _monotonic = time.monotonic
 
 
-class StreamQueue(Producer):
+class StreamQueue:
     """A queue in ordered stream mode: every bucket gets the next gapless sequence number.
 
     Producers ``push`` as on a bucket queue (items are packed into buckets by count,
@@ -66,6 +68,9 @@ class StreamQueue(Producer):
     Options and defaults are those of :class:`bucketq.stream.StreamOptions`.
     """
 
+    #: Set in a child process forked after the stream opened: it may not be used there.
+    _forked: bool = False
+
     def __init__(self, db: Any, name: str, **options: Any) -> None:
         self.options = opts = core.StreamOptions.build(**options)
         self.name = qcore.check_name(name)
@@ -73,19 +78,35 @@ class StreamQueue(Producer):
         wc = opts.get_write_concern()
         self._col = collection(db, name, wc)
         self._meta = collection(db, core.meta_name(name), wc)
-        self._init_producer(opts.packer, "stream")
         self._closed = False
         self._setup_done = False
         self._stats = dict.fromkeys(
             ("pushed", "buckets_written", "insert_retries", "push_failed", "renumbered",
              "quarantined", "loop_errors"), 0,
         )  # fmt: skip
+        self._runtime = Runtime("stream", self.name, self._stats, lambda: self._closed, log)
+        self._bounded = self._runtime.bounded
+        self._producer = Producer(
+            name=self.name,
+            kind="stream",
+            options=opts.packer,
+            mutex=Mutex(),
+            stats=self._stats,
+            write=self._write,
+            is_closed=lambda: self._closed,
+            bounded=self._bounded,
+            worker=self._runtime.worker,
+        )
         self._quarantine = Quarantine(db, name, wc)
         self._close_report: dict[str, int] | None = None
         register_exit(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.db.name}.{self.name}>"
+
+    def health(self) -> dict[str, Any]:
+        """Whether MongoDB answers this stream's operations: see ``Runtime.health``."""
+        return self._runtime.health()
 
     # -- push -----------------------------------------------------------------------------
 
@@ -97,7 +118,8 @@ class StreamQueue(Producer):
             if self._forked:
                 raise used_after_fork(self)
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
-        return (self._add_many([payload], qcore.check_push(headers, durable), None, durable))[0]
+        headers = qcore.check_push(headers, durable)
+        return (self._producer.add_many([payload], headers, None, durable))[0]
 
     def push_many(
         self, payloads: Any, *, headers: dict[str, Any] | None = None, durable: bool = False
@@ -108,7 +130,7 @@ class StreamQueue(Producer):
                 raise used_after_fork(self)
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
         payloads = v.payloads(payloads)
-        return self._add_many(payloads, qcore.check_push(headers, durable), None, durable)
+        return self._producer.add_many(payloads, qcore.check_push(headers, durable), None, durable)
 
     def _allocate(self, k: int) -> range:
         for _ in range(5):
@@ -159,14 +181,14 @@ class StreamQueue(Producer):
         """Number sealed buckets in seal order and write them (staged under ``stage`` if
         given); a number whose hole was closed meanwhile (a tombstone owns it) is given
         up and the bucket renumbered."""
-        deadline = self._write_deadline(buckets)
+        deadline = self._producer.write_deadline(buckets)
         attempt = 0
         seqs: dict[Any, int] = {}
         todo = list(buckets)
         while todo:
             try:
                 self._setup(deadlines.attempt_timeout(deadline, _now()))
-                with self._attempt(deadline):
+                with self._producer.attempt(deadline):
                     need = [ob for ob in todo if ob.id not in seqs]
                     if need:
                         for ob, seq in zip(need, self._allocate(len(need)), strict=True):
@@ -196,13 +218,13 @@ class StreamQueue(Producer):
                     dups, failed = [seqs[todo[0].id]], set()
                 by_seq = {seqs[ob.id]: ob for ob in todo}
                 try:
-                    with self._attempt(deadline):
+                    with self._producer.attempt(deadline):
                         lost = self._not_ours(dups, by_seq)
                 except PyMongoError as exc2:
-                    if not self._retry_ok(exc2, deadline):
+                    if not self._producer.retry_ok(exc2, deadline):
                         return {ob.id for ob in todo}, exc2
                     attempt += 1
-                    self._backoff(attempt, deadline)
+                    self._producer.backoff(attempt, deadline)
                     continue
                 for seq in lost:
                     del seqs[by_seq[seq].id]
@@ -212,13 +234,13 @@ class StreamQueue(Producer):
                 todo = [by_seq[s] for s in sorted(failed | set(lost))]
                 if failed:
                     attempt += 1
-                    if not self._retry_insert(exc, deadline, attempt):
+                    if not self._producer.retry_insert(exc, deadline, attempt):
                         return {ob.id for ob in todo}, exc
             except OperationFailed as exc:  # the counter could not be taken
                 return {ob.id for ob in todo}, exc
             except (PyMongoError, deadlines.StartupBusy) as exc:
                 attempt += 1
-                if not self._retry_insert(exc, deadline, attempt):
+                if not self._producer.retry_insert(exc, deadline, attempt):
                     return {ob.id for ob in todo}, exc
         return set(), None
 
@@ -236,7 +258,7 @@ class StreamQueue(Producer):
         """Write every open bucket and wait until stored."""
         if self._forked:
             raise used_after_fork(self)
-        self._flush_pushes()
+        self._producer.flush()
 
     # -- consume ----------------------------------------------------------------------------
 
@@ -342,9 +364,7 @@ class StreamQueue(Producer):
         written, failed = self._stats["buckets_written"], self._stats["push_failed"]
         self.flush()
         self._closed = True
-        self._writer_wake.notify()
-        if self._writer is not None:
-            self._writer.join(5.0)
+        self._producer.stop()
         self._close_report = {
             "buckets_written": self._stats["buckets_written"] - written,
             "push_failed": self._stats["push_failed"] - failed,
