@@ -58,15 +58,15 @@ def number(
 ) -> float:
     """A finite real number (int or float, not bool) in ``[lo, hi]`` (``(lo, hi]`` when
     ``open_lo``)."""
-    need = f"a finite number {_range(lo, hi, open_lo=open_lo, unit=unit)}"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _fail(name, need, value)
-    if not math.isfinite(value):
-        raise _fail(name, need, value)
-    if lo is not None and (value < lo or (open_lo and value == lo)):
-        raise _fail(name, need, value)
-    if hi is not None and value > hi:
-        raise _fail(name, need, value)
+    # The message is built only for a bad value: this check runs on every reserve().
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or (lo is not None and (value < lo or (open_lo and value == lo)))
+        or (hi is not None and value > hi)
+    ):
+        raise _fail(name, f"a finite number {_range(lo, hi, open_lo=open_lo, unit=unit)}", value)
     return value
 
 
@@ -76,6 +76,8 @@ def optional_number(name: str, value: Any, **kw: Any) -> float | None:
 
 def timeout(name: str, value: Any) -> float | None:
     """A wait: None (no limit) or seconds from 0 to :data:`MAX_DELAY`."""
+    if (type(value) is float or type(value) is int) and 0.0 <= value <= MAX_DELAY:
+        return value  # the common case, checked first: reserve(timeout) is called per item
     return optional_number(name, value, lo=0.0, hi=MAX_DELAY)
 
 
@@ -83,10 +85,13 @@ def count(
     name: str, value: Any, *, lo: int = 0, hi: int | None = None, unit: str = "", note: str = ""
 ) -> int:
     """A whole number (int, not bool) in ``[lo, hi]``."""
-    need = f"a whole number {_range(lo, hi, open_lo=False, unit=unit)}{note}"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(name, need, value)
-    if value < lo or (hi is not None and value > hi):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        need = f"a whole number {_range(lo, hi, open_lo=False, unit=unit)}{note}"
         raise _fail(name, need, value)
     return value
 
