@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -63,6 +64,22 @@ def wait_for_line(proc: subprocess.Popen, predicate, timeout: float = 60.0) -> l
     raise AssertionError("child too slow")
 
 
+def read_rest(proc: subprocess.Popen, timeout: float = 60.0) -> str:
+    """What the child wrote after the lines already read, up to its exit. Through
+    ``proc.stdout`` itself: ``communicate(timeout=...)`` reads the pipe's descriptor and
+    misses what ``readline()`` had already buffered (ACK lines lost that way made records
+    look stored beyond the acknowledged ones)."""
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        proc.kill()
+        raise AssertionError(f"the child did not exit within {timeout:g} s")
+    proc.wait(timeout)
+    return out[0]
+
+
 def acked(lines: list[str]) -> int:
     """Records acknowledged to the caller: ``ACK <seq>`` means 0..seq were."""
     seqs = [int(x.split()[1]) for x in lines if x.startswith("ACK ")]
@@ -96,7 +113,7 @@ async def crash_and_drain(
         if kill_in_write:  # the next storage write landed; its ack has not happened
             lines += wait_for_line(proc, lambda x: x.startswith("STORED ") and x != "STORED 0")
         os.kill(proc.pid, signal.SIGKILL)
-        rest, _ = proc.communicate(timeout=10)
+        rest = read_rest(proc)
         stored_at_kill = set(logs.distinct("message"))
     finally:
         if proc.poll() is None:

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from .crash import acked, crash_and_drain, start_child, wait_for_line
+from .crash import acked, crash_and_drain, read_rest, start_child, wait_for_line
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -45,7 +45,7 @@ async def test_sigterm_drains_and_reports(backends, mongo_uri, mongo_client, red
     try:
         lines = wait_for_line(proc, lambda x: x == "READY")
         os.kill(proc.pid, signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
+        rest = read_rest(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
