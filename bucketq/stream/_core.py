@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bson import ObjectId
+from pymongo.errors import OperationFailure
 from pymongo.write_concern import WriteConcern
 
 from .. import _validate as v
@@ -41,6 +42,7 @@ from ..queue._core import (
     Packer,
     QueueOptions,
     from_datetime,
+    is_transient,
     to_datetime,
 )
 from ..queue._damage import check_items
@@ -72,6 +74,28 @@ DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_READ_AHEAD = 8
 MAX_READ_AHEAD = 10_000
 
+#: Change events that can let a waiting consumer read on: an insert (a bucket, or a
+#: tombstone that closes a hole), or an update that removes ``stg`` (staged buckets
+#: published, or closed as holes). Acknowledged buckets' deletes are filtered out on
+#: the server, and each event is cut down to its operation type.
+WAKEUP_PIPELINE: list[dict[str, Any]] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": "insert"},
+                {"operationType": "update", "updateDescription.removedFields": "stg"},
+            ]
+        }
+    },
+    {"$project": {"operationType": 1}},
+]
+#: How long one read of the change stream waits on the server for an event (ms): the
+#: longest a closed consumer's watcher goes on.
+WATCH_AWAIT_MS = 500
+#: A watcher whose consumer has not waited for this long closes its change stream and
+#: ends (it is started again at the consumer's next wait).
+WATCH_IDLE_CLOSE = 30.0
+
 META_ID = "stream"
 META_SUFFIX = ".meta"
 #: A staged bucket's ``mature`` in a bucket queue: never claimable until published.
@@ -95,6 +119,7 @@ class StreamOptions:
     tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL
     read_ahead: int = DEFAULT_READ_AHEAD
     op_timeout: float = DEFAULT_OP_TIMEOUT
+    change_streams: bool | None = None
     write_concern: WriteConcern | dict[str, Any] | None = None
     packer: QueueOptions = field(init=False, repr=False, compare=False)
 
@@ -120,6 +145,7 @@ class StreamOptions:
                 f"({self.retry_budget} s), so a producer still retrying an insert meets the tombstone."
             )
         v.count("read_ahead", self.read_ahead, lo=1, hi=MAX_READ_AHEAD, unit="buckets")
+        v.flag("change_streams", self.change_streams, optional=True)
 
     @classmethod
     def build(cls, **options: Any) -> StreamOptions:
@@ -444,6 +470,20 @@ def check_resume(name: str, after: int | None, meta: dict[str, Any]) -> int:
             "handed out. Is this the right stream?"
         )
     return after
+
+
+def no_change_streams(exc: BaseException) -> bool:
+    """Whether a failure to open a change stream means this server (or this user) has
+    none: the consumer then polls for good. Anything transient is tried again."""
+    return isinstance(exc, OperationFailure) and not is_transient(exc)
+
+
+def idle_nap(idle: int, wait: float, poll_interval: float) -> float:
+    """How long an idle ``next_batch`` waits before it reads again (a new bucket in this
+    process, or a change event, wakes it sooner): doubling from 40 ms with each read
+    that found nothing, at most ``poll_interval`` and at most ``wait`` (the time until a
+    blocked number may be closed)."""
+    return min(wait, 0.02 * 2 ** min(idle, 10), poll_interval)
 
 
 def age(doc: dict[str, Any], now: float) -> float:

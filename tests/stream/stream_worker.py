@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -60,7 +61,16 @@ def die_after_allocate(db) -> None:
     q.flush()
 
 
+def push(db) -> None:
+    """Push one item (``{"pid": ...}``) durably, say so, and exit."""
+    q = StreamQueue(db, "s")
+    q.push({"pid": os.getpid()}, durable=True)
+    print("pushed", flush=True)
+    q.close()
+
+
 if __name__ == "__main__":
     mode, uri, name = sys.argv[1:4]
     client = MongoClient(uri)
-    {"zombie": zombie, "sink": sink, "die-after-allocate": die_after_allocate}[mode](client[name])
+    modes = {"zombie": zombie, "sink": sink, "die-after-allocate": die_after_allocate, "push": push}
+    modes[mode](client[name])

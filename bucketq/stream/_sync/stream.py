@@ -38,10 +38,10 @@ from ...queue._codec import collection
 from ...queue._concurrency import (
     STARTUP_DONE,
     Mutex,
+    Notifier,
     Receipt,
     Startup,
     register_exit,
-    sleep,
     startup_key,
     used_after_fork,
 )
@@ -50,6 +50,7 @@ from ...queue._producer import Producer
 from ...queue._quarantine import Quarantine
 from ...queue._runtime import Runtime
 from .. import _core as core
+from .wake import WakeWatcher
 
 log = logging.getLogger("bucketq.stream")
 #: Buckets (without their items) one read of :meth:`StreamConsumer.reachable` looks at.
@@ -82,7 +83,8 @@ class StreamQueue:
         self._setup_done = False
         self._stats = dict.fromkeys(
             ("pushed", "buckets_written", "insert_retries", "push_failed", "renumbered",
-             "quarantined", "loop_errors"), 0,
+             "quarantined", "loop_errors", "change_stream_events", "change_stream_errors",
+             "change_stream_fallbacks"), 0,
         )  # fmt: skip
         self._runtime = Runtime("stream", self.name, self._stats, lambda: self._closed, log)
         self._bounded = self._runtime.bounded
@@ -93,10 +95,14 @@ class StreamQueue:
             mutex=Mutex(),
             stats=self._stats,
             write=self._write,
+            written=self._written,
             is_closed=lambda: self._closed,
             bounded=self._bounded,
             worker=self._runtime.worker,
         )
+        #: Notified when buckets are stored by this object, or a change event says some
+        #: were: a consumer waiting in next_batch reads again at once.
+        self._arrivals = Notifier()
         self._quarantine = Quarantine(db, name, wc)
         self._close_report: dict[str, int] | None = None
         register_exit(self)
@@ -243,6 +249,9 @@ class StreamQueue:
                 if not self._producer.retry_insert(exc, deadline, attempt):
                     return {ob.id for ob in todo}, exc
         return set(), None
+
+    def _written(self, buckets: list[qcore.OpenBucket], now: float) -> None:
+        self._arrivals.notify()  # this process's own consumer need not wait for a poll
 
     def _not_ours(self, dups: list[int], by_seq: dict[int, qcore.OpenBucket]) -> list[int]:
         """Of the numbers an insert found taken, those taken by someone else (a tombstone)."""
@@ -397,7 +406,27 @@ class StreamConsumer:
         self._clock = core.HoleClock(stream.options.hole_grace, stream.options.stage_timeout)
         self._closed = False
         self._damaged: DamagedBucket | None = None
+        self._fenced = False
         self.holes_closed = 0
+        #: True while next_batch waits for a bucket (between two reads).
+        self.waiting = False
+        #: Wakes next_batch on new buckets by change stream (None: change_streams=False).
+        self._watch: WakeWatcher | None = None
+        opts = stream.options
+        if opts.change_streams is not False:
+            self._watch = WakeWatcher(
+                col=stream._col,
+                pipeline=core.WAKEUP_PIPELINE,
+                wake=stream._arrivals,
+                what=f"stream {stream.name}: consumer epoch {epoch}",
+                stats=stream._stats,
+                logger=log,
+                bounded=stream._bounded,
+                op_timeout=opts.op_timeout,
+                worker=stream._runtime.worker,
+                stopped=lambda: self._closed or self._fenced or stream._forked,
+                expected=opts.change_streams is True,
+            )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.stream.name} epoch={self.epoch} acked={self.acked}>"
@@ -410,16 +439,28 @@ class StreamConsumer:
     @boundary("next_batch()")
     def next_batch(self, timeout: float | None = None) -> core.StreamBatch | None:
         """The next bucket as ``StreamBatch(seq, items)``, or None when ``timeout`` seconds
-        pass first. Waits at most ``hole_grace`` on a hole, then closes it."""
+        pass first. Waits at most ``hole_grace`` on a hole, then closes it.
+
+        While it waits, a bucket stored by this stream object, or a change event where
+        the server has change streams (``change_streams``), wakes it at once; otherwise
+        it reads again at most every ``poll_interval``."""
         if self.stream._forked:
             raise used_after_fork(self.stream)
         if self._closed:
             raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
         v.timeout("timeout", timeout)
+        try:
+            return self._next_batch(timeout)
+        finally:
+            if self._watch is not None:
+                self._watch.done()
+
+    def _next_batch(self, timeout: float | None) -> core.StreamBatch | None:
         deadline = None if timeout is None else _monotonic() + timeout
         idle = 0
         fresh = False  # whether the epoch was just checked by a read
         what = f"next_batch() on stream {self.stream.name!r}"
+        arrivals = self.stream._arrivals
         while True:
             if self._buffer:
                 if not fresh:
@@ -428,6 +469,7 @@ class StreamConsumer:
                 b = self._buffer.popleft()
                 self._delivered.append(b.seq)
                 return b
+            gen = arrivals.gen  # before the read: what is stored during it wakes the wait
             with self._bounded(deadline, what):
                 wait = self._fill()
             fresh = True
@@ -440,13 +482,19 @@ class StreamConsumer:
                 idle = 0
                 continue
             idle += 1
-            nap = min(wait, 0.02 * 2 ** min(idle, 10), self.stream.options.poll_interval)
+            nap = core.idle_nap(idle, wait, self.stream.options.poll_interval)
             if deadline is not None:
                 remaining = deadline - _monotonic()
                 if remaining <= 0:
                     return None
                 nap = min(nap, remaining)
-            sleep(nap)
+            if self._watch is not None:
+                self._watch.want()
+            self.waiting = True
+            try:
+                arrivals.wait(gen, nap)
+            finally:
+                self.waiting = False
 
     def _bounded(self, deadline: float | None, what: str) -> Any:
         """A read of ``next_batch``: ``op_timeout``, and no longer than the caller's
@@ -462,6 +510,7 @@ class StreamConsumer:
         consumer opened."""
         meta = self.stream._meta.find_one(core.meta_filter())
         if meta is None or int(meta.get("epoch", -1)) != self.epoch:
+            self._fenced = meta is not None
             raise Fenced(
                 core.fenced_message(self.stream.name, self.epoch, meta and meta.get("epoch"))
             )
@@ -626,6 +675,7 @@ class StreamConsumer:
         res = self.stream._meta.update_one(core.ack_filter(self.epoch), core.ack_update(seq))
         if not res.matched_count:
             meta = self.stream._meta.find_one(core.meta_filter())
+            self._fenced = True
             raise Fenced(
                 core.fenced_message(self.stream.name, self.epoch, meta and meta.get("epoch"))
             )
@@ -644,10 +694,14 @@ class StreamConsumer:
             )
 
     def close(self) -> None:
-        """Forget what was delivered and not acknowledged (the next consumer reads it again)."""
+        """Forget what was delivered and not acknowledged (the next consumer reads it
+        again), and stop the change-stream watcher."""
         self._closed = True
         self._buffer.clear()
         self._delivered.clear()
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch.join()
 
     def __enter__(self) -> StreamConsumer:
         return self

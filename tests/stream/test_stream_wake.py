@@ -1,0 +1,213 @@
+"""A stream consumer waiting in next_batch is woken by a change stream where the server
+has them, by its own stream object's writes, and polls otherwise; its watcher survives
+failures and stops with the consumer. (How fast it wakes is measured by
+``bucketq bench stream-wake``, not asserted here.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pymongo import MongoClient
+from pymongo.errors import AutoReconnect, OperationFailure
+
+from bucketq.errors import Fenced
+from bucketq.stream import AsyncStreamQueue, StreamQueue
+from bucketq.stream import _core as core
+from waiting import eventually, eventually_async
+
+WORKER = str(Path(__file__).with_name("stream_worker.py"))
+#: Polling alone would take long to notice a bucket: what wakes the consumer is the point.
+SLOW_POLL = {"poll_interval": 600.0}
+
+
+def push_from_another_process(uri: str, db_name: str) -> None:
+    out = subprocess.run(
+        [sys.executable, WORKER, "push", uri, db_name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == "pushed", out.stderr[-2000:]
+
+
+@pytest.fixture
+def change_streams_here(mongo_client: MongoClient) -> None:
+    hello = mongo_client.admin.command("hello")
+    if not hello.get("setName") and hello.get("msg") != "isdbgrid":
+        pytest.skip("this MongoDB is a standalone server: it has no change streams")
+
+
+@pytest.fixture(scope="module")
+def standalone_uri():
+    from bucketq.embedded import EmbeddedServer
+
+    try:
+        server = EmbeddedServer(standalone=True).start()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no embedded server for a standalone topology ({exc})")
+    try:
+        yield server.uri
+    finally:
+        server.stop()
+
+
+def waiting_read(c, timeout: float = 300.0):
+    """``c.next_batch(timeout)`` in a thread: the future of its result."""
+    pool = ThreadPoolExecutor(1)
+    fut = pool.submit(c.next_batch, timeout)
+    pool.shutdown(wait=False)
+    return fut
+
+
+def test_a_waiting_consumer_gets_a_bucket_pushed_by_another_process(
+    db, mongo_uri, db_name, change_streams_here
+):
+    q = StreamQueue(db, "s", **SLOW_POLL)
+    c = q.consumer()
+    fut = waiting_read(c)
+    eventually(lambda: c._watch.live, what="the watcher's change stream to open")
+    push_from_another_process(mongo_uri, db_name)
+    b = fut.result(timeout=60)
+    assert b.seq == 1 and list(b.items[0]) == ["pid"]
+    st_ = q.stats()
+    assert st_["change_stream_events"] >= 1  # the change stream woke it, not a poll
+    assert st_["change_stream_fallbacks"] == 0 and st_["loop_errors"] == 0
+    c.ack(1)
+    c.close()
+    eventually(lambda: not c._watch.active, what="the watcher to end after close()")
+    assert not c._watch.running
+
+
+def test_its_own_producer_wakes_it_without_change_streams(db):
+    q = StreamQueue(db, "s", change_streams=False, **SLOW_POLL)
+    c = q.consumer()
+    assert c._watch is None  # change_streams=False: no watcher at all
+    fut = waiting_read(c)
+    eventually(lambda: c.waiting, what="the consumer to wait")
+    q.push({"own": True}, durable=True)
+    b = fut.result(timeout=60)
+    assert b.items == [{"own": True}]
+    assert q.stats()["change_stream_events"] == 0
+
+
+async def test_async_consumer_is_woken_by_another_process_and_stops_on_close(
+    adb, mongo_uri, db_name, change_streams_here
+):
+    q = AsyncStreamQueue(adb, "s", **SLOW_POLL)
+    c = await q.consumer()
+    task = asyncio.ensure_future(c.next_batch(timeout=300))
+    await eventually_async(lambda: c._watch.live, what="the watcher's change stream to open")
+    await asyncio.to_thread(push_from_another_process, mongo_uri, db_name)
+    b = await asyncio.wait_for(task, 60)
+    assert b.seq == 1
+    assert q.stats()["change_stream_events"] >= 1
+    await c.ack(1)
+    await c.close()
+    await eventually_async(lambda: not c._watch.active, what="the watcher to end after close()")
+    await q.close()
+
+
+def test_without_change_streams_the_consumer_polls_and_says_so(standalone_uri, db_name, caplog):
+    client: MongoClient = MongoClient(standalone_uri)
+    try:
+        q = StreamQueue(client[db_name], "s", poll_interval=0.2)
+        c = q.consumer()
+        with caplog.at_level(logging.INFO, logger="bucketq.stream"):
+            fut = waiting_read(c)
+            eventually(lambda: c._watch.polling, what="the watcher to find no change streams")
+            push_from_another_process(standalone_uri, db_name)
+            b = fut.result(timeout=60)
+        assert b.seq == 1
+        st_ = q.stats()
+        assert st_["change_stream_fallbacks"] == 1 and st_["change_stream_events"] == 0
+        assert st_["loop_errors"] == 0
+        assert any("no change streams here" in r.getMessage() for r in caplog.records)
+        assert not c._watch.running  # never started again: the next waits poll
+        assert c.next_batch(timeout=0.3) is None
+        assert q.stats()["change_stream_fallbacks"] == 1
+        c.close()
+    finally:
+        client.drop_database(db_name)
+        client.close()
+
+
+def test_change_streams_off_polls_across_processes(db, mongo_uri, db_name):
+    q = StreamQueue(db, "s", change_streams=False, poll_interval=0.2)
+    c = q.consumer()
+    fut = waiting_read(c)
+    push_from_another_process(mongo_uri, db_name)
+    assert fut.result(timeout=60).seq == 1
+    assert c._watch is None and q.stats()["change_stream_events"] == 0
+
+
+@pytest.mark.parametrize(
+    "failure,counted",
+    [(RuntimeError("injected watcher failure"), "loop_errors"),
+     (AutoReconnect("injected: the server went away"), "change_stream_errors")],
+)  # fmt: skip
+def test_the_watcher_survives_a_failure_and_wakes_the_consumer_after_it(
+    db, mongo_uri, db_name, change_streams_here, caplog, failure, counted
+):
+    q = StreamQueue(db, "s", **SLOW_POLL)
+    real = q._col.watch
+    calls = [0]
+
+    def watch(*a, **k):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise failure
+        return real(*a, **k)
+
+    q._col.watch = watch  # type: ignore[method-assign]
+    c = q.consumer()
+    with caplog.at_level(logging.INFO):
+        fut = waiting_read(c)
+        eventually(lambda: c._watch.live, what="the watcher's change stream to open again")
+        push_from_another_process(mongo_uri, db_name)
+        b = fut.result(timeout=60)
+    assert b.seq == 1
+    st_ = q.stats()
+    assert st_[counted] == 1 and calls[0] >= 2
+    assert st_["change_stream_events"] >= 1 and st_["change_stream_fallbacks"] == 0
+    if counted == "loop_errors":  # logged once with its traceback
+        assert [r for r in caplog.records if r.exc_info and "injected" in str(r.exc_info[1])]
+    c.close()
+
+
+def test_a_fenced_consumer_stops_its_watcher(db, change_streams_here):
+    q = StreamQueue(db, "s", **SLOW_POLL)
+    old = q.consumer()
+    assert old.next_batch(timeout=0.2) is None  # it waited: its watcher started
+    eventually(lambda: old._watch.active, what="the watcher to start")
+    q.consumer()
+    with pytest.raises(Fenced):
+        old.next_batch(timeout=0.2)
+    eventually(lambda: not old._watch.active, what="the fenced consumer's watcher to end")
+
+
+def test_a_server_without_change_streams_is_told_apart_from_a_passing_failure():
+    no_cs = OperationFailure("The $changeStream stage is only supported on replica sets", 40573)
+    assert core.no_change_streams(no_cs)
+    assert core.no_change_streams(OperationFailure("not authorized", 13))
+    assert not core.no_change_streams(OperationFailure("not primary", 10107))
+    assert not core.no_change_streams(AutoReconnect("connection reset"))
+    assert not core.no_change_streams(RuntimeError("bug"))
+
+
+@given(
+    idle=st.integers(1, 100),
+    wait=st.floats(0.001, 1000),
+    poll=st.floats(0.001, 1000),
+)
+def test_an_idle_nap_grows_and_is_bounded_by_the_poll_interval_and_the_wait(idle, wait, poll):
+    nap = core.idle_nap(idle, wait, poll)
+    assert 0 < nap <= min(wait, poll)
+    assert nap <= core.idle_nap(idle + 1, wait, poll)
