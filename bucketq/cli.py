@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .sdk._bench import add_parser as add_sdk_bench
 
     add_sdk_bench(bench_sub)
+    from .benchmark.stream_wake import add_parser as add_stream_wake_bench
+
+    add_stream_wake_bench(bench_sub)
 
     s = sub.add_parser(
         "server", help="run the embedded MongoDB-wire server in the foreground, print its URI"

@@ -6,6 +6,7 @@ failures and stops with the consumer. (How fast it wakes is measured by
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import subprocess
 import sys
@@ -211,3 +212,21 @@ def test_an_idle_nap_grows_and_is_bounded_by_the_poll_interval_and_the_wait(idle
     nap = core.idle_nap(idle, wait, poll)
     assert 0 < nap <= min(wait, poll)
     assert nap <= core.idle_nap(idle + 1, wait, poll)
+
+
+def test_the_stream_wake_benchmark_reports_each_mode(mongo_uri, change_streams_here, tmp_path):
+    """``bucketq bench stream-wake`` end to end, small: every mode reads every bucket."""
+    out = tmp_path / "wake.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "bucketq", "bench", "stream-wake", "--n", "5", "--gap-min",
+         "0.01", "--gap-max", "0.02", "--mongodb-uri", mongo_uri, "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    modes = json.loads(out.read_text())["modes"]
+    assert list(modes) == ["change-stream", "polling", "same-process"]
+    assert all(m["n"] == 5 and m["from_receipt"]["max_ms"] >= m["from_receipt"]["p50_ms"]
+               for m in modes.values())  # fmt: skip
+    assert modes["change-stream"]["change_stream_events"] >= 1
+    assert modes["polling"]["change_stream_events"] == 0
+    assert "| change-stream |" in r.stdout
