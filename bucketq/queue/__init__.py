@@ -3,7 +3,8 @@
 from ._async.element import AsyncElementQueue
 from ._async.queue import AsyncQueue
 from ._concurrency import AsyncReceipt, Receipt
-from ._core import Message, QueueOptions
+from ._core.messages import Message
+from ._core.options import QueueOptions
 from ._sync.element import ElementQueue
 from ._sync.queue import Queue
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from .._guard import LoopGuard
 from ..errors import PushFailed, QueueClosed, WriteConcernNotConfirmed
-from ._core import item_id
+from ._core.messages import item_id
 from ._deadline import StartupBusy
 
 log = logging.getLogger("bucketq.queue")

@@ -15,7 +15,7 @@ from pymongo.errors import BulkWriteError, PyMongoError
 
 from ..errors import ConfigurationError
 from ..queue._concurrency import STARTUP_DONE, AsyncStartup, startup_key
-from ..queue._core import DEFAULT_OP_TIMEOUT
+from ..queue._core.options import DEFAULT_OP_TIMEOUT
 from ..queue._deadline import Health, StartupBusy, bounded
 from ._policy import result
 from ._reservoir import IngestResult, Reservoir

@@ -29,7 +29,7 @@ from pymongo.write_concern import WriteConcern
 from .. import _validate as v
 from ..errors import AckOutOfOrder, ConfigurationError, DamagedBucket, DecodeError
 from ..queue._codec import decode_items
-from ..queue._core import (
+from ..queue._core.options import (
     DEFAULT_BUCKET_MAX_BYTES,
     DEFAULT_BUCKET_MAX_SIZE,
     DEFAULT_BUCKET_MAX_WAIT,
@@ -38,13 +38,11 @@ from ..queue._core import (
     DEFAULT_RETRY_BASE,
     DEFAULT_RETRY_BUDGET,
     DEFAULT_RETRY_CAP,
-    OpenBucket,
-    Packer,
     QueueOptions,
-    from_datetime,
-    is_transient,
-    to_datetime,
 )
+from ..queue._core.packing import OpenBucket, Packer
+from ..queue._core.times import from_datetime, to_datetime
+from ..queue._core.writes import is_transient
 from ..queue._damage import check_items
 
 __all__ = [

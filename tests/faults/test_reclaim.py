@@ -7,15 +7,15 @@ from datetime import UTC, datetime
 
 from bson import ObjectId
 
-from bucketq.queue import _core as core
 from bucketq.queue._codec import encode_item
+from bucketq.queue._core.held import HeldBucket, fenced_filter
 
 
-def _held(n: int = 4) -> tuple[core.HeldBucket, dict]:
+def _held(n: int = 4) -> tuple[HeldBucket, dict]:
     doc = {"_id": ObjectId(), "n": n, "live": n, "mature": datetime.now(UTC),
            "items": b"".join(encode_item({"i": i}, None) for i in range(n)), "lease": None}  # fmt: skip
     tok = ObjectId()
-    b = core.HeldBucket(doc, tok, time.time(), 2.0)
+    b = HeldBucket(doc, tok, time.time(), 2.0)
     b.ready_messages(time.time(), None)
     b.commit(0)
     b.dirty = False
@@ -27,7 +27,7 @@ def test_reclaim_keeps_state_when_nobody_held_the_bucket_in_between():
     new = ObjectId()
     assert b.reclaim(before, new, time.time(), 2.0)
     assert b.token == new and b.dirty and b.is_done(0) and b.live == 3
-    assert core.fenced_filter(b)["lease.tok"] == new
+    assert fenced_filter(b)["lease.tok"] == new
 
 
 def test_reclaim_refuses_when_another_consumer_held_it():

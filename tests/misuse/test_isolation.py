@@ -12,7 +12,7 @@ import pytest
 from bucketq import ConfigurationError, PushFailed
 from bucketq.errors import WriteConcernNotConfirmed
 from bucketq.queue._codec import encode_item
-from bucketq.queue._core import BUCKET_OVERHEAD, HARD_MAX_BYTES
+from bucketq.queue._core.options import BUCKET_OVERHEAD, HARD_MAX_BYTES
 from queue_kinds import resolve
 
 
@@ -115,7 +115,7 @@ async def test_an_undeliverable_dead_letter_stays_and_other_flushes_land(bucket_
 
 
 def test_dead_letter_headers_of_old_data_keep_what_they_can():
-    from bucketq.queue._core import dead_letter_headers
+    from bucketq.queue._core.redelivery import dead_letter_headers
 
     h = dead_letter_headers("q", [1, 2], 3, "why", time.time())
     assert h["x-original-headers"] == "[1, 2]" and h["x-tries"] == 3

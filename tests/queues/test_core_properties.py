@@ -7,8 +7,16 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pymongo import DeleteOne, UpdateOne
 
-from bucketq.queue import _core as core
 from bucketq.queue._codec import encode_item
+from bucketq.queue._core.claims import claim_request, not_leased
+from bucketq.queue._core.counts import ready_filter
+from bucketq.queue._core.held import HeldBucket, needs_renewal, plan_flush, state_write
+from bucketq.queue._core.messages import item_id, parse_item_id
+from bucketq.queue._core.options import BUCKET_OVERHEAD, QueueOptions
+from bucketq.queue._core.packing import OpenBucket, Packer
+from bucketq.queue._core.redelivery import over_tried
+from bucketq.queue._core.times import to_datetime
+from bucketq.queue._core.writes import backoff, may_retry
 
 NOW = 1_700_000_000.0
 
@@ -23,16 +31,16 @@ items = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(items, st.integers(min_value=1, max_value=40), st.sampled_from([2048, 4096, 16384]))
 def test_packer_never_loses_or_overfills(specs, max_size, max_bytes):
-    opts = core.QueueOptions(
+    opts = QueueOptions(
         bucket_max_size=max_size, bucket_max_bytes=max_bytes, max_pending_bytes=1 << 26
     )
-    packer = core.Packer(opts, object)
-    sealed: list[core.OpenBucket] = []
+    packer = Packer(opts, object)
+    sealed: list[OpenBucket] = []
     placed = []
     for n, (size, delay) in enumerate(specs):
         blob = encode_item({"n": n, "pad": "x" * size})
         mature = NOW + (delay or 0.0)
-        if len(blob) > max_bytes - core.BUCKET_OVERHEAD:
+        if len(blob) > max_bytes - BUCKET_OVERHEAD:
             continue
         ob, index, out = packer.add(blob, mature, NOW)
         sealed.extend(out)
@@ -48,7 +56,7 @@ def test_packer_never_loses_or_overfills(specs, max_size, max_bytes):
             assert ob.mature - mature < opts.mature_granularity
     for b in buckets:
         assert 1 <= len(b) <= max_size
-        assert b.nbytes <= max_bytes - core.BUCKET_OVERHEAD
+        assert b.nbytes <= max_bytes - BUCKET_OVERHEAD
         assert len(b.document()["items"]) == b.nbytes
 
 
@@ -62,14 +70,14 @@ def test_packer_never_loses_or_overfills(specs, max_size, max_bytes):
 def test_packer_add_many_packs_runs_like_single_adds(batches, delay, max_size, max_bytes):
     """push_many's packing: every item once, in order, at the index its run says; no
     bucket over its count or bytes; only full buckets are sealed."""
-    opts = core.QueueOptions(
+    opts = QueueOptions(
         bucket_max_size=max_size, bucket_max_bytes=max_bytes, max_pending_bytes=1 << 26
     )
-    cap = max_bytes - core.BUCKET_OVERHEAD
-    packer = core.Packer(opts, object)
-    sealed: list[core.OpenBucket] = []
+    cap = max_bytes - BUCKET_OVERHEAD
+    packer = Packer(opts, object)
+    sealed: list[OpenBucket] = []
     expected: list[bytes] = []
-    placed: list[tuple[core.OpenBucket, int, bytes]] = []
+    placed: list[tuple[OpenBucket, int, bytes]] = []
     mature = NOW + (delay or 0.0)
     for b, sizes in enumerate(batches):
         blobs = [encode_item({"b": b, "n": n, "pad": "x" * size}) for n, size in enumerate(sizes)]
@@ -92,10 +100,10 @@ def test_packer_add_many_packs_runs_like_single_adds(batches, delay, max_size, m
         assert 1 <= len(bkt) <= max_size and bkt.nbytes == sum(map(len, bkt.items)) <= cap
 
 
-def _held(n: int) -> core.HeldBucket:
+def _held(n: int) -> HeldBucket:
     blob = b"".join(encode_item(i) for i in range(n))
-    doc = {"_id": ObjectId(), "n": n, "live": n, "mature": core.to_datetime(NOW), "items": blob}
-    return core.HeldBucket(doc, ObjectId(), NOW, 30.0)
+    doc = {"_id": ObjectId(), "n": n, "live": n, "mature": to_datetime(NOW), "items": blob}
+    return HeldBucket(doc, ObjectId(), NOW, 30.0)
 
 
 ops = st.lists(
@@ -128,7 +136,7 @@ def test_held_bucket_state_stays_consistent(n, script):
                         msgs[m.index] = m
     assert b.live == n - len(committed)
     assert all(b.is_done(i) == (i in committed) for i in range(n))
-    w = core.state_write(b, NOW, 30.0)
+    w = state_write(b, NOW, 30.0)
     if len(committed) == n:
         assert isinstance(w, DeleteOne)
     else:
@@ -138,7 +146,7 @@ def test_held_bucket_state_stays_consistent(n, script):
         assert bytes(s["done"]) == bytes(b.done)
         assert w._filter == {"_id": b.id, "lease.tok": b.token}  # every state write is fenced
     if b.idle() and not b.finished():
-        rel = core.state_write(b, NOW, 30.0, release=True)._doc["$set"]
+        rel = state_write(b, NOW, 30.0, release=True)._doc["$set"]
         assert rel["lease"] is None
         assert rel["mature"].timestamp() == NOW + 5  # the earliest pending item decides
 
@@ -146,7 +154,7 @@ def test_held_bucket_state_stays_consistent(n, script):
 @given(st.integers(0, 60), st.floats(0.01, 2), st.floats(0.1, 60))
 def test_backoff_is_bounded(attempt, base, cap):
     for r in (0.0, 0.5, 0.999):
-        d = core.backoff(attempt, base, cap, rng=lambda r=r: r)
+        d = backoff(attempt, base, cap, rng=lambda r=r: r)
         assert 0 <= d <= min(cap, base * 2 ** min(attempt, 32))
 
 
@@ -155,19 +163,19 @@ def test_renewal_happens_before_the_lease_runs_out(lease, elapsed):
     assume(abs(elapsed - lease / 3) > 1e-6)  # exactly on the boundary, float rounding decides
     b = _held(1)
     b.until = NOW + lease
-    due = core.needs_renewal(b, NOW + elapsed, lease)
+    due = needs_renewal(b, NOW + elapsed, lease)
     assert due == (elapsed > lease / 3)
 
 
 def test_takeover_counts_a_try_for_every_pending_item():
     b = _held(4)
     doc = {
-        "_id": b.id, "n": 4, "live": 3, "mature": core.to_datetime(NOW),
+        "_id": b.id, "n": 4, "live": 3, "mature": to_datetime(NOW),
         "items": b"".join(encode_item(i) for i in range(4)),
         "done": bytes([0b0001]), "tries": {"2": 1},
-        "lease": {"tok": ObjectId(), "until": core.to_datetime(NOW - 1)},
+        "lease": {"tok": ObjectId(), "until": to_datetime(NOW - 1)},
     }  # fmt: skip
-    t = core.HeldBucket(doc, ObjectId(), NOW, 30.0)
+    t = HeldBucket(doc, ObjectId(), NOW, 30.0)
     msgs = t.ready_messages(NOW, None)
     assert [(m.index, m.tries) for m in msgs] == [(1, 1), (2, 2), (3, 1)]
     assert t.dirty
@@ -175,7 +183,7 @@ def test_takeover_counts_a_try_for_every_pending_item():
 
 def test_item_ids_round_trip():
     oid = ObjectId()
-    assert core.parse_item_id(core.item_id(oid, 17)) == (oid, 17)
+    assert parse_item_id(item_id(oid, 17)) == (oid, 17)
 
 
 # -- decisions made once, in the core -------------------------------------------------
@@ -183,7 +191,7 @@ def test_item_ids_round_trip():
 
 @given(st.integers(0, 100), st.one_of(st.none(), st.integers(1, 100)), st.booleans())
 def test_the_over_tried_rule(tries, max_tries, rolled_back):
-    why = core.over_tried(tries, max_tries, rolled_back=rolled_back)
+    why = over_tried(tries, max_tries, rolled_back=rolled_back)
     assert (why is not None) == (max_tries is not None and tries >= max_tries)
     if why is not None:
         assert f"{tries} times" in why and f"max_tries={max_tries}" in why
@@ -204,16 +212,13 @@ def _matches_not_leased(flt, doc) -> bool:
 
 @given(st.one_of(st.none(), st.floats(-100, 100)), st.floats(-100, 100))
 def test_not_leased_is_no_lease_or_a_lease_that_ran_out(until, now):
-    doc = {"lease": None if until is None else {"until": core.to_datetime(NOW + until)}}
-    dnow = core.to_datetime(NOW + now)
-    expect = until is None or core.to_datetime(NOW + until) <= dnow
-    assert _matches_not_leased(core.not_leased(dnow), doc) == expect
+    doc = {"lease": None if until is None else {"until": to_datetime(NOW + until)}}
+    dnow = to_datetime(NOW + now)
+    expect = until is None or to_datetime(NOW + until) <= dnow
+    assert _matches_not_leased(not_leased(dnow), doc) == expect
     # The claim and the size queries share it.
-    assert (
-        core.claim_request(NOW + now, ObjectId(), "o", 30.0)[0]["$or"]
-        == core.not_leased(dnow)["$or"]
-    )
-    assert core.ready_filter(NOW + now)["$or"] == core.not_leased(dnow)["$or"]
+    assert claim_request(NOW + now, ObjectId(), "o", 30.0)[0]["$or"] == not_leased(dnow)["$or"]
+    assert ready_filter(NOW + now)["$or"] == not_leased(dnow)["$or"]
 
 
 @settings(max_examples=150, deadline=None)
@@ -242,7 +247,7 @@ def test_flush_planning(specs, release_all):
         b.dirty, b.until, b.lost, b.queued = dirty, NOW + left, lost, queued
         buckets.append(b)
     before = [(b.dirty, b.finished(), b.idle()) for b in buckets]
-    plan, unwritable = core.plan_flush(buckets, NOW, lease, release_all=release_all)
+    plan, unwritable = plan_flush(buckets, NOW, lease, release_all=release_all)
     assert unwritable == []
     kinds = {id(b): kind for b, kind, _ in plan}
     for b, (dirty, finished, idle) in zip(buckets, before, strict=True):
@@ -253,7 +258,7 @@ def test_flush_planning(specs, release_all):
             assert kind == "delete"  # the flush after the last commit deletes it
         elif release_all or (idle and b.queued == 0):
             assert kind == "release"
-        elif dirty or core.needs_renewal(b, NOW, lease):
+        elif dirty or needs_renewal(b, NOW, lease):
             assert kind == "update"
         else:
             assert kind is None
@@ -293,5 +298,5 @@ def test_each_handed_out_item_stalls_on_its_own_clock(n, handed, now, limit):
 def test_a_write_is_never_retried_past_its_budget(elapsed, budget):
     from pymongo.errors import AutoReconnect, OperationFailure
 
-    assert core.may_retry(AutoReconnect("x"), elapsed, budget) == (elapsed < budget)
-    assert not core.may_retry(OperationFailure("bad", code=2), elapsed, budget)
+    assert may_retry(AutoReconnect("x"), elapsed, budget) == (elapsed < budget)
+    assert not may_retry(OperationFailure("bad", code=2), elapsed, budget)

@@ -6,37 +6,51 @@ option's checks."""
 from __future__ import annotations
 
 import pytest
+from bson import ObjectId
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketq.errors import ConfigurationError
-from bucketq.queue import _core as core
 from bucketq.queue._codec import encode_item
+from bucketq.queue._core.claims import (
+    PROBE_SORT,
+    Rotation,
+    claim_request,
+    claimable_filter,
+    member_id,
+    part_filter,
+    partition_of,
+    partition_of_document,
+    partitions_to_fold,
+    probe_requests,
+)
+from bucketq.queue._core.options import MAX_PARTITIONS, QueueOptions
+from bucketq.queue._core.packing import OpenBucket, Packer
 
 NOW = 1_700_000_000.0
 keys = st.one_of(st.text(max_size=40), st.binary(max_size=40), st.integers(0, 10**12))
-parts = st.integers(min_value=1, max_value=core.MAX_PARTITIONS)
+parts = st.integers(min_value=1, max_value=MAX_PARTITIONS)
 
 
 @given(keys, parts)
 def test_a_key_has_one_partition_in_range(key, k):
-    p = core.partition_of(key, k)
+    p = partition_of(key, k)
     assert 0 <= p < k
-    assert core.partition_of(key, k) == p  # the same every time
+    assert partition_of(key, k) == p  # the same every time
     if k == 1:
         assert p == 0
 
 
 @given(st.integers(0, 10**12), parts)
 def test_a_whole_number_key_picks_its_partition(key, k):
-    assert core.partition_of(key, k) == key % k
+    assert partition_of(key, k) == key % k
 
 
 def test_a_text_key_hashes_the_same_in_every_process():
     # Pinned values: a process (or Python version) that hashed differently would put
     # one tenant's items in two partitions.
-    assert [core.partition_of(f"tenant-{i}", 8) for i in range(6)] == [2, 3, 5, 4, 4, 6]
-    assert core.partition_of(b"tenant-0", 8) == core.partition_of("tenant-0", 8)
+    assert [partition_of(f"tenant-{i}", 8) for i in range(6)] == [2, 3, 5, 4, 4, 6]
+    assert partition_of(b"tenant-0", 8) == partition_of("tenant-0", 8)
 
 
 def test_producer_ids_spread_over_the_partitions():
@@ -45,7 +59,7 @@ def test_producer_ids_spread_over_the_partitions():
     # leaves one empty is 4 x 0.75^200, about 1e-25).
     counts = [0] * 4
     for _ in range(200):
-        counts[core.partition_of(core.member_id("host:123"), 4)] += 1
+        counts[partition_of(member_id("host:123"), 4)] += 1
     assert min(counts) > 0
 
 
@@ -57,7 +71,7 @@ def test_producer_ids_spread_over_the_partitions():
     st.lists(st.integers(0, 64), max_size=60),
 )
 def test_a_rotation_tries_every_partition_and_moves_on(k, start, stay, found_at):
-    rot = core.Rotation(start, k, stay)
+    rot = Rotation(start, k, stay)
     assert rot.round()[0] == start % k
     in_a_row = 0
     for offset in found_at:
@@ -77,7 +91,7 @@ def test_a_rotation_tries_every_partition_and_moves_on(k, start, stay, found_at)
 @settings(deadline=None, max_examples=60)
 @given(st.integers(1, 64), st.integers(0, 10**6), st.integers(0, 10**6))
 def test_an_idle_consumer_starts_its_round_where_a_bucket_was_seen(k, start, seen):
-    rot = core.Rotation(start, k)
+    rot = Rotation(start, k)
     rot.start_at(seen)
     order = rot.round()
     assert order[0] == seen % k and sorted(order) == list(range(k))
@@ -85,28 +99,28 @@ def test_an_idle_consumer_starts_its_round_where_a_bucket_was_seen(k, start, see
 
 @given(st.integers(0, 64))
 def test_the_idle_probe_looks_from_the_consumers_own_place_then_from_the_start(start):
-    reqs = core.probe_requests(NOW, start)
-    assert reqs[-1] == core.claimable_filter(NOW)  # finally: any partition, from 0
+    reqs = probe_requests(NOW, start)
+    assert reqs[-1] == claimable_filter(NOW)  # finally: any partition, from 0
     if start:
-        assert reqs[0] == {**core.claimable_filter(NOW), "part": {"$gte": start}}
+        assert reqs[0] == {**claimable_filter(NOW), "part": {"$gte": start}}
     else:
         assert len(reqs) == 1
-    assert core.PROBE_SORT[0] == ("part", 1)  # partition order, not the oldest bucket
+    assert PROBE_SORT[0] == ("part", 1)  # partition order, not the oldest bucket
 
 
 def test_the_partition_of_a_stored_bucket():
-    assert core.partition_of_document({}) == 0
-    assert core.partition_of_document({"part": None}) == 0
-    assert core.partition_of_document({"part": 5}) == 5
+    assert partition_of_document({}) == 0
+    assert partition_of_document({"part": None}) == 0
+    assert partition_of_document({"part": 5}) == 5
     # the read an idle consumer makes has no partition term: it is not a claim
-    assert "part" not in core.claimable_filter(NOW)
-    flt, _ = core.claim_request(NOW, core.ObjectId(), "me", 30.0)
-    assert flt == core.claimable_filter(NOW)
+    assert "part" not in claimable_filter(NOW)
+    flt, _ = claim_request(NOW, ObjectId(), "me", 30.0)
+    assert flt == claimable_filter(NOW)
 
 
 @given(st.integers(1, 64), st.integers(1, 10))
 def test_a_consumer_visits_every_partition_while_all_have_buckets(k, stay):
-    rot = core.Rotation(0, k, stay)
+    rot = Rotation(0, k, stay)
     seen = set()
     for _ in range(k * stay):
         p = rot.round()[0]
@@ -121,7 +135,7 @@ def test_consumers_that_start_apart_claim_apart(k, consumers, stay):
     # Consumers that each find a bucket at every claim stay on distinct partitions
     # when they start on distinct ones.
     n = min(k, consumers)
-    rots = [core.Rotation(i, k, stay) for i in range(n)]
+    rots = [Rotation(i, k, stay) for i in range(n)]
     for _ in range(3 * k * stay):
         at = [r.round()[0] for r in rots]
         assert len(set(at)) == n
@@ -129,23 +143,23 @@ def test_consumers_that_start_apart_claim_apart(k, consumers, stay):
             r.found(p)
 
 
-@given(st.integers(0, core.MAX_PARTITIONS - 1))
+@given(st.integers(0, MAX_PARTITIONS - 1))
 def test_a_bucket_matches_the_claim_of_its_partition_only(part):
-    ob = core.OpenBucket(None, NOW, None, part)
+    ob = OpenBucket(None, NOW, None, part)
     ob.items = [encode_item("x")]
     doc = ob.document()
-    flt = core.part_filter(part)
+    flt = part_filter(part)
     # Equality on the field ({"part": None} matches a missing field).
     assert list(flt) == ["part"]
     assert doc.get("part") == flt["part"]
     if part == 0:
         assert "part" not in doc  # partition 0: today's document layout
-    other = core.part_filter(part + 1)
+    other = part_filter(part + 1)
     assert doc.get("part") != other["part"]
-    assert core.part_filter(None) == {}
-    flt, _ = core.claim_request(NOW, ob.id, "me", 30.0, part)
+    assert part_filter(None) == {}
+    flt, _ = claim_request(NOW, ob.id, "me", 30.0, part)
     assert flt["part"] == (part or None)
-    flt, _ = core.claim_request(NOW, ob.id, "me", 30.0)
+    flt, _ = claim_request(NOW, ob.id, "me", 30.0)
     assert "part" not in flt
 
 
@@ -155,10 +169,10 @@ def test_a_bucket_matches_the_claim_of_its_partition_only(part):
     st.integers(1, 20),
 )
 def test_the_packer_keeps_partitions_apart(specs, max_size):
-    opts = core.QueueOptions(bucket_max_size=max_size, partitions=6)
-    packer = core.Packer(opts, object)
+    opts = QueueOptions(bucket_max_size=max_size, partitions=6)
+    packer = Packer(opts, object)
     placed = []
-    sealed: list[core.OpenBucket] = []
+    sealed: list[OpenBucket] = []
     for n, (part, delay) in enumerate(specs):
         ob, index, out = packer.add(encode_item(n), NOW + delay, NOW, part)
         sealed.extend(out)
@@ -174,7 +188,7 @@ def test_the_packer_keeps_partitions_apart(specs, max_size):
 
 @given(st.lists(st.one_of(st.integers(0, 100), st.none(), st.text(max_size=2))), st.integers(1, 40))
 def test_folding_moves_every_partition_out_of_range_into_it(found, k):
-    moves = core.partitions_to_fold(found, k)
+    moves = partitions_to_fold(found, k)
     for old, new in moves.items():
         assert old >= k
         assert new is None or 0 < new < k
@@ -184,10 +198,10 @@ def test_folding_moves_every_partition_out_of_range_into_it(found, k):
 
 @pytest.mark.parametrize(
     "value, says",
-    [(0, "from 1 to 4096"), (core.MAX_PARTITIONS + 1, "from 1 to 4096"), ("4", "whole number"),
+    [(0, "from 1 to 4096"), (MAX_PARTITIONS + 1, "from 1 to 4096"), ("4", "whole number"),
      (True, "whole number"), (2.0, "whole number")],
 )  # fmt: skip
 def test_partitions_is_checked_with_a_clear_error(value, says):
     with pytest.raises(ConfigurationError) as err:
-        core.QueueOptions(partitions=value)
+        QueueOptions(partitions=value)
     assert "partitions" in str(err.value) and says in str(err.value)

@@ -14,7 +14,9 @@ from pymongo import MongoClient, monitoring
 
 from bucketq import AsyncElementQueue, AsyncQueue, Queue
 from bucketq.errors import ConfigurationError
-from bucketq.queue import _core as core
+from bucketq.queue._core.claims import partition_of
+from bucketq.queue._core.counts import DRAIN_REPORT
+from bucketq.queue._core.held import HeldBucket
 from bucketq.stream import AsyncStreamQueue, StreamQueue
 
 FAST = {"state_flush_period": 0.1, "poll_interval": 0.2, "drain_timeout": 0.5}
@@ -128,12 +130,10 @@ def test_keys_and_producers_place_items_and_keep_their_order(db):
         q.flush()
         where = {}
         for d in db.q.find():
-            for m in core.HeldBucket(d, d["_id"], time.time(), 30).ready_messages(
-                time.time(), None
-            ):
+            for m in HeldBucket(d, d["_id"], time.time(), 30).ready_messages(time.time(), None):
                 where[m.payload] = d.get("part", 0)
         assert where["zero"] == 0 and where["two"] == 2 and where["six"] == 2
-        assert where["tenant"] == where["b1"] == where["b2"] == core.partition_of("tenant-a", 4)
+        assert where["tenant"] == where["b1"] == where["b2"] == partition_of("tenant-a", 4)
         assert {where[i] for i in range(20)} == {q.partition}
         got = [m.payload for m in consume(q, 26)]
         assert len(got) == 26
@@ -162,7 +162,7 @@ def test_sizes_stats_remove_drain_and_the_dead_letter_queue(db):
         assert q.rollback(msgs[10]) is True  # max_tries=1: to the dead-letter queue
         q.flush()
         report = q.drain()
-        assert set(report) == set(core.DRAIN_REPORT)
+        assert set(report) == set(DRAIN_REPORT)
     finally:
         q.close()
     assert Queue(db, "q", partitions=3).total_size() == 1  # the delayed one

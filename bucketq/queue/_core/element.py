@@ -1,0 +1,42 @@
+"""The per-element baseline (``ElementQueue``): one document per item."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bson import ObjectId
+
+from .times import to_datetime
+
+
+class ElementRef:
+    """What a per-element message points at: its document and the claim's token."""
+
+    __slots__ = ("id", "token", "lost", "released", "batch", "origin")
+
+    def __init__(
+        self, id: ObjectId, token: ObjectId | None = None, batch: Any = None, origin: Any = None
+    ) -> None:
+        self.id = id
+        self.token = token
+        self.lost = False
+        self.released = False
+        self.batch = batch
+        self.origin = origin
+
+
+def element_document(payload: Any, headers: dict | None, mature: float) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "_id": ObjectId(),
+        "mature": to_datetime(mature),
+        "p": payload,
+        "tries": 0,
+        "lease": None,
+    }
+    if headers:
+        doc["h"] = headers
+    return doc
+
+
+def element_rollback_update(not_before: float) -> dict[str, Any]:
+    return {"$set": {"mature": to_datetime(not_before), "lease": None}, "$inc": {"tries": 1}}

@@ -1,0 +1,76 @@
+"""The outcome of a write and whether to try it again: bulk write errors, an
+unconfirmed write concern, transient errors and the backoff between tries.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+
+def bulk_failed_indexes(exc: Any) -> set[int]:
+    """The positions of the writes a ``BulkWriteError`` says failed."""
+    return {int(e["index"]) for e in exc.details.get("writeErrors", []) if "index" in e}
+
+
+def bulk_error_of(exc: Any, index: int) -> str:
+    for e in exc.details.get("writeErrors", []):
+        if e.get("index") == index:
+            return str(e.get("errmsg") or e)
+    return str(exc)
+
+
+def split_write_errors(exc: Any) -> tuple[list[Any], set[Any]]:
+    """A ``BulkWriteError`` of an insert: (ids that exist already, ids that failed otherwise).
+    An existing id is an earlier attempt that landed, or for a stream, someone else's number."""
+    errs = exc.details.get("writeErrors", [])
+    dups = [e["op"]["_id"] for e in errs if e.get("code") == 11000]
+    failed = {e["op"]["_id"] for e in errs if e.get("code") != 11000}
+    return dups, failed
+
+
+def backoff(
+    attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random
+) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
+    return rng() * min(cap, base * (2 ** min(attempt, 32)))
+
+
+def write_concern_unconfirmed(kind: str, name: str, exc: BaseException) -> BaseException:
+    """The receipt error of items that were stored while the write concern was not
+    confirmed (a ``WriteConcernError``, or a bulk write's ``writeConcernErrors``)."""
+    from ...errors import WriteConcernNotConfirmed
+
+    err = WriteConcernNotConfirmed(
+        f"The item IS stored in {kind} {name!r}, but the server did not confirm the write "
+        f"concern ({exc}). Do not push it again (that would store it twice); fix the write "
+        "concern or the replica set."
+    )
+    err.__cause__ = exc
+    return err
+
+
+def bulk_write_concern_failed(exc: Any) -> bool:
+    """Whether a ``BulkWriteError`` also reports write concern errors."""
+    return bool(exc.details.get("writeConcernErrors"))
+
+
+def may_retry(exc: BaseException, elapsed: float, budget: float) -> bool:
+    """Whether a failed write is tried again: a transient error, within the retry budget."""
+    return elapsed < budget and is_transient(exc)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth retrying with backoff: the server is away or busy, not wrong."""
+    from pymongo.errors import ConnectionFailure, OperationFailure, WTimeoutError
+
+    if isinstance(exc, ConnectionFailure | WTimeoutError):
+        return True
+    if isinstance(exc, OperationFailure):
+        return bool(
+            exc.has_error_label("RetryableWriteError")
+            or exc.has_error_label("TransientTransactionError")
+            or exc.code in (6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436)
+        )
+    return False
