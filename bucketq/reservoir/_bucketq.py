@@ -1,9 +1,10 @@
 """The ``bucketq`` transport: one bucketq queue per shard, on MongoDB.
 
-``enqueue`` returns once the records are durable: it pushes them ``durable=True`` and
-waits for their bucket's insert, which the queue's writer makes at its next turn: at
-once when no insert is in flight; requests that arrive while one is in flight share
-the next insert (group commit). The consumer of the same process serves that
+``enqueue`` returns once the records are durable: it pushes them and waits for their
+bucket's insert, which the queue's writer makes ``commit_window`` (10 ms) after the
+bucket opened, or as soon as its insert in flight returned if that is later; requests
+that arrive meanwhile share one insert (group commit). With ``commit_window=0`` the
+push is ``durable=True``: written at once when no insert is in flight. The consumer of the same process serves that
 bucket without claiming it (``hold_pushed``). A flush consumer reserves items; an ack commits them (and
 flushes the queue state, so a crash redelivers as little as possible). A requeue pushes
 the updated envelope with a delay, durably, and only then commits the old one; a
@@ -38,14 +39,16 @@ log = logging.getLogger("bucketq.reservoir.bucketq")
 
 T = TypeVar("T")
 
-#: Queue options of the shard queues unless given: fine mature slots (retry delays of
-#: 100 ms stay short), a lease of 30 s. No group-commit window: every push of the
-#: transport is ``durable=True``, so its bucket is written at the writer's next turn (at
-#: once when no insert is in flight; the pushes that arrive while one is in flight share
-#: the next). A fixed 20 ms window (``bucket_max_wait``) had cut the inserts per request
-#: from 0.4 to 0.3 but put 20 ms under every ingest: at 100 requests/s x 10 logs, in
-#: process, ingest p50 25-28 ms and p95 92-187 ms with the window against 13-17 ms and
-#: 53-65 ms without (load 15-17).
+#: Seconds an ingest's bucket waits for others before it is written (group commit;
+#: ``RESERVOIR_BUFFER_BUCKETQ_COMMIT_WINDOW_MS``). Measured with ``bucketq bench ingest``
+#: at 100 requests/s x 10 logs, memory and bucketq in one run each (load 3.5-7.6):
+#: 10 ms: bucketq p95 71 ms (memory 54), 0.57 MongoDB commands per request; 0: p95 124
+#: (34), 0.66; 20 ms: p95 119 (42), 0.40. At load 3-4, 0 gave p95 38 ms but 1.04
+#: commands per request: one insert per request when inserts beat the requests' spacing.
+DEFAULT_COMMIT_WINDOW = 0.01
+
+#: Queue options of the shard queues unless given (``bucket_max_wait`` is the commit
+#: window): fine mature slots (retry delays of 100 ms stay short), a lease of 30 s.
 #: No change streams: every process that pushes to a shard also consumes it, and its own
 #: inserts wake its consumer in-process, so a watcher per shard queue only added reads
 #: (measured: getMores were 70% of the bucketq mode's MongoDB commands at 100 requests/s,
@@ -95,10 +98,17 @@ class BucketqTransport(Transport):
         *,
         prefix: str = DEFAULT_STREAM_PREFIX,
         queue_options: dict[str, Any] | None = None,
+        commit_window: float = DEFAULT_COMMIT_WINDOW,
     ) -> None:
+        if not isinstance(commit_window, int | float) or not 0 <= commit_window <= 1:
+            raise ValueError(f"commit_window must be 0 to 1 second; got {commit_window!r}")
         self.db = db
         self.prefix = prefix
-        self.queue_options = {**DEFAULT_QUEUE_OPTIONS, **(queue_options or {})}
+        self.commit_window = float(commit_window)
+        # An ingest's bucket is written commit_window after it opened (the queue's
+        # bucket_max_wait); 0: durable pushes, written at the writer's next turn.
+        window = {"bucket_max_wait": self.commit_window} if self.commit_window else {}
+        self.queue_options = {**DEFAULT_QUEUE_OPTIONS, **window, **(queue_options or {})}
         self.queues: dict[int, AsyncQueue] = {}
         self._dlq: AsyncQueue | None = None
 
@@ -148,12 +158,20 @@ class BucketqTransport(Transport):
         self, shard: int, entries: Sequence[dict[str, Any]], delay: float = 0.0
     ) -> None:
         # A dispatch delay is the queue's own: the bucket is durable now, mature later.
-        # durable=True: the bucket is written at the writer's next turn, so an ingest
-        # that finds the writer idle is written at once, and the ingests arriving while
-        # that insert is in flight share the next one (group commit without a window).
-        if entries:
-            q = self._queue(shard)
-            await self._push_durable(q, entries, delay=delay if delay > 0 else None)
+        # With a commit window the bucket is written commit_window after it opened (or
+        # once the insert in flight returned, if later): the ingests arriving meanwhile
+        # share its insert. Without one (0), durable=True: written at the writer's next
+        # turn, at once when no insert is in flight, shared when one is.
+        if not entries:
+            return
+        q = self._queue(shard)
+        at = delay if delay > 0 else None
+        if not self.commit_window:
+            await self._push_durable(q, entries, delay=at)
+            return
+        what = f"writing to queue {q.name!r}"
+        for r in await _call(what, q.push_many(list(entries), delay=at)):
+            await _call(what, r.wait())
 
     async def dequeue(self, shard: int, max_batch: int, max_wait: float) -> list[Delivery]:
         q = self._queue(shard)

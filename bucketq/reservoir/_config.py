@@ -196,6 +196,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(PREFIX + "CLAIM_IDLE_MS", "claim_idle_ms", "60000",
             "`redis`: a delivery unacknowledged this long (its consumer died) is claimed by another.",
             _int(1), seed=False),
+    Setting(PREFIX + "BUCKETQ_COMMIT_WINDOW_MS", "bucketq_commit_window_ms", "10",
+            "`bucketq`: an ingest's bucket is written this long after it opened (at the earliest once the shard "
+            "queue's insert in flight returned), so the ingests arriving meanwhile share one insert; `0`: at once "
+            "when no insert is in flight (one insert per request at low rates, the lowest latency).",
+            _int(0), seed=False),
     Setting(PREFIX + "MEMORY_CAPACITY", "memory_capacity", "100000",
             "`memory`: records it holds at most; past it, ingests write to storage directly.", _int(1), seed=False),
     Setting("BUCKETQ_MONGODB_URI", "mongodb_uri", "",
@@ -238,6 +243,7 @@ class BufferConfig:
     auto_overflow_failures: int = 0
     auto_overflow_cooldown_ms: int = 60000
     claim_idle_ms: int = 60000
+    bucketq_commit_window_ms: int = 10
     memory_capacity: int = 100000
     mongodb_uri: str = ""
 

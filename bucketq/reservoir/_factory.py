@@ -43,7 +43,8 @@ def create_transport(
 
             uri = config.mongodb_uri
             db = AsyncMongoClient(uri, **client_timeouts(uri)).get_default_database("bucketq")
-        return BucketqTransport(db, prefix=config.stream_prefix, **options)
+        return BucketqTransport(db, prefix=config.stream_prefix,
+                                commit_window=config.bucketq_commit_window_ms / 1000, **options)  # fmt: skip
     raise ConfigurationError(
         f"Unknown transport {name!r}; use memory, redis, bucketq or passthrough."
     )
