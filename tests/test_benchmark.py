@@ -1,5 +1,5 @@
 """`bucketq bench` end to end at a tiny N: every contender (bucketq sync and async, item
-by item and in batches, the per-element queues, mongo-taskqueue, kombu) at 1 and 2
+by item and through the _many calls, the per-element queues, mongo-taskqueue, kombu) at 1 and 2
 producer/consumer processes against the test server; what a user checks of the output.
 No timing thresholds."""
 
@@ -228,7 +228,7 @@ def test_shares_checksums_and_spread():
     assert element_sizes([200], 500) == {200: 200}
 
 
-def test_the_table_shows_bucketq_per_item_then_batches_then_per_element_and_peers(bench):
+def test_the_table_shows_bucketq_per_item_then_many_calls_then_per_element_and_peers(bench):
     _, data, text, _ = bench
     table = text[: text.index("MongoDB commands per 1,000 items")]
     one_process = [
@@ -240,17 +240,17 @@ def test_the_table_shows_bucketq_per_item_then_batches_then_per_element_and_peer
     assert names == [
         "bucketq Queue",
         "bucketq AsyncQueue",
-        "bucketq Queue (batches)",
-        "bucketq AsyncQueue (batches)",
+        "bucketq Queue (_many calls)",
+        "bucketq AsyncQueue (_many calls)",
         "per-element ElementQueue",
         "per-element AsyncElementQueue",
         "mongo-taskqueue TaskQueue",
         "kombu MongoDB transport",
     ]
-    batch_notes = [n for n in data["notes"] if "(batches)" in n]
-    assert len(batch_notes) == 1  # one note for both batch contenders
+    many_notes = [n for n in data["notes"] if "(_many calls)" in n]
+    assert len(many_notes) == 1  # one note for both _many-calls contenders
     for verb in ("push_many", "reserve_many", "commit_many"):
-        assert verb in batch_notes[0]
+        assert verb in many_notes[0]
 
 
 # -- the queue is empty at the end ---------------------------------------------------------
@@ -281,7 +281,7 @@ async def _push_commit_async(contender, uri: str, db_name: str, pushes: int, com
     await handle.close()
 
 
-@pytest.mark.parametrize("name", [c for c in CONTENDERS if "(batches)" not in c])
+@pytest.mark.parametrize("name", [c for c in CONTENDERS if "(_many calls)" not in c])
 def test_remaining_counts_what_the_queue_still_holds(mongo_uri, name):
     contender = CONTENDERS[name]
     db_name = f"bq_remaining_{abs(hash(name)) % 10**8}"
@@ -367,7 +367,7 @@ def test_repeat_runs_each_group_k_times_interleaved_and_reports_medians(mongo_ur
         n=1_000,
         procs=[1],
         element_n=20,
-        contenders=["bucketq Queue (batches)", "per-element ElementQueue"],
+        contenders=["bucketq Queue (_many calls)", "per-element ElementQueue"],
         json_path=str(path),
         plots_dir=None,
         console=console,
@@ -379,11 +379,11 @@ def test_repeat_runs_each_group_k_times_interleaved_and_reports_medians(mongo_ur
     assert [(r["contender"], r["repeat"]) for r in data["runs"]] == [
         (name, k)
         for k in range(2)
-        for name in ("per-element ElementQueue", "bucketq Queue (batches)")
+        for name in ("per-element ElementQueue", "bucketq Queue (_many calls)")
     ]
     assert all(r["items_ok"] for r in data["runs"])
     medians = {m["contender"]: m for m in data["medians"]}
-    assert set(medians) == {"per-element ElementQueue", "bucketq Queue (batches)"}
+    assert set(medians) == {"per-element ElementQueue", "bucketq Queue (_many calls)"}
     for name, m in medians.items():
         runs = [r for r in data["runs"] if r["contender"] == name]
         assert m["repeats"] == 2 and m["items_ok"]

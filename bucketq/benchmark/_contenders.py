@@ -30,7 +30,7 @@ class Handle:
     - ``commit(msg)`` marks the message done;
     - ``close()`` releases everything (outside the measured time).
 
-    A contender with a ``batch`` size also has ``push_many(payloads)``,
+    A contender with ``per_call`` > 0 also has ``push_many(payloads)``,
     ``reserve_many(max_items, timeout)`` (a list, empty when nothing came) and
     ``commit_many(msgs)``. The async flavour has the same names as coroutines (``close`` too).
     """
@@ -60,7 +60,7 @@ class Contender:
     per_element: bool = False
     is_async: bool = False
     #: Items per ``push_many`` / ``reserve_many`` call; 0: one item per call.
-    batch: int = 0
+    per_call: int = 0
     #: PyPI distributions whose versions the report states.
     distributions: tuple[str, ...] = ()
     #: Modules the worker imports to drive it (from the ``bench`` extra).
@@ -128,31 +128,31 @@ class _AsyncBucketqHandle(_BucketqHandle):
         await self.client.close()
 
 
-#: Items per call of the contenders marked (batches), which use the ``_many`` calls:
-#: ``push_many`` of this many payloads, ``reserve_many(BATCH, timeout)`` then
-#: ``commit_many`` of what came.
-BATCH = 1000
+#: Items per call of the contenders marked (_many calls), which use ``push_many`` of
+#: this many payloads, ``reserve_many(PER_CALL, timeout)`` then ``commit_many`` of what
+#: came.
+PER_CALL = 1000
 
 
 class BucketqContender(Contender):
     def __init__(
-        self, name: str, cls_name: str, *, per_element: bool, is_async: bool, batch: int = 0
+        self, name: str, cls_name: str, *, per_element: bool, is_async: bool, per_call: int = 0
     ) -> None:
-        self.name, self.cls_name, self.per_element, self.is_async, self.batch = (
+        self.name, self.cls_name, self.per_element, self.is_async, self.per_call = (
             name,
             cls_name,
             per_element,
             is_async,
-            batch,
+            per_call,
         )
         self.distributions = ("bucketq", "pymongo")
         self.takes_options = not per_element
-        if batch:
+        if per_call:
             self.note = (
-                "bucketq Queue / AsyncQueue (batches): the same queues, with the same options, as "
-                f"the per-item rows, driven through the _many calls: push_many of {batch:,} payloads "
-                f"at a time, then reserve_many({batch:,}, timeout) and commit_many of what came "
-                "back. The rows without '(batches)' call push, reserve and commit once per item."
+                "bucketq Queue / AsyncQueue (_many calls): the same queues, with the same options, as "
+                f"the per-item rows, driven through the _many calls: push_many of {per_call:,} payloads "
+                f"at a time, then reserve_many({per_call:,}, timeout) and commit_many of what came "
+                "back. The rows without '(_many calls)' call push, reserve and commit once per item."
             )
 
     def _cls(self) -> Any:
@@ -312,14 +312,18 @@ CONTENDERS: dict[str, Contender] = {
         BucketqContender("bucketq Queue", "Queue", per_element=False, is_async=False),
         BucketqContender("bucketq AsyncQueue", "AsyncQueue", per_element=False, is_async=True),
         BucketqContender(
-            "bucketq Queue (batches)", "Queue", per_element=False, is_async=False, batch=BATCH
+            "bucketq Queue (_many calls)",
+            "Queue",
+            per_element=False,
+            is_async=False,
+            per_call=PER_CALL,
         ),
         BucketqContender(
-            "bucketq AsyncQueue (batches)",
+            "bucketq AsyncQueue (_many calls)",
             "AsyncQueue",
             per_element=False,
             is_async=True,
-            batch=BATCH,
+            per_call=PER_CALL,
         ),
         BucketqContender(
             "per-element ElementQueue", "ElementQueue", per_element=True, is_async=False

@@ -26,7 +26,7 @@ def main(
         counter = CommandCounter()
         monitoring.register(counter)  # before any client exists
         contender = CONTENDERS[spec["contender"]]
-        w = Worker(spec, idx, barrier, pushed, done, counter, contender.batch)
+        w = Worker(spec, idx, barrier, pushed, done, counter, contender.per_call)
         options = spec.get("queue_options") or {}
         if contender.is_async:
             report = asyncio.run(run_async(w, partial(contender.open_async, **options)))

@@ -273,7 +273,7 @@ class Preset:
 
 
 #: --quick: every contender at 100,000 items (per-element at 500), one process each, plus
-#: bucketq (per item and batches) at 10,000 items and at 2 producer + 2 consumer
+#: bucketq (per item and through the _many calls) at 10,000 items and at 2 producer + 2 consumer
 #: processes: a cost-flatness slice.
 QUICK = Preset(
     sizes=(100_000,),

@@ -25,10 +25,10 @@ def run(w: Worker, open_handle: Any) -> dict[str, Any]:
     db_name)`` returns through both phases; returns the worker's report."""
     h = open_handle(w.uri, w.db)
     w.opened()
-    batch, poll = w.batch, w.poll
+    per_call, poll = w.per_call, w.poll
 
     w.begin("push")
-    if batch:
+    if per_call:
         push_many = h.push_many
         for chunk in w.chunks():
             push_many(chunk)
@@ -46,9 +46,9 @@ def run(w: Worker, open_handle: Any) -> dict[str, Any]:
     own = s1 = s2 = 0  # items committed; sum and sum of squares of their numbers
     check_at = w.next_check(own)
     while check_at:  # 0 once the shared counter says N items are committed
-        if batch:
+        if per_call:
             while own < check_at:
-                msgs = reserve_many(batch, poll)
+                msgs = reserve_many(per_call, poll)
                 if not msgs:
                     break
                 for m in msgs:
