@@ -189,7 +189,8 @@ class AsyncConsumer:
 
     async def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
         core.check_message(msg, self.origin, "commit")
-        v.flag("flush", flush)
+        if flush is not False:
+            v.flag("flush", flush)
         with self._mutex:
             ok = core.is_current(msg) and msg.bucket.commit(msg.index)
             if ok:

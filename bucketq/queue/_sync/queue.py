@@ -188,7 +188,11 @@ class Queue(Sizes):
         ``key`` (str, bytes or int) picks its partition; by default the producer's own."""
         self._check_open()
         part = self._producer.partition_for(key)
-        item = encode_item(payload, core.check_push(headers, durable))
+        # No headers, not durable (the common push) needs no check: skip two calls.
+        item = encode_item(
+            payload,
+            None if headers is None and durable is False else core.check_push(headers, durable),
+        )
         now = _now()
         at = (
             core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
