@@ -140,6 +140,21 @@ def test_plots_are_pngs_and_the_table_names_every_contender(bench):
         assert name.split()[-1] in text
 
 
+def _bench_small(mongo_uri, path, *contenders: str, console=None, **kw):
+    """``bucketq bench`` of 1,000 items (per-element: 20) in one process, for ``contenders``."""
+    return run(
+        mongo_uri,
+        n=1_000,
+        procs=[1],
+        element_n=20,
+        contenders=list(contenders),
+        json_path=str(path),
+        plots_dir=None,
+        console=console or Console(file=io.StringIO(), width=220),
+        **kw,
+    )
+
+
 def test_a_failed_run_does_not_lose_the_others(mongo_uri, tmp_path, monkeypatch):
     from bucketq.benchmark import _runner
 
@@ -153,16 +168,7 @@ def test_a_failed_run_does_not_lose_the_others(mongo_uri, tmp_path, monkeypatch)
     monkeypatch.setattr(_runner, "run_spec", flaky)
     path = tmp_path / "bench.json"
     with pytest.raises(RuntimeError, match=r"1 run\(s\) failed.*kombu.*simulated"):
-        run(
-            mongo_uri,
-            n=1_000,
-            procs=[1],
-            element_n=20,
-            contenders=["bucketq Queue", "kombu MongoDB transport"],
-            json_path=str(path),
-            plots_dir=None,
-            console=Console(file=io.StringIO()),
-        )
+        _bench_small(mongo_uri, path, "bucketq Queue", "kombu MongoDB transport")
     data = json.loads(path.read_text())
     assert [(r["contender"], r["items_ok"]) for r in data["runs"]] == [("bucketq Queue", True)]
     assert [f["contender"] for f in data["settings"]["failed_runs"]] == ["kombu MongoDB transport"]
@@ -299,20 +305,6 @@ def test_remaining_counts_what_the_queue_still_holds(mongo_uri, name):
             c.drop_database(db_name)
 
 
-def _bench_one(mongo_uri, path, contender: str, **kw):
-    return run(
-        mongo_uri,
-        n=1_000,
-        procs=[1],
-        element_n=20,
-        contenders=[contender],
-        json_path=str(path),
-        plots_dir=None,
-        console=Console(file=io.StringIO(), width=220),
-        **kw,
-    )
-
-
 def _prepare_with(monkeypatch, name: str, extra: int, delay: float | None):
     """The run's queue starts with ``extra`` items of its own: really stored, pushed
     before the workers start, unknown to their counters and checksums."""
@@ -338,7 +330,7 @@ def test_an_item_left_in_the_queue_fails_the_run_though_the_checksums_agree(
     _prepare_with(monkeypatch, "bucketq Queue", extra=1, delay=3600)
     path = tmp_path / "bench.json"
     with pytest.raises(RuntimeError, match=r"exactly once \(1 items left in the queue\)"):
-        _bench_one(mongo_uri, path, "bucketq Queue")
+        _bench_small(mongo_uri, path, "bucketq Queue")
     (r,) = json.loads(path.read_text())["runs"]
     assert r["items_consumed"] == r["items_pushed"] == 1_000
     assert sum(w["consumed"][1] for w in r["workers"]) == sum(w["pushed"][1] for w in r["workers"])
@@ -351,7 +343,7 @@ def test_consumers_that_stop_early_leave_items_and_fail_the_run(mongo_uri, tmp_p
     _prepare_with(monkeypatch, "bucketq Queue", extra=5, delay=None)
     path = tmp_path / "bench.json"
     with pytest.raises(RuntimeError, match=r"5 items left in the queue"):
-        _bench_one(mongo_uri, path, "bucketq Queue")
+        _bench_small(mongo_uri, path, "bucketq Queue")
     (r,) = json.loads(path.read_text())["runs"]
     assert r["items_consumed"] == 1_000 and r["items_remaining"] == 5 and not r["items_ok"]
 
@@ -362,14 +354,11 @@ def test_consumers_that_stop_early_leave_items_and_fail_the_run(mongo_uri, tmp_p
 def test_repeat_runs_each_group_k_times_interleaved_and_reports_medians(mongo_uri, tmp_path):
     path = tmp_path / "bench.json"
     console = Console(file=io.StringIO(), width=220)
-    run(
+    _bench_small(
         mongo_uri,
-        n=1_000,
-        procs=[1],
-        element_n=20,
-        contenders=["bucketq Queue (_many calls)", "per-element ElementQueue"],
-        json_path=str(path),
-        plots_dir=None,
+        path,
+        "bucketq Queue (_many calls)",
+        "per-element ElementQueue",
         console=console,
         repeat=2,
     )

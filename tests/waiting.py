@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 #: Long enough for the embedded server on a loaded machine; a passing test never waits it.
@@ -28,12 +29,41 @@ DEFAULT_INTERVAL = 0.02
 _NOTHING = object()
 
 
-def _fail(what: str, predicate: Any, timeout: float, last: Any, error: BaseException | None):
-    seen = f"; last error: {error!r}" if error is not None else f"; last value: {last!r}"
-    raise AssertionError(
-        f"timed out after {timeout:g} s waiting for {what or getattr(predicate, '__name__', predicate)}"
-        f"{'' if last is _NOTHING and error is None else seen}"
-    )
+class _Waiting:
+    """The state of one wait, shared by both flavours: the deadline, the last value and
+    error seen, and the failure at the deadline."""
+
+    def __init__(self, predicate: Any, timeout: float, what: str, ignore: tuple) -> None:
+        self.predicate, self.timeout, self.what, self.ignore = predicate, timeout, what, ignore
+        self.deadline = time.monotonic() + timeout
+        self.last: Any = _NOTHING
+        self.error: BaseException | None = None
+
+    @contextmanager
+    def attempt(self) -> Iterator[None]:
+        """One call of the predicate: an exception of the ``ignore`` types is "not yet"."""
+        try:
+            yield
+            self.error = None
+        except self.ignore as exc:
+            self.error = exc
+
+    def done(self) -> bool:
+        """True once the last call returned something truthy; fails the test at the deadline."""
+        if self.error is None and self.last:
+            return True
+        if time.monotonic() >= self.deadline:
+            seen = (
+                f"; last error: {self.error!r}"
+                if self.error is not None
+                else f"; last value: {self.last!r}"
+            )
+            name = self.what or getattr(self.predicate, "__name__", self.predicate)
+            raise AssertionError(
+                f"timed out after {self.timeout:g} s waiting for {name}"
+                f"{'' if self.last is _NOTHING and self.error is None else seen}"
+            )
+        return False
 
 
 def eventually(
@@ -46,19 +76,12 @@ def eventually(
     """Poll ``predicate`` every ``interval`` seconds until it returns something truthy
     (returned) or ``timeout`` seconds pass (AssertionError). Exceptions of the types in
     ``ignore`` count as "not yet" (a server that is restarting, say)."""
-    deadline = time.monotonic() + timeout
-    last: Any = _NOTHING
-    error: BaseException | None = None
+    w = _Waiting(predicate, timeout, what, ignore)
     while True:
-        try:
-            last, error = predicate(), None
-        except ignore as exc:
-            error = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            _fail(what, predicate, timeout, last, error)
+        with w.attempt():
+            w.last = predicate()
+        if w.done():
+            return w.last
         time.sleep(interval)
 
 
@@ -71,20 +94,11 @@ async def eventually_async(
 ) -> Any:
     """:func:`eventually` for async tests: ``predicate`` may return an awaitable, which is
     awaited; the loop sleeps with ``asyncio.sleep`` so background tasks run meanwhile."""
-    deadline = time.monotonic() + timeout
-    last: Any = _NOTHING
-    error: BaseException | None = None
+    w = _Waiting(predicate, timeout, what, ignore)
     while True:
-        try:
+        with w.attempt():
             last = predicate()
-            if inspect.isawaitable(last):
-                last = await last
-            error = None
-        except ignore as exc:
-            error = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            _fail(what, predicate, timeout, last, error)
+            w.last = (await last) if inspect.isawaitable(last) else last
+        if w.done():
+            return w.last
         await asyncio.sleep(interval)

@@ -29,6 +29,7 @@ from .._concurrency import (
     AsyncWorker,
     async_sleep,
 )
+from .runtime import AsyncRuntime
 
 log = logging.getLogger("bucketq.queue")
 
@@ -39,38 +40,33 @@ class AsyncProducer:
     """What one queue object buffers and writes: open buckets, the writer, and the
     budget of every bucket insert.
 
-    The owner hands it what it needs: ``name`` and ``kind`` ("queue" or "stream", for
-    messages), the push ``options``, the ``mutex`` and ``stats`` it shares with the
-    owner's other parts, ``write(buckets)`` (store sealed buckets; returns the ids NOT
-    stored and why), ``written(buckets, now)`` (called with the buckets just stored,
-    before their items are freed), ``is_closed()``, ``bounded(seconds)`` (bound driver
-    calls) and ``worker(role, fn, stopped)`` (start a guarded background loop).
+    The owner hands it what it needs: its ``runtime`` (its name and kind for messages,
+    its counters, whether it is closed, bounded driver calls, guarded background loops),
+    the push ``options``, the ``mutex`` it shares with the owner's other parts,
+    ``write(buckets)`` (store sealed buckets; returns the ids NOT stored and why) and
+    ``written(buckets, now)`` (called with the buckets just stored, before their items
+    are freed).
     """
 
     def __init__(
         self,
-        *,
-        name: str,
-        kind: str,
+        runtime: AsyncRuntime,
         options: core.QueueOptions,
+        *,
         mutex: AsyncMutex,
-        stats: dict[str, int],
         write: Callable[[list[core.OpenBucket]], Any],
         written: Callable[[list[core.OpenBucket], float], None] | None = None,
-        is_closed: Callable[[], bool],
-        bounded: Callable[..., Any],
-        worker: Callable[..., AsyncWorker],
     ) -> None:
-        self.name = name
-        self._kind = kind
+        self.name = runtime.name
+        self._kind = runtime.kind
         self._opts = options
         self._mutex = mutex
-        self._stats = stats
+        self._stats = runtime.stats
         self._write = write
         self._written = written
-        self._is_closed = is_closed
-        self._bounded = bounded
-        self._worker = worker
+        self._is_closed = runtime.is_closed
+        self._bounded = runtime.bounded
+        self._worker = runtime.worker
         self._packer = core.Packer(options, AsyncBatch)
         self._to_write: deque[core.OpenBucket] = deque()
         self._unwritten: dict[Any, core.OpenBucket] = {}

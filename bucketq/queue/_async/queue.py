@@ -73,16 +73,7 @@ class AsyncQueue(AsyncSizes):
         self._bounded = self._runtime.bounded
         mutex = AsyncMutex()
         self._producer = AsyncProducer(
-            name=name,
-            kind="queue",
-            options=opts,
-            mutex=mutex,
-            stats=self._stats,
-            write=self._write,
-            written=self._written,
-            is_closed=lambda: self._closed,
-            bounded=self._bounded,
-            worker=self._runtime.worker,
+            self._runtime, opts, mutex=mutex, write=self._write, written=self._written
         )
         #: This queue object's own id, and the partition its pushes go to by default.
         self.producer_id = self._producer.producer_id

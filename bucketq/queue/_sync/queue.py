@@ -75,16 +75,7 @@ class Queue(Sizes):
         self._bounded = self._runtime.bounded
         mutex = Mutex()
         self._producer = Producer(
-            name=name,
-            kind="queue",
-            options=opts,
-            mutex=mutex,
-            stats=self._stats,
-            write=self._write,
-            written=self._written,
-            is_closed=lambda: self._closed,
-            bounded=self._bounded,
-            worker=self._runtime.worker,
+            self._runtime, opts, mutex=mutex, write=self._write, written=self._written
         )
         #: This queue object's own id, and the partition its pushes go to by default.
         self.producer_id = self._producer.producer_id

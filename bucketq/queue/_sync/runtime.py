@@ -37,8 +37,8 @@ class Runtime:
     ) -> None:
         self.kind = kind
         self.name = name
-        self._stats = stats
-        self._is_closed = is_closed
+        self.stats = stats
+        self.is_closed = is_closed
         self._log = log
         self._health = deadlines.Health(f"{kind} {name}")
 
@@ -58,6 +58,6 @@ class Runtime:
     def worker(self, role: str, fn: Any, stopped: Callable[[], bool] | None = None) -> Worker:
         """A background loop that survives what it does not handle (see
         ``bucketq._guard``); it ends once ``stopped()`` (by default: once closed)."""
-        guard = LoopGuard(f"{self.kind} {self.name}: the {role}", self._stats, self._log)
+        guard = LoopGuard(f"{self.kind} {self.name}: the {role}", self.stats, self._log)
         name = f"bucketq-{self.kind}-{role}-{self.name}"
-        return Worker(name, fn, guard, stopped or self._is_closed)
+        return Worker(name, fn, guard, stopped or self.is_closed)

@@ -87,16 +87,7 @@ class AsyncStreamQueue:
         self._runtime = AsyncRuntime("stream", self.name, self._stats, lambda: self._closed, log)
         self._bounded = self._runtime.bounded
         self._producer = AsyncProducer(
-            name=self.name,
-            kind="stream",
-            options=opts.packer,
-            mutex=AsyncMutex(),
-            stats=self._stats,
-            write=self._write,
-            written=self._written,
-            is_closed=lambda: self._closed,
-            bounded=self._bounded,
-            worker=self._runtime.worker,
+            self._runtime, opts.packer, mutex=AsyncMutex(), write=self._write, written=self._written
         )
         #: Notified when buckets are stored by this object, or a change event says some
         #: were: a consumer waiting in next_batch reads again at once.

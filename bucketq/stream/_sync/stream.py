@@ -89,16 +89,7 @@ class StreamQueue:
         self._runtime = Runtime("stream", self.name, self._stats, lambda: self._closed, log)
         self._bounded = self._runtime.bounded
         self._producer = Producer(
-            name=self.name,
-            kind="stream",
-            options=opts.packer,
-            mutex=Mutex(),
-            stats=self._stats,
-            write=self._write,
-            written=self._written,
-            is_closed=lambda: self._closed,
-            bounded=self._bounded,
-            worker=self._runtime.worker,
+            self._runtime, opts.packer, mutex=Mutex(), write=self._write, written=self._written
         )
         #: Notified when buckets are stored by this object, or a change event says some
         #: were: a consumer waiting in next_batch reads again at once.
