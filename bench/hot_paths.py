@@ -93,7 +93,7 @@ def main() -> None:
 
     def one_by_one(q: Queue) -> None:
         for _ in range(n):
-            q.commit(q.reserve())
+            q.commit(q.reserve(0.05))  # with a timeout, as a worker loop calls it
 
     def in_batches(q: Queue) -> None:
         while batch := q.reserve_many(1000, timeout=0):
@@ -106,7 +106,7 @@ def main() -> None:
         ("push_many (1,000 at a time)", best(push_many_all)),
         ("decode_items (whole buckets)", best(lambda: [decode_items(d["items"]) for d in docs])),
         ("fetch (decode + messages)", best(lambda: fetched())),
-        ("reserve + commit", best(one_by_one, fetched)),
+        ("reserve(timeout) + commit", best(one_by_one, fetched)),
         ("reserve_many + commit_many (1,000)", best(in_batches, fetched)),
     ]  # fmt: skip
     floor = rows[0][1]
