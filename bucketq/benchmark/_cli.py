@@ -27,3 +27,21 @@ def run_command(command: str, body: Callable[[], Any]) -> int:
 def plots_dir(args: argparse.Namespace, default: str) -> str | None:
     """Where ``--plots``/``--no-plots`` put the PNGs (None: no plots)."""
     return None if args.no_plots else (args.plots or default)
+
+
+def add_run_arguments(
+    p: argparse.ArgumentParser, command: str, body: Callable[[argparse.Namespace], Any]
+) -> None:
+    """The arguments every ``bucketq bench`` sub-command ends with (``--json``,
+    ``--mongodb-uri``); the sub-command runs ``body(args)`` through :func:`run_command`
+    (``command`` names it in errors)."""
+    p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    p.add_argument(
+        "--mongodb-uri",
+        help="use this MongoDB (default: $BUCKETQ_MONGODB_URI, else the embedded server)",
+    )
+
+    def run_from_args(args: argparse.Namespace) -> int:
+        return run_command(command, lambda: body(args))
+
+    p.set_defaults(func=run_from_args)

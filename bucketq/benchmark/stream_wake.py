@@ -178,6 +178,8 @@ def _report(results: dict[str, Any]) -> None:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from ._cli import add_run_arguments
+
     p = sub.add_parser(
         "stream-wake",
         help="stream mode: from a bucket's insert until a waiting next_batch returns it, "
@@ -192,20 +194,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--gap-max", type=float, default=DEFAULT_GAP_MAX,
                    help=f"longest pause between two pushes, s (default {DEFAULT_GAP_MAX})")  # fmt: skip
     p.add_argument("--mode", action="append", choices=MODES, help="run only this mode (repeatable)")
-    p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    p.add_argument("--mongodb-uri", help="use this MongoDB (default: $BUCKETQ_MONGODB_URI, else the embedded server)")  # fmt: skip
-    p.set_defaults(func=run_from_args)
+    add_run_arguments(p, "bucketq bench stream-wake", _run_from_args)
     return p
 
 
-def run_from_args(args: argparse.Namespace) -> int:
-    from ._cli import run_command
-
-    return run_command(
-        "bucketq bench stream-wake",
-        lambda: run(args.mongodb_uri, n=args.n, gap_min=args.gap_min, gap_max=args.gap_max,
-                    modes=args.mode, json_path=args.json),
-    )  # fmt: skip
+def _run_from_args(args: argparse.Namespace) -> Any:
+    return run(args.mongodb_uri, n=args.n, gap_min=args.gap_min, gap_max=args.gap_max,
+               modes=args.mode, json_path=args.json)  # fmt: skip
 
 
 def _producer_main(argv: list[str]) -> int:

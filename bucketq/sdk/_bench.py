@@ -283,6 +283,8 @@ def _report(results: dict[str, Any]) -> None:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from ..benchmark._cli import add_run_arguments
+
     p = sub.add_parser(
         "sdk",
         help="the logging SDK: caller cost of a log call (server up, stopped, queue full) "
@@ -301,20 +303,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--delivery-n", type=v.cli_count(1), default=DEFAULT_DELIVERY_N,
                    help=f"records for the delivery rate (default {DEFAULT_DELIVERY_N:,})")  # fmt: skip
     p.add_argument("--case", action="append", choices=CASES, help="run only this case (repeatable)")
-    p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    p.add_argument("--mongodb-uri", help="use this MongoDB (default: $BUCKETQ_MONGODB_URI, else the embedded server)")  # fmt: skip
-    p.set_defaults(func=run_from_args)
+    add_run_arguments(p, "bucketq bench sdk", _run_from_args)
     return p
 
 
-def run_from_args(args: argparse.Namespace) -> int:
-    from ..benchmark._cli import run_command
-
-    return run_command(
-        "bucketq bench sdk",
-        lambda: run(args.mongodb_uri, n=args.n, http_n=args.http_n, delivery_n=args.delivery_n,
-                    cases=args.case, json_path=args.json),
-    )  # fmt: skip
+def _run_from_args(args: argparse.Namespace) -> Any:
+    return run(args.mongodb_uri, n=args.n, http_n=args.http_n, delivery_n=args.delivery_n,
+               cases=args.case, json_path=args.json)  # fmt: skip
 
 
 def _main(argv: list[str]) -> int:
