@@ -285,8 +285,10 @@ class Processor:
         now = time.monotonic()
         p, fb = self.primary, self.fallback
         if drain:
-            if fb is not None and fb.available(now):
-                return fb
+            if fb is not None and fb.up:
+                # Asked to wait (Retry-After): the drain waits too. The primary is the
+                # server that is not keeping up; a drain sent there can hang a whole timeout.
+                return fb if fb.available(now) else None
             return p if p.available(now) else None
         if p.available(now):
             return p

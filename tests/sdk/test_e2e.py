@@ -240,6 +240,46 @@ def test_drain_worker_sends_to_the_fallback_from_90_percent(frozen, fallback, pk
     assert on_primary + on_fallback == Counter(f"dr-{i}" for i in range(120))
 
 
+def test_a_drain_waits_for_a_fallback_that_asked_to_wait(frozen, pkey, svc, tmp_path):
+    """The fallback's storage is slow: it answers the drain's batch 503 with Retry-After.
+    The next drain waits for the fallback; it does not send to the primary, which is the
+    one not answering (a drain sent there hung for the whole timeout, and the fallback got
+    nothing: the flake of the test above under load)."""
+    mongo = EmbeddedServer(standalone=True).start()
+    fb = Serve(mongo.uri, "bqsdk_dw", tmp_path / "serve.log",
+               BUCKETQ_INGEST_TIMEOUT_MS="300", BUCKETQ_RETRY_AFTER_S="1")  # fmt: skip
+    try:
+        fb.start()
+        client: MongoClient = MongoClient(mongo.uri)
+        fkey = _keys.create_key(client["bqsdk_dw"], "dw")
+        client.close()
+        warm = Client(fb.url, fkey, spill_dir=tmp_path / "warm", service=svc, **FAST)
+        assert warm.log("info", "before") and warm.flush(30)  # the server knows the key now
+        c = Client(frozen.url, pkey, fallback_url=fb.url, fallback_api_key=fkey,
+                   spill_dir=tmp_path / "spill", service=svc, queue_size=100, batch_size=5,
+                   timeout=120, **FAST)  # fmt: skip
+        os.kill(mongo.pid, signal.SIGSTOP)
+        try:
+            for i in range(120):
+                c.log("info", f"dw-{i}")
+            eventually(lambda: (c.stats()["last_error"] or "").startswith("fallback: HTTP 503"),
+                       60, what="the fallback asking to wait")  # fmt: skip
+        finally:
+            os.kill(mongo.pid, signal.SIGCONT)
+        eventually(lambda: c.stats()["to_fallback"] >= 80, 60, what="80+ answered by the fallback")
+        frozen.stop_signal(signal.SIGCONT)
+        eventually(lambda: c.stats()["pending"] == 0, 60, what="nothing pending")
+        eventually(lambda: c.stats()["sent"] + c.stats()["to_fallback"] + c.stats()["replayed"]
+                   == 120, 60, what="all 120 delivered (the queue's overflow replayed)")  # fmt: skip
+        # A 503 after the storage timeout is "not acknowledged", not "not stored": a
+        # record may be on the fallback twice (see the 503 test), never missing.
+        got = set(messages(frozen, pkey, svc)) | set(messages(fb, fkey, svc))
+        assert got == {"before"} | {f"dw-{i}" for i in range(120)}
+    finally:
+        fb.kill()
+        mongo.stop()
+
+
 def test_two_configurations_are_isolated(frozen, fallback, fkey, pkey, svc, tmp_path):
     stuck = Client(frozen.url, pkey, spill_dir=tmp_path, service=svc, queue_size=50,
                    timeout=120, **FAST)  # fmt: skip
