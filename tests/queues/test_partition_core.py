@@ -97,6 +97,31 @@ def test_an_idle_consumer_starts_its_round_where_a_bucket_was_seen(k, start, see
     assert order[0] == seen % k and sorted(order) == list(range(k))
 
 
+@settings(deadline=None, max_examples=60)
+@given(
+    st.integers(1, 64),
+    st.integers(0, 10**6),
+    st.lists(st.integers(0, 63), max_size=20),
+    st.floats(0.1, 10.0),
+)
+def test_a_round_skips_partitions_found_empty_until_their_memory_passes(k, start, empty, memory):
+    rot = Rotation(start, k)
+    missed = {p % k for p in empty}
+    for p in missed:
+        rot.missed(p, NOW, memory)
+    order = rot.round(NOW)
+    assert set(order) == set(range(k)) - missed  # the others, each once
+    assert order == [p for p in Rotation(start, k).round() if p not in missed]  # in turn
+    assert sorted(rot.round(NOW + memory)) == list(range(k))  # remembered for ``memory``
+    if missed:
+        p = min(missed)
+        rot.start_at(p)  # an idle read saw a bucket there
+        assert rot.round(NOW)[0] == p
+        q = max(missed)
+        rot.found(q)  # a claim found one there after all
+        assert q in rot.round(NOW)
+
+
 @given(st.integers(0, 64))
 def test_the_idle_probe_looks_from_the_consumers_own_place_then_from_the_start(start):
     reqs = probe_requests(NOW, start)

@@ -295,7 +295,8 @@ class AsyncConsumer:
     async def _claim(self) -> bool:
         """Claim one bucket: True if one was found. A partitioned queue tries the next
         partition of its rotation, then the following ones, and is idle only once a
-        whole round found nothing. Each claim gets ``op_timeout`` (a round of many
+        whole round found nothing; a partition where a claim found nothing is left out
+        of its rounds for ``poll_interval`` (``Rotation``). Each claim gets ``op_timeout`` (a round of many
         partitions is not one operation). While idle, one read looks for a claimable
         bucket in any partition first: an idle consumer costs one command per poll,
         not one per partition."""
@@ -313,12 +314,13 @@ class AsyncConsumer:
             if doc is None:
                 return False
             self._rotation.start_at(core.partition_of_document(doc))
-        for part in self._rotation.round():
+        for part in self._rotation.round(_now()):
             with self._bounded(self.options.op_timeout):
                 got = await self._claim_in(part)
             if got:
                 self._rotation.found(part)
                 return True
+            self._rotation.missed(part, _now(), self.options.poll_interval)
             if self.draining or self._is_closed():
                 return False
         return False

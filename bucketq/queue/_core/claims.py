@@ -62,28 +62,45 @@ class Rotation:
     each partition once, from ``next``. A claim that finds a bucket keeps the consumer
     on that partition for up to ``stay`` buckets in a row, then moves it on, so every
     partition is visited and consumers that start at different partitions stay spread
-    over them; a partition where a claim finds nothing is left at once (one claim)."""
+    over them; a partition where a claim finds nothing is left at once (one claim),
+    and rounds skip it for ``memory`` seconds (the queue's ``poll_interval``) unless an
+    idle read saw a bucket there since: on a server without a claim index every claim
+    that finds nothing scans the collection, and with more partitions than producers
+    some partitions stay empty."""
 
-    __slots__ = ("partitions", "next", "stay", "run")
+    __slots__ = ("partitions", "next", "stay", "run", "missed_until")
 
     def __init__(self, start: int, partitions: int, stay: int = ROTATION_STAY) -> None:
         self.partitions = partitions
         self.next = start % partitions
         self.stay = stay
         self.run = 0  # buckets found in a row in ``next``
+        self.missed_until: dict[int, float] = {}  # partition -> skipped by rounds until
 
-    def round(self) -> list[int]:
-        """The partitions to try, in order, until one has a bucket."""
+    def round(self, now: float = 0.0) -> list[int]:
+        """The partitions to try at ``now``, in order, until one has a bucket (empty when
+        each was found empty within its memory: the consumer is then idle)."""
         k = self.partitions
-        return [(self.next + i) % k for i in range(k)]
+        order = [(self.next + i) % k for i in range(k)]
+        if self.missed_until:
+            skip = self.missed_until
+            order = [p for p in order if skip.get(p, 0.0) <= now]
+        return order
+
+    def missed(self, part: int, now: float, memory: float) -> None:
+        """A claim in ``part`` found nothing at ``now``."""
+        self.missed_until[part] = now + memory
 
     def start_at(self, part: int) -> None:
         """The next round starts at ``part`` (an idle consumer saw a bucket there)."""
+        part %= self.partitions
+        self.missed_until.pop(part, None)
         if part != self.next:
-            self.next, self.run = part % self.partitions, 0
+            self.next, self.run = part, 0
 
     def found(self, part: int) -> None:
         """A claim in ``part`` found a bucket."""
+        self.missed_until.pop(part, None)
         if part != self.next:
             self.next, self.run = part, 0
         self.run += 1
