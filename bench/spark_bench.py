@@ -1,30 +1,48 @@
 #!/usr/bin/env python3
-"""Items/s from a stream-mode queue into Parquet through the
-``bucketq`` Spark data source on local[2].
+"""Items/s from bucketq queues into Parquet through the ``bucketq`` Spark data source
+on local[2], beside Spark's own floors for the same rows.
 
-    python bench/spark_bench.py                 # 100,000 items
+    python bench/spark_bench.py --repeat 3      # 100,000 items, medians of 3 runs
     python bench/spark_bench.py --quick         # 20,000 items
     python bench/spark_bench.py --json out.json --mongodb-uri mongodb://...
 
-Contenders, run one after the other in ONE process against ONE server:
-  stream→parquet   streaming query (offsets = seqs, acks on commit) until drained
-  batch→parquet    batch read of the same items (a second copy in another stream)
-  floor            the same rows from memory (no MongoDB) into Parquet: Spark's own cost
-Ratios to the floor are what carries over between servers; on the embedded server
-(SecantusDB) per-operation costs are 10-100x those of mongod.
+Contenders, run one after the other in ONE process against ONE server, ``--repeat``
+times (each run with new queues, a new checkpoint and new output):
+  stream→parquet       streaming query (offsets = seqs, acks on commit) until drained,
+                       its start included
+  batch→parquet        batch read of the same items (a second copy in another stream)
+  floor: python stream the same rows (an Arrow file the bench wrote) through a minimal
+                       Python streaming data source into Parquet: what PySpark's Python
+                       data sources cost with no MongoDB and no decoding
+  floor: python batch  the same, as a batch read
+  floor: memory        the same rows cached in Spark into Parquet: Spark's own write
+
+The first run also starts the executors' Python workers (the JVM is warmed up before);
+later runs reuse them, as a long-lived Spark application does. Medians are printed, and
+each run's figures are in the JSON. On the embedded server (SecantusDB) per-operation
+costs are 10-100x those of mongod.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 
 
 def payloads(n: int) -> list[dict[str, Any]]:
@@ -41,13 +59,223 @@ def payloads(n: int) -> list[dict[str, Any]]:
     ]
 
 
+# -- the floor's data source: rows from an Arrow file, no MongoDB, no decoding -----------
+
+
+class RowRange(InputPartition):
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+
+
+def _read_rows(path: str, lo: int, hi: int):
+    import pyarrow as pa
+
+    table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+    yield from table.slice(lo, hi - lo).to_batches(max_chunksize=10_000)
+
+
+def _split(lo: int, hi: int, parts: int) -> list[RowRange]:
+    step = max(1, -(-(hi - lo) // parts))
+    return [RowRange(a, min(a + step, hi)) for a in range(lo, hi, step)]
+
+
+class ArrowFileSource(DataSource):
+    """Options ``path`` (an Arrow IPC file of the source's rows), ``rows``, ``parts``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bucketq_bench_arrow_file"
+
+    def schema(self) -> str:
+        return (
+            "seq LONG, bucket STRING, index INT, payload STRING, headers STRING, "
+            "mature TIMESTAMP, tries INT"
+        )
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return ArrowFileReader(self.options)
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return ArrowFileStreamReader(self.options)
+
+
+class ArrowFileReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path, self.rows, self.parts = options["path"], int(options["rows"]), 2
+
+    def partitions(self) -> list[InputPartition]:
+        return _split(0, self.rows, self.parts)
+
+    def read(self, partition: Any):
+        return _read_rows(self.path, partition.lo, partition.hi)
+
+
+class ArrowFileStreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path, self.rows, self.parts = options["path"], int(options["rows"]), 2
+        self.max_rows = int(options.get("maxRowsPerTrigger") or 0) or None
+
+    def initialOffset(self) -> dict:
+        return {"row": 0}
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        begin = int(start["row"]) if start else 0
+        end = self.rows if self.max_rows is None else min(self.rows, begin + self.max_rows)
+        return {"row": end}
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return _split(int(start["row"]), int(end["row"]), self.parts)
+
+    def read(self, partition: Any):
+        return _read_rows(self.path, partition.lo, partition.hi)
+
+    def commit(self, end: dict) -> None:
+        pass
+
+
+# -- one run -----------------------------------------------------------------------------
+
+
+def stream_figures(n: int, seconds: float, t0: float, progress: list[dict]) -> dict[str, Any]:
+    """A streaming run's figures from ``query.recentProgress``."""
+    batches = [p for p in progress if p["numInputRows"]]
+    ms = [p["durationMs"] for p in batches]
+    in_batches = sum(d.get("triggerExecution", 0) for d in ms) / 1000
+    first = ms[0].get("triggerExecution", 0) / 1000 if ms else 0.0
+    later_rows = sum(p["numInputRows"] for p in batches[1:])
+    later_s = sum(d.get("triggerExecution", 0) for d in ms[1:]) / 1000
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "items_per_s": n / seconds,
+        "micro_batches": len(batches),
+        "seconds_in_batches": in_batches,
+        "items_per_s_in_batches": n / in_batches if in_batches else None,
+        "first_batch_seconds": first,
+        "items_per_s_after_first_batch": later_rows / later_s if later_s else None,
+        # the query's start: start() until its first micro-batch began
+        "start_seconds": max(0.0, seconds - in_batches),
+    }
+    for key in ("latestOffset", "queryPlanning", "addBatch", "walCommit", "commitOffsets"):
+        out[f"ms_{key}"] = [d.get(key, 0) for d in ms]
+    return out
+
+
+def run_stream(spark: Any, fmt: str, opts: dict[str, str], out: Path, n: int) -> dict[str, Any]:
+    t = time.perf_counter()
+    query = (
+        spark.readStream.format(fmt)
+        .options(**opts)
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(out / "data"))
+        .option("checkpointLocation", str(out / "ckpt"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    query.processAllAvailable()
+    seconds = time.perf_counter() - t
+    progress = list(query.recentProgress)
+    query.stop()
+    got = spark.read.parquet(str(out / "data")).count()
+    assert got == n, f"{fmt} stream→parquet stored {got} of {n} rows"
+    return stream_figures(n, seconds, t, progress)
+
+
+def timed(n: int, f: Any) -> dict[str, Any]:
+    t = time.perf_counter()
+    f()
+    s = time.perf_counter() - t
+    return {"seconds": s, "items_per_s": n / s}
+
+
+def one_run(spark: Any, db: Any, uri: str, n: int, args: Any, tmp: Path) -> dict[str, Any]:
+    import pyarrow as pa
+
+    from bucketq.spark import _ops as ops
+    from bucketq.stream import StreamQueue
+
+    for name in ("bench_stream", "bench_batch"):
+        db.drop_collection(name)
+        db.drop_collection(name + ".meta")
+    items = payloads(n)
+    res: dict[str, Any] = {}
+    t = time.perf_counter()
+    for name in ("bench_stream", "bench_batch"):
+        q = StreamQueue(db, name)
+        q.push_many(items)
+        q.close()
+    push_s = (time.perf_counter() - t) / 2
+    res["push"] = {"items": n, "seconds": push_s, "items_per_s": n / push_s}
+
+    # The floor's rows: exactly what the source yields for this stream, as an Arrow file.
+    arrow = tmp / "rows.arrow"
+    docs = db.get_collection("bench_batch", codec_options=ops.CODEC_OPTIONS).find().sort("_id")
+    batches = list(ops.arrow_batches(docs, "json", "stream"))
+    with pa.ipc.new_file(str(arrow), batches[0].schema) as w:
+        for b in batches:
+            w.write_batch(b)
+
+    opts = {"uri": uri, "database": db.name, "numPartitions": str(args.partitions)}
+    limit = {"maxRowsPerTrigger": str(args.max_rows)} if args.max_rows else {}
+    res["stream_to_parquet"] = run_stream(
+        spark, "bucketq", {**opts, "queue": "bench_stream", **limit}, tmp / "stream", n
+    )
+    res["batch_to_parquet"] = timed(
+        n,
+        lambda: (
+            spark.read.format("bucketq")
+            .options(**opts, queue="bench_batch")
+            .load()
+            .write.parquet(str(tmp / "batch"))
+        ),
+    )
+    fopts = {"path": str(arrow), "rows": str(n), **limit}
+    res["floor_python_stream"] = run_stream(
+        spark, ArrowFileSource.name(), fopts, tmp / "fstream", n
+    )
+    res["floor_python_batch"] = timed(
+        n,
+        lambda: (
+            spark.read.format(ArrowFileSource.name())
+            .options(**fopts)
+            .load()
+            .write.parquet(str(tmp / "fbatch"))
+        ),
+    )
+    df = spark.read.format(ArrowFileSource.name()).options(**fopts).load().cache()
+    df.count()
+    res["floor_memory"] = timed(n, lambda: df.write.parquet(str(tmp / "floor")))
+    df.unpersist()
+    for p in tmp.iterdir():
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+    return res
+
+
+ROWS = (
+    ("push", "push (not Spark)"),
+    ("stream_to_parquet", "stream→parquet"),
+    ("batch_to_parquet", "batch→parquet"),
+    ("floor_python_stream", "floor: python stream"),
+    ("floor_python_batch", "floor: python batch"),
+    ("floor_memory", "floor: memory"),
+)
+
+
+def median_of(runs: list[dict[str, Any]], key: str, field: str) -> float | None:
+    vals = [r[key][field] for r in runs if r[key].get(field) is not None]
+    return statistics.median(vals) if vals else None
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--quick", action="store_true", help="20,000 items")
+    ap.add_argument("--repeat", type=int, default=1, help="runs; medians are printed")
     ap.add_argument("--mongodb-uri", default=None)
     ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--max-rows", type=int, default=50_000, help="maxRowsPerTrigger")
+    ap.add_argument(
+        "--max-rows", type=int, default=None, help="maxRowsPerTrigger (default: the source's)"
+    )
     ap.add_argument("--partitions", type=int, default=2, help="numPartitions of the source")
     ap.add_argument("--json", default=None, help="write every figure here")
     args = ap.parse_args(argv)
@@ -60,10 +288,10 @@ def main(argv: list[str]) -> int:
 
     from bucketq.embedded import mongodb
     from bucketq.spark import register
-    from bucketq.stream import StreamQueue
 
     tmp = Path(tempfile.mkdtemp(prefix="bucketq-spark-bench-"))
-    results: dict[str, Any] = {}
+    runs: list[dict[str, Any]] = []
+    loads: list[tuple[float, float, float]] = []
     with mongodb(args.mongodb_uri) as uri:
         server = (
             "given URI" if args.mongodb_uri else "embedded SecantusDB (or $BUCKETQ_MONGODB_URI)"
@@ -71,15 +299,6 @@ def main(argv: list[str]) -> int:
         client = MongoClient(uri)
         db = client["bucketq_spark_bench"]
         client.drop_database(db.name)
-        items = payloads(n)
-        t = time.perf_counter()
-        for name in ("bench_stream", "bench_batch"):
-            q = StreamQueue(db, name)
-            q.push_many(items)
-            q.close()
-        push_s = (time.perf_counter() - t) / 2
-        results["push"] = {"items": n, "seconds": push_s, "items_per_s": n / push_s}
-
         spark = (
             SparkSession.builder.master(args.master)
             .appName("bucketq-spark-bench")
@@ -89,67 +308,21 @@ def main(argv: list[str]) -> int:
         )
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
-        opts = {"uri": uri, "database": db.name, "numPartitions": str(args.partitions)}
-
+        spark.dataSource.register(ArrowFileSource)
         # warm-up: one tiny Parquet write, so the JVM's start is nobody's cost
         spark.range(10).write.mode("overwrite").parquet(str(tmp / "warm"))
-
-        # 1. stream → parquet
-        t = time.perf_counter()
-        query = (
-            spark.readStream.format("bucketq")
-            .options(**opts, queue="bench_stream", maxRowsPerTrigger=str(args.max_rows))
-            .load()
-            .writeStream.format("parquet")
-            .option("path", str(tmp / "stream"))
-            .option("checkpointLocation", str(tmp / "ckpt"))
-            .trigger(processingTime="0 seconds")
-            .start()
-        )
-        query.processAllAvailable()
-        stream_s = time.perf_counter() - t
-        batches = [p for p in query.recentProgress if p["numInputRows"]]
-        query.stop()
-        got = spark.read.parquet(str(tmp / "stream")).count()
-        assert got == n, f"stream→parquet stored {got} of {n} rows"
-        in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in batches) / 1000
-        # The first micro-batch also starts the executors' Python workers (imports,
-        # MongoDB connections); the later ones show the source's steady pace.
-        later = batches[1:]
-        later_s = sum(p["durationMs"].get("triggerExecution", 0) for p in later) / 1000
-        later_rows = sum(p["numInputRows"] for p in later)
-        results["stream_to_parquet"] = {
-            "seconds": stream_s,
-            "items_per_s": n / stream_s,
-            "micro_batches": len(batches),
-            "seconds_in_batches": in_batches,
-            "items_per_s_in_batches": n / in_batches if in_batches else None,
-            "first_batch_seconds": batches[0]["durationMs"].get("triggerExecution", 0) / 1000
-            if batches
-            else None,
-            "items_per_s_after_first_batch": later_rows / later_s if later_s else None,
-        }
-
-        # 2. batch read → parquet
-        t = time.perf_counter()
-        spark.read.format("bucketq").options(**opts, queue="bench_batch").load().write.parquet(
-            str(tmp / "batch")
-        )
-        batch_s = time.perf_counter() - t
-        results["batch_to_parquet"] = {"seconds": batch_s, "items_per_s": n / batch_s}
-
-        # 3. floor: the same rows, already in Spark, into Parquet
-        rows = [(i, "1", 0, json.dumps(p)) for i, p in enumerate(items)]
-        df = (
-            spark.createDataFrame(rows, "seq LONG, bucket STRING, index INT, payload STRING")
-            .repartition(2)
-            .cache()
-        )
-        df.count()
-        t = time.perf_counter()
-        df.write.parquet(str(tmp / "floor"))
-        floor_s = time.perf_counter() - t
-        results["floor"] = {"seconds": floor_s, "items_per_s": n / floor_s}
+        shutil.rmtree(tmp / "warm")
+        for i in range(args.repeat):
+            loads.append(os.getloadavg())
+            runs.append(one_run(spark, db, uri, n, args, tmp))
+            r = runs[-1]
+            print(
+                f"run {i + 1}/{args.repeat} (load {loads[-1][0]:.1f}): "
+                + ", ".join(f"{k} {r[k]['items_per_s']:,.0f}" for k, _ in ROWS[1:])
+                + " items/s",
+                flush=True,
+            )
+        loads.append(os.getloadavg())
         spark.stop()
         client.drop_database(db.name)
         client.close()
@@ -162,28 +335,34 @@ def main(argv: list[str]) -> int:
         "server": server,
         "master": args.master,
         "n": n,
-        "payload_bytes": round(sum(len(json.dumps(p)) for p in items[:1000]) / 1000),
-        "maxRowsPerTrigger": args.max_rows,
+        "repeat": args.repeat,
+        "payload_bytes": round(sum(len(json.dumps(p)) for p in payloads(1000)) / 1000),
+        "maxRowsPerTrigger": args.max_rows or "source default",
         "numPartitions": args.partitions,
+        "load_average_1m": [round(x[0], 2) for x in loads],
     }
-    floor = results["floor"]["items_per_s"]
     print(
-        f"\nbucketq Spark benchmark: {n:,} items (~{env['payload_bytes']} B JSON), {args.master}, {server}"
+        f"\nbucketq Spark benchmark: {n:,} items (~{env['payload_bytes']} B JSON), {args.master}, "
+        f"{server}; medians of {args.repeat} run(s); load average (1 min) "
+        + " → ".join(f"{x[0]:.1f}" for x in loads)
     )
-    print(f"{'contender':<20}{'seconds':>10}{'items/s':>12}{'vs floor':>10}")
-    for key in ("push", "stream_to_parquet", "batch_to_parquet", "floor"):
-        r = results[key]
-        ratio = "" if key == "push" else f"{r['items_per_s'] / floor:.2f}x"
-        print(f"{key:<20}{r['seconds']:>10.2f}{r['items_per_s']:>12,.0f}{ratio:>10}")
-    sp = results["stream_to_parquet"]
-    print(
-        f"(stream→parquet: query start included; its {sp['micro_batches']} micro-batches took "
-        f"{sp['seconds_in_batches']:.2f} s = {sp['items_per_s_in_batches'] or 0:,.0f} items/s; "
-        f"the first {sp['first_batch_seconds'] or 0:.2f} s (it also starts the Python workers), the others "
-        f"{sp['items_per_s_after_first_batch'] or 0:,.0f} items/s)"
-    )
+    floor = median_of(runs, "floor_memory", "items_per_s") or 1.0
+    print(f"{'contender':<24}{'seconds':>10}{'items/s':>12}{'vs memory':>11}")
+    for key, label in ROWS:
+        s, ips = median_of(runs, key, "seconds"), median_of(runs, key, "items_per_s")
+        ratio = "" if key == "push" else f"{(ips or 0) / floor:.2f}x"
+        print(f"{label:<24}{s or 0:>10.2f}{ips or 0:>12,.0f}{ratio:>11}")
+    for key, label in (("stream_to_parquet", "stream"), ("floor_python_stream", "floor")):
+        print(
+            f"({label}: start {median_of(runs, key, 'start_seconds') or 0:.2f} s, "
+            f"{median_of(runs, key, 'micro_batches') or 0:.0f} micro-batch(es) in "
+            f"{median_of(runs, key, 'seconds_in_batches') or 0:.2f} s = "
+            f"{median_of(runs, key, 'items_per_s_in_batches') or 0:,.0f} items/s; "
+            f"first run's first micro-batch {runs[0][key]['first_batch_seconds']:.2f} s)"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"env": env, "results": results}, indent=2))
+        doc = {"env": env, "runs": runs}
+        Path(args.json).write_text(json.dumps(doc, indent=2))
         print(f"wrote {args.json}")
     return 0
 

@@ -40,6 +40,11 @@ from ..stream import _core as score
 
 DEFAULT_DATABASE = "bucketq"
 DEFAULT_NUM_PARTITIONS = 2
+#: Rows per micro-batch of a streaming read unless ``maxRowsPerTrigger`` says otherwise:
+#: large enough that a micro-batch's fixed cost (planning, tasks, the sink's commit,
+#: about 0.3 s on local[2]) is a small part of it, small enough that a backlog is read in
+#: several micro-batches (a failed one is read again whole).
+DEFAULT_MAX_ROWS_PER_TRIGGER = 1_000_000
 #: Buckets a task inserts per command.
 INSERT_CHUNK = 16
 WRITER_PREFIX = "spark-writer:"
@@ -76,6 +81,15 @@ def spark_names(message: str) -> str:
     return message
 
 
+def check_partitions(o: Options, mode: str) -> None:
+    """Option partitions is for bucket queues: a stream has one partition."""
+    if o.partitions > 1 and mode == "stream":
+        raise ConfigurationError(
+            f"Option partitions={o.partitions} is for bucket queues (mode queue); "
+            f"{o.queue!r} is a stream, which has one partition. Leave partitions out."
+        )
+
+
 class Options:
     """The data source's options, checked once on the driver. Picklable (plain values).
 
@@ -83,7 +97,8 @@ class Options:
     (required), ``mode`` (``stream``, ``queue`` or ``auto``: a stream if the queue has
     stream metadata), ``payloadFormat`` (``json`` (default), ``binary``, or for writes
     ``text``), ``numPartitions``, ``bucketMaxSize``, ``bucketMaxBytes``,
-    ``maxRowsPerTrigger``, ``startingAfter``, ``holeGrace``, ``stageTimeout``, ``writerId``.
+    ``maxRowsPerTrigger``, ``startingAfter``, ``holeGrace``, ``stageTimeout``, ``writerId``,
+    ``partitions``.
     """
 
     def __init__(self, raw: dict[str, str]) -> None:
@@ -117,7 +132,9 @@ class Options:
         )
         n = _parse(opts, "maxRowsPerTrigger", int)
         self.max_rows_per_trigger = (
-            None if n is None else v.count("Option maxRowsPerTrigger", n, lo=1)
+            DEFAULT_MAX_ROWS_PER_TRIGGER
+            if n is None
+            else v.count("Option maxRowsPerTrigger", n, lo=1)
         )
         n = _parse(opts, "startingAfter", int)
         self.starting_after = None if n is None else v.count("Option startingAfter", n, lo=0)
@@ -129,6 +146,12 @@ class Options:
                 self.stream_options[name] = value
         self.stream_opts()
         self.writer_id = opts.get("writerid", "default")
+        n = _parse(opts, "partitions", int)
+        self.partitions = 1 if n is None else v.count(
+            "Option partitions", n, lo=1, hi=qcore.MAX_PARTITIONS,
+            note=" (the queue's partitions=K: writes spread their tasks over them)",
+        )  # fmt: skip
+        check_partitions(self, self.mode)
 
     def stream_opts(self) -> score.StreamOptions:
         try:
@@ -187,8 +210,6 @@ def meta_col(o: Options):
 
 # -- rows out of buckets ----------------------------------------------------------------
 
-ROW_FIELDS = ("seq", "bucket", "index", "payload", "headers", "mature", "tries")
-
 
 def schema_ddl(o: Options) -> str:
     payload = "BINARY" if o.payload_format == "binary" else "STRING"
@@ -212,33 +233,50 @@ def _json_default(v: Any) -> Any:
     return str(v)
 
 
-_json_encode = json.JSONEncoder(separators=(",", ":"), default=_json_default).encode
+_std_json = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, default=_json_default
+).encode
+
+try:  # the spark extra installs it: 3-4x the standard library's encoder per payload
+    from orjson import JSONEncodeError as _OrjsonError
+    from orjson import dumps as _orjson_dumps
+except ImportError:  # pragma: no cover
+    _orjson_dumps = None  # type: ignore[assignment]
+
+    class _OrjsonError(Exception):  # type: ignore[no-redef]
+        pass
 
 
-def to_json(v: Any) -> str:
-    """Compact JSON text of a decoded BSON value (dates ISO 8601, ObjectIds and
-    decimals as strings, bytes base64)."""
-    return _json_encode(v)
+def json_bytes(v: Any) -> bytes:
+    """Compact UTF-8 JSON text of a decoded BSON value (dates ISO 8601, ObjectIds and
+    decimals as strings, bytes base64): orjson's when it can (not for NaN or infinity,
+    which it writes as null), else the standard library's, which writes the same text."""
+    if _orjson_dumps is not None:
+        try:
+            return _orjson_dumps(v, default=_json_default)
+        except _OrjsonError:
+            pass  # nested deeper than orjson follows, say: the standard library's text
+    return _std_json(v).encode()
 
 
-def stream_rows(doc: dict[str, Any], fmt: str) -> Iterator[tuple]:
-    """Rows of one stream bucket (none for a tombstone), as tuples."""
-    cols = Columns(fmt)
-    cols.add_stream(doc)
-    yield from cols.rows()
-
-
-def queue_rows(doc: dict[str, Any], fmt: str) -> Iterator[tuple]:
-    """Rows of one bucket-queue bucket (its live, not consumed, items), as tuples."""
-    cols = Columns(fmt)
-    cols.add_queue(doc)
-    yield from cols.rows()
+def _json_list(values: list[Any]) -> list[bytes]:
+    """:func:`json_bytes` of each value, in one comprehension when orjson takes them all."""
+    if _orjson_dumps is not None:
+        dumps, default = _orjson_dumps, _json_default
+        try:
+            return [dumps(v, default=default) for v in values]
+        except _OrjsonError:
+            pass
+    return [json_bytes(v) for v in values]
 
 
 #: Rows per Arrow record batch a read task yields (whole buckets, so a batch may be larger).
 ARROW_BATCH_ROWS = 10_000
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 _US = _dt.timedelta(microseconds=1)
+#: An item's headers in its BSON (an embedded document named ``h``): a bucket binary
+#: without these bytes has no item with headers, so no item is looked at for them.
+_HEADERS_MARK = b"\x03h\x00"
 
 
 def _micros(t: Any) -> int | None:
@@ -277,44 +315,45 @@ def arrow_schema(fmt: str):
 
 class Columns:
     """The read columns of some buckets, filled bucket by bucket: one ``bson.decode_all``
-    per bucket, one JSON encoding per payload, bucket-wide values repeated in C."""
+    per bucket and one JSON encoding per payload (UTF-8 bytes, straight into an Arrow
+    column); bucket-wide values are repeated in C, and headers are looked for only in a
+    bucket whose binary has some."""
 
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
+        self.schema = arrow_schema(fmt)
         self.clear()
 
     def clear(self) -> None:
         self.seq: list[int | None] = []
         self.bucket: list[str] = []
         self.index: list[int] = []
-        self.payload: list[Any] = []
-        self.headers: list[str | None] = []
+        self.payload: list[bytes] = []
+        self.headers: list[bytes | None] = []
         self.mature: list[int | None] = []
         self.tries: list[int] = []
 
     def __len__(self) -> int:
         return len(self.index)
 
-    def _items(self, items: list[dict[str, Any]]) -> None:
-        enc = _json_encode
-        pay = self.payload
-        hdr = self.headers
+    def _items(self, blob: bytes, items: list[dict[str, Any]]) -> None:
         if self.fmt == "binary":
-            for it in items:
-                p = it["p"]
-                pay.append(p if isinstance(p, bytes) else enc(p).encode())
-                h = it.get("h")
-                hdr.append(None if h is None else enc(h))
+            pay = [it["p"] for it in items]
+            if not all(isinstance(p, bytes) for p in pay):
+                pay = [p if isinstance(p, bytes) else json_bytes(p) for p in pay]
+            self.payload += pay
         else:
-            for it in items:
-                pay.append(enc(it["p"]))
-                h = it.get("h")
-                hdr.append(None if h is None else enc(h))
+            self.payload += _json_list([it["p"] for it in items])
+        if _HEADERS_MARK in blob:
+            self.headers += [None if (h := it.get("h")) is None else json_bytes(h) for it in items]
+        else:
+            self.headers += [None] * len(items)
 
     def add_stream(self, doc: dict[str, Any]) -> None:
         if score.is_tombstone(doc):
             return
-        items = decode_items(doc["items"])
+        blob = doc["items"]
+        items = decode_items(blob)
         n = len(items)
         seq = int(doc["_id"])
         self.seq += [seq] * n
@@ -322,10 +361,11 @@ class Columns:
         self.index += range(n)
         self.mature += [_micros(doc.get("at"))] * n
         self.tries += [0] * n
-        self._items(items)
+        self._items(blob, items)
 
     def add_queue(self, doc: dict[str, Any]) -> None:
-        items = decode_items(doc["items"])
+        blob = doc["items"]
+        items = decode_items(blob)
         done = doc.get("done") or b""
         if done:
             keep = [i for i in range(len(items)) if not done[i >> 3] & (1 << (i & 7))]
@@ -344,39 +384,25 @@ class Columns:
         else:
             self.mature += [mature] * n
         self.tries += [int(tries.get(str(i), 0)) for i in keep] if tries else [0] * n
-        self._items(items)
+        self._items(blob, items)
 
     def record_batch(self):
         """The rows so far as one ``pyarrow.RecordBatch``; empties the columns."""
         pa = _pyarrow()
-        schema = arrow_schema(self.fmt)
+        payload = pa.array(self.payload, pa.binary())
+        if self.fmt != "binary":
+            payload = payload.cast(pa.string())  # checks the UTF-8, copies nothing else
         arrays = [
             pa.array(self.seq, pa.int64()),
             pa.array(self.bucket, pa.string()),
             pa.array(self.index, pa.int32()),
-            pa.array(self.payload, schema.field("payload").type),
-            pa.array(self.headers, pa.string()),
-            pa.array(self.mature, pa.int64()).cast(schema.field("mature").type),
+            payload,
+            pa.array(self.headers, pa.binary()).cast(pa.string()),
+            pa.array(self.mature, pa.int64()).cast(self.schema.field("mature").type),
             pa.array(self.tries, pa.int32()),
         ]
         self.clear()
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-    def rows(self) -> Iterator[tuple]:
-        """The rows so far as tuples (``mature`` as a datetime); empties the columns."""
-        mature = [None if m is None else _EPOCH + m * _US for m in self.mature]
-        out = zip(
-            self.seq,
-            self.bucket,
-            self.index,
-            self.payload,
-            self.headers,
-            mature,
-            self.tries,
-            strict=True,
-        )
-        self.clear()
-        return out
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
 def arrow_batches(docs: Iterable[dict[str, Any]], fmt: str, mode: str) -> Iterator[Any]:
@@ -537,8 +563,12 @@ def row_item(row: Any, fields: list[str], fmt: str) -> bytes:
     return encode_item(_plain(row.asDict(recursive=True)))
 
 
-def stage(o: Options, mode: str, job: str, items: Iterable[bytes]) -> dict[str, Any]:
-    """Insert one task attempt's items as staged buckets; returns its commit message."""
+def stage(o: Options, mode: str, job: str, items: Iterable[bytes], task: int = 0) -> dict[str, Any]:
+    """Insert one task attempt's items as staged buckets; returns its commit message.
+    Into a bucket queue with ``partitions`` K, the buckets of Spark partition ``task``
+    go to the queue's partition for that number (``task % K``), as a producer's go to
+    its own: the write is spread over the partitions and a task's items stay in order."""
+    part = qcore.partition_of(task, o.partitions)
     token = uuid.uuid4().hex
     stg = {"j": job, "t": token}
     buckets = n = 0
@@ -551,6 +581,7 @@ def stage(o: Options, mode: str, job: str, items: Iterable[bytes]) -> dict[str, 
             docs = []
             for b in chunk:
                 ob = score.sealed(b, time.time())
+                ob.part = part
                 ob.mature = qcore.from_datetime(score.STAGED_MATURE)
                 doc = ob.document()
                 doc["stg"] = stg

@@ -63,7 +63,14 @@ def build_session(master: str = "local[*]", shuffle_partitions: int = 2) -> Any:
 
 
 def start_query(
-    spark: Any, uri: str, database: str, queue: str, out: Path, *, trigger: str, max_rows: int
+    spark: Any,
+    uri: str,
+    database: str,
+    queue: str,
+    out: Path,
+    *,
+    trigger: str,
+    max_rows: int | None = None,
 ) -> Any:
     """The streaming query: queue → parsed logs → Parquet by project and day."""
     from pyspark.sql import functions as F
@@ -73,9 +80,10 @@ def start_query(
         .option("uri", uri)
         .option("database", database)
         .option("queue", queue)
-        .option("maxRowsPerTrigger", str(max_rows))
-        .load()
     )
+    if max_rows:
+        src = src.option("maxRowsPerTrigger", str(max_rows))
+    src = src.load()
     logs = (
         src.select("seq", "index", F.from_json("payload", LOG_SCHEMA).alias("r"))
         .select("seq", "index", "r.*")
@@ -184,7 +192,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="stream for this many seconds (default: until drained)",
     )
     p.add_argument("--trigger", default="1 second", help="micro-batch interval (default: 1 second)")
-    p.add_argument("--max-rows", type=int, default=50_000, help="rows per micro-batch at most")
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        help="rows per micro-batch at most (default: the source's maxRowsPerTrigger, 1,000,000)",
+    )
     p.add_argument("--master", default="local[*]")
     return p
 

@@ -177,7 +177,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.source.commit(int(end["seq"]))
 
     def stop(self) -> None:
-        self._source = None
+        """The query stopped: close the stream's consumer (what it delivered and did not
+        acknowledge is read again by the next one)."""
+        if self._source is not None:
+            self._source.close()
+            self._source = None
 
 
 class _Writes:
@@ -185,12 +189,19 @@ class _Writes:
         self.opts = opts
         self.fields = list(schema.fieldNames())
         self.mode = opts.resolve_mode()
+        ops.check_partitions(opts, self.mode)
         self.job = job or ops.new_job()
 
     def write(self, iterator: Iterator[Any]) -> Staged:
         fmt = self.opts.payload_format
         items = (ops.row_item(row, self.fields, fmt) for row in iterator)
-        m = ops.stage(self.opts, self.mode, self.job, items)
+        task = 0
+        if self.opts.partitions > 1:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            task = ctx.partitionId() if ctx is not None else 0
+        m = ops.stage(self.opts, self.mode, self.job, items, task)
         return Staged(m["token"], m["buckets"], m["items"])
 
 

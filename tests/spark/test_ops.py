@@ -96,3 +96,72 @@ def test_a_newer_consumer_fences_the_query(db, mongo_uri, db_name):
     with pytest.raises(Fenced):
         src.commit(1)
     assert q.position()["acked"] == 0
+
+
+def test_buckets_decode_into_arrow_columns_as_json_text(db, mongo_uri, db_name):
+    """Stream and queue buckets into one record batch: payloads as compact JSON (UTF-8
+    as it is), headers only where an item has some, consumed items left out."""
+    import datetime as dt
+
+    from bson import ObjectId
+
+    at = dt.datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
+    oid = ObjectId()
+    pay = [{"a": 1, "é": "ü", "t": at}, [1.5, None, True], "x", oid, b"\x00\x01"]
+    cols = ops.Columns("json")
+    cols.add_stream({"_id": 7, "items": b"".join(encode_item(p) for p in pay), "at": at})
+    cols.add_stream({"_id": 8, "hole": True, "at": at})  # a tombstone: no rows
+    items = [encode_item("plain"), encode_item({"k": 2}, {"trace": "t1"}), encode_item("gone")]
+    cols.add_queue({"_id": oid, "items": b"".join(items), "done": bytes([0b100]),
+                    "tries": {"1": 2}, "mature": at})  # fmt: skip
+    rows = cols.record_batch().to_pylist()
+    assert len(cols) == 0 and len(rows) == 7
+    assert [r["payload"] for r in rows] == [
+        '{"a":1,"é":"ü","t":"2025-01-02T03:04:05.678000+00:00"}',
+        "[1.5,null,true]",
+        '"x"',
+        f'"{oid}"',
+        '"AAE="',
+        '"plain"',
+        '{"k":2}',
+    ]
+    assert [(r["seq"], r["bucket"], r["index"]) for r in rows] == [
+        *[(7, "7", i) for i in range(5)],
+        (None, str(oid), 0),
+        (None, str(oid), 1),
+    ]
+    assert [r["headers"] for r in rows] == [None] * 6 + ['{"trace":"t1"}']
+    assert [r["tries"] for r in rows] == [0] * 6 + [2]
+    assert {r["mature"] for r in rows} == {at}
+
+
+def test_binary_payloads_stay_bytes_and_others_become_json(db, mongo_uri, db_name):
+    cols = ops.Columns("binary")
+    cols.add_stream({"_id": 1, "items": encode_item(b"\xff\x00raw") + encode_item({"v": 1})})
+    rows = cols.record_batch().to_pylist()
+    assert [r["payload"] for r in rows] == [b"\xff\x00raw", b'{"v":1}']
+
+
+def test_json_text_is_the_same_with_either_encoder():
+    import datetime as dt
+
+    from bson import Decimal128, Int64, ObjectId
+
+    values = [
+        {"a": [1, 2.5, "é", None], "d": dt.datetime(2025, 1, 1, tzinfo=dt.UTC)},
+        {"i": Int64(2**40), "o": ObjectId("0123456789ab0123456789ab"), "n": Decimal128("1.10")},
+        {"b": b"\x01\x02", "nested": {"x": {"y": []}}},
+    ]
+    for v in values:
+        assert ops.json_bytes(v) == ops._std_json(v).encode()
+
+
+def test_a_write_into_a_partitioned_queue_goes_to_its_tasks_partitions(db, mongo_uri, db_name):
+    o = options(mongo_uri, db_name, mode="queue", partitions="4", bucketMaxSize="10")
+    for task in range(6):
+        m = ops.stage(o, "queue", "job", (encode_item(i) for i in range(25)), task)
+        staged = list(db.s.find({"stg.t": m["token"]}))
+        assert len(staged) == 3
+        assert {d.get("part", 0) for d in staged} == {task % 4}, task
+    with pytest.raises(ConfigurationError, match="partitions=4 is for bucket queues"):
+        options(mongo_uri, db_name, mode="stream", partitions="4")

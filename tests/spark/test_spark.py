@@ -89,8 +89,8 @@ def test_batch_read_of_a_bucket_queue_shows_its_live_items(spark, db, mongo_uri,
 
 def test_a_partitioned_queue_is_read_and_written_whole(spark, db, mongo_uri, db_name):
     """Batch read sees the live items of every partition; rows Spark writes into a
-    partitioned queue (partition 0: the writer knows nothing of partitions) are consumed
-    by partitioned consumers."""
+    partitioned queue (``partitions=4``) are spread over its partitions by Spark
+    partition, and partitioned consumers read them all."""
     q = Queue(db, "jobs", partitions=4, bucket_max_size=50, bucket_max_wait=0.05)
     for k in range(4):
         q.push_many([f"job-{k}-{i}" for i in range(50)], key=k)
@@ -104,17 +104,24 @@ def test_a_partitioned_queue_is_read_and_written_whole(spark, db, mongo_uri, db_
     assert Counter(json.loads(r.payload) for r in rows) == Counter(
         f"job-{k}-{i}" for k in range(4) for i in range(50) if f"job-{k}-{i}" not in gone
     )
+    before = {d["_id"] for d in db.jobs.find({}, {"_id": 1})}
     (
-        spark.range(0, 1000, numPartitions=2)
+        spark.range(0, 1000, numPartitions=4)
         .selectExpr("id")
         .write.format("bucketq")
         .option("uri", mongo_uri)
         .option("database", db_name)
         .option("queue", "jobs")
         .option("mode", "queue")
+        .option("partitions", "4")
         .mode("append")
         .save()
     )
+    written = [d for d in db.jobs.find() if d["_id"] not in before]
+    by_part = Counter()
+    for d in written:
+        by_part[d.get("part", 0)] += len(decode_items(d["items"]))
+    assert by_part == {0: 250, 1: 250, 2: 250, 3: 250}, "each Spark partition's rows in its own"
     got = []
     while (m := q.reserve(timeout=2)) is not None:
         q.commit(m)
