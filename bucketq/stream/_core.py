@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bson import ObjectId
-from pymongo.errors import OperationFailure
 from pymongo.write_concern import WriteConcern
 
 from .. import _validate as v
@@ -42,10 +41,11 @@ from ..queue._core.options import (
 )
 from ..queue._core.packing import OpenBucket, Packer
 from ..queue._core.times import from_datetime, to_datetime
-from ..queue._core.writes import is_transient
+from ..queue._core.writes import no_change_streams
 from ..queue._damage import check_items
 
 __all__ = [
+    "no_change_streams",  # the queue's decision, which the stream's watcher calls as core.X
     "AckOutOfOrder",
     "DEFAULT_HOLE_GRACE",
     "DEFAULT_POLL_INTERVAL",
@@ -468,12 +468,6 @@ def check_resume(name: str, after: int | None, meta: dict[str, Any]) -> int:
             "handed out. Is this the right stream?"
         )
     return after
-
-
-def no_change_streams(exc: BaseException) -> bool:
-    """Whether a failure to open a change stream means this server (or this user) has
-    none: the consumer then polls for good. Anything transient is tried again."""
-    return isinstance(exc, OperationFailure) and not is_transient(exc)
 
 
 def idle_nap(idle: int, wait: float, poll_interval: float) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 
 from bson import ObjectId
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
+from pymongo.errors import BulkWriteError, PyMongoError
 
 from ... import _validate as v
 from ...errors import BucketQError, DamagedBucket, PushFailed, QueueClosed, WriteConcernNotConfirmed
@@ -420,10 +420,12 @@ class AsyncConsumer:
                             change = await stream.try_next()
                         if change is not None and self.fetcher is not None:
                             self._fetch_wake.notify()
-            except OperationFailure as exc:
-                log.info("queue %s: no change streams on this server (%s); polling", self.name, exc)
-                return
             except PyMongoError as exc:
+                if core.no_change_streams(exc):
+                    log.info(
+                        "queue %s: no change streams on this server (%s); polling", self.name, exc
+                    )
+                    return
                 if self._is_closed():
                     return
                 log.debug("queue %s: change stream interrupted (%s); reopening", self.name, exc)

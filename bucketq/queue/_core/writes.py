@@ -74,3 +74,12 @@ def is_transient(exc: BaseException) -> bool:
             or exc.code in (6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436)
         )
     return False
+
+
+def no_change_streams(exc: BaseException) -> bool:
+    """Whether a failure to open or read a change stream means this server (or this
+    user) has none: the watcher then leaves waking to polling for good. Anything
+    transient (a failover's "not primary", a dropped connection) is tried again."""
+    from pymongo.errors import OperationFailure
+
+    return isinstance(exc, OperationFailure) and not is_transient(exc)
