@@ -147,20 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-element N at the largest size (halved below)",
     )
     b.add_argument("--contender", action="append", help="run only this contender (repeatable)")
-    b.add_argument(
-        "--repeat",
-        type=v.cli_count(1),
-        default=1,
-        metavar="K",
-        help="run each (N, processes) group K times; the table shows medians and their range",
-    )
-    b.add_argument(
-        "--partitions",
-        type=v.cli_count(1),
-        default=1,
-        metavar="K",
-        help="open the bucketq queues with partitions=K (runs only Queue/AsyncQueue contenders)",
-    )
+    # Two counts K, each at least 1 and 1 by default.
+    for flag, text in (
+        ("--repeat", "run each (N, processes) group K times; the table shows medians and their range"),
+        ("--partitions", "open the bucketq queues with partitions=K (runs only Queue/AsyncQueue contenders)"),
+    ):  # fmt: skip
+        b.add_argument(flag, type=v.cli_count(1), default=1, metavar="K", help=text)
     b.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     b.add_argument("--plots", metavar="DIR", help="PNG plots go here (default: bench-results/)")
     b.add_argument("--no-plots", action="store_true", help="write no plots")

@@ -8,7 +8,7 @@ plots print comes from here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
@@ -305,12 +305,26 @@ FIGURES = {
 }
 
 
-def _median_of(attr: str) -> Any:
-    def get(self: RunSummary) -> float:
-        return self.median(attr)
+def _over_runs(attr: str, combine: Callable[[list[Any]], Any], doc: str) -> Any:
+    """A :class:`RunSummary` property: ``combine`` of the repetitions' ``attr``."""
 
-    get.__doc__ = f"The median of the repetitions' ``{attr}``."
+    def get(self: RunSummary) -> Any:
+        return combine(self.values(attr))
+
+    get.__doc__ = doc.format(attr=attr)
     return property(get)
+
+
+def _same_in_all(attr: str) -> Any:
+    return _over_runs(
+        attr, lambda xs: xs[0], "The repetitions' ``{attr}`` (one group: the same in each)."
+    )
+
+
+def _median_of(attr: str) -> Any:
+    return _over_runs(
+        attr, lambda xs: float(median(xs)), "The median of the repetitions' ``{attr}``."
+    )
 
 
 @dataclass
@@ -324,29 +338,11 @@ class RunSummary:
     #: contender's in the same repetition at the same P (None where none ran).
     vs_per_element: float | None = None
 
-    @property
-    def contender(self) -> str:
-        return self.runs[0].contender
-
-    @property
-    def per_element(self) -> bool:
-        return self.runs[0].per_element
-
-    @property
-    def n(self) -> int:
-        return self.runs[0].n
-
-    @property
-    def procs(self) -> int:
-        return self.runs[0].procs
-
-    @property
-    def group_n(self) -> int:
-        return self.runs[0].group_n
-
-    @property
-    def repeats(self) -> int:
-        return len(self.runs)
+    contender = _same_in_all("contender")
+    per_element = _same_in_all("per_element")
+    n = _same_in_all("n")
+    procs = _same_in_all("procs")
+    group_n = _same_in_all("group_n")
 
     def values(self, attr: str) -> list[float]:
         return [getattr(r, attr) for r in self.runs]
@@ -357,6 +353,10 @@ class RunSummary:
     def range(self, attr: str) -> float | None:
         """:func:`rel_range` of one figure over the repetitions."""
         return rel_range(self.values(attr))
+
+    @property
+    def repeats(self) -> int:
+        return len(self.runs)
 
     push_rate = _median_of("push_rate")
     consume_rate = _median_of("consume_rate")

@@ -37,43 +37,51 @@ class BufferMetrics:
         prom = require("prometheus_client")
         self.registry = prom.CollectorRegistry(auto_describe=True) if registry is None else registry
         labels = ("kind", "shard")
-        # prometheus_client appends "_total" to counter names itself.
-        c = prom.Counter
-        self.enqueued = c(
-            NAMES["enqueued"][:-6],
-            "Records accepted into the buffer.",
+
+        def counter(key: str, text: str, by: tuple[str, ...] = labels) -> Any:
+            # prometheus_client appends "_total" to counter names itself.
+            return prom.Counter(NAMES[key].removesuffix("_total"), text, by, registry=self.registry)
+
+        def gauge(key: str, text: str) -> Any:
+            return prom.Gauge(NAMES[key], text, registry=self.registry)
+
+        self.enqueued = counter("enqueued", "Records accepted into the buffer.")
+        self.delayed = counter(
+            "delayed", "Records accepted with a dispatch delay (their flush waits)."
+        )
+        self.bypass = counter(
+            "bypass", "Records written straight to storage (breaker open or transport down)."
+        )
+        self.flush_success = counter("flush_success", "Records a flush stored.")
+        self.flush_failure = counter(
+            "flush_failure", "Records a flush failed to store (retried or dead-lettered)."
+        )
+        self.dlq = counter("dlq", "Records moved to the dead-letter queue.")
+        self.dlq_dropped = counter(
+            "dlq_dropped",
+            "Oldest dead-lettered records dropped to keep the DLQ within DLQ_MAX.",
+            (),
+        )
+        self.flush_duration = prom.Histogram(
+            NAMES["flush_duration"],
+            "Duration of one storage write in milliseconds.",
             labels,
+            buckets=DURATION_BUCKETS,
             registry=self.registry,
         )
-        self.delayed = c(NAMES["delayed"][:-6], "Records accepted with a dispatch delay (their flush waits).",
-                         labels, registry=self.registry)  # fmt: skip
-        self.bypass = c(NAMES["bypass"][:-6], "Records written straight to storage (breaker open or transport down).",
-                        labels, registry=self.registry)  # fmt: skip
-        self.flush_success = c(
-            NAMES["flush_success"][:-6], "Records a flush stored.", labels, registry=self.registry
+        self.breaker_state = gauge(
+            "breaker_state", "Circuit breaker: 0 closed, 1 open, 2 half-open."
         )
-        self.flush_failure = c(NAMES["flush_failure"][:-6], "Records a flush failed to store (retried or dead-lettered).",
-                               labels, registry=self.registry)  # fmt: skip
-        self.dlq = c(
-            NAMES["dlq"][:-6],
-            "Records moved to the dead-letter queue.",
-            labels,
-            registry=self.registry,
+        self.overflow_moves = counter(
+            "overflow_moves",
+            "Projects moved to the overflow shard by their failures "
+            "(event=moved) and back after the cool-down (event=back).",
+            ("event",),
         )
-        self.dlq_dropped = c(NAMES["dlq_dropped"][:-6], "Oldest dead-lettered records dropped to keep the DLQ within DLQ_MAX.",
-                             registry=self.registry)  # fmt: skip
-        self.flush_duration = prom.Histogram(NAMES["flush_duration"], "Duration of one storage write in milliseconds.",
-                                             labels, buckets=DURATION_BUCKETS, registry=self.registry)  # fmt: skip
-        self.breaker_state = prom.Gauge(NAMES["breaker_state"], "Circuit breaker: 0 closed, 1 open, 2 half-open.",
-                                        registry=self.registry)  # fmt: skip
-        self.overflow_moves = c(NAMES["overflow_moves"][:-6], "Projects moved to the overflow shard by their failures "
-                                "(event=moved) and back after the cool-down (event=back).", ("event",),
-                                registry=self.registry)  # fmt: skip
-        self.overflow_projects = prom.Gauge(NAMES["overflow_projects"], "Projects on the overflow shard by their failures now.",
-                                            registry=self.registry)  # fmt: skip
-        self.pending = prom.Gauge(
-            NAMES["pending"], "Records pending in the buffer (cached).", registry=self.registry
+        self.overflow_projects = gauge(
+            "overflow_projects", "Projects on the overflow shard by their failures now."
         )
+        self.pending = gauge("pending", "Records pending in the buffer (cached).")
         self._prom = prom
 
     def render(self) -> bytes:

@@ -40,15 +40,8 @@ Captured = tuple[Any, ...]
 Queued = Item | Captured
 
 LEVELS = ("debug", "info", "warn", "error", "critical")
-_LEVEL_ALIASES = {
-    "debug": "debug",
-    "info": "info",
-    "warn": "warn",
-    "warning": "warn",
-    "error": "error",
-    "critical": "critical",
-    "fatal": "critical",
-}
+#: each level by its own name, and the stdlib's names for two of them
+_LEVEL_ALIASES = {**{name: name for name in LEVELS}, "warning": "warn", "fatal": "critical"}
 
 # The attributes every LogRecord has; everything else on a record came from ``extra=``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {

@@ -5,7 +5,7 @@ and the targets the figures are held against."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,20 +248,24 @@ def targets(modes: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
             return None
         return ld["latency"]["p95_ms"]
 
-    out: list[dict[str, Any]] = []
+    def of_ratio(
+        target: str,
+        a: tuple[str, float | None],
+        b: tuple[str, float | None],
+        met: Callable[[float], bool],
+    ) -> dict[str, Any]:
+        """A target on ``a / b`` (each a figure's name and value)."""
+        r = ratio(a[1], b[1])
+        return {"target": target, "figures": {a[0]: a[1], b[0]: b[1], "ratio": r},
+                "met": None if r is None else met(r)}  # fmt: skip
+
     bq, mem, off = p95("bucketq"), p95("memory"), p95("off")
-    r = ratio(bq, mem)
-    out.append({
-        "target": "bucketq transport p95 <= 1.5x memory p95",
-        "figures": {"bucketq_p95_ms": bq, "memory_p95_ms": mem, "ratio": r},
-        "met": None if r is None else r <= 1.5,
-    })  # fmt: skip
-    r = ratio(bq, off)
-    out.append({
-        "target": "bucketq transport p95 <= 1/10 of buffer-off p95",
-        "figures": {"bucketq_p95_ms": bq, "off_p95_ms": off, "ratio": r},
-        "met": None if r is None else r <= 0.1,
-    })  # fmt: skip
+    out = [
+        of_ratio("bucketq transport p95 <= 1.5x memory p95",
+                 ("bucketq_p95_ms", bq), ("memory_p95_ms", mem), lambda r: r <= 1.5),
+        of_ratio("bucketq transport p95 <= 1/10 of buffer-off p95",
+                 ("bucketq_p95_ms", bq), ("off_p95_ms", off), lambda r: r <= 0.1),
+    ]  # fmt: skip
     errs = {m: r["load"]["errors"] for m, r in modes.items()}
     out.append({"target": "zero errors", "figures": errs,
                 "met": None if not errs else not any(errs.values())})  # fmt: skip
@@ -275,10 +279,7 @@ def targets(modes: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
         "met": None if per_req is None else per_req < 0.5,
     })  # fmt: skip
     sweep = {m: (r.get("sweep") or {}).get("highest_sustained_rate") for m, r in modes.items()}
-    r = ratio(sweep.get("bucketq"), sweep.get("off"))
-    out.append({
-        "target": "highest sustained rate with the bucketq transport >= 5x buffer off",
-        "figures": {"bucketq_rate": sweep.get("bucketq"), "off_rate": sweep.get("off"), "ratio": r},
-        "met": None if r is None else r >= 5,
-    })  # fmt: skip
+    out.append(of_ratio("highest sustained rate with the bucketq transport >= 5x buffer off",
+                        ("bucketq_rate", sweep.get("bucketq")), ("off_rate", sweep.get("off")),
+                        lambda r: r >= 5))  # fmt: skip
     return out
