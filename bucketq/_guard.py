@@ -16,6 +16,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, MutableMapping
+from dataclasses import KW_ONLY, dataclass, field
 
 __all__ = ["DEFAULT_GUARD_BASE", "DEFAULT_GUARD_CAP", "LoopGuard"]
 
@@ -29,30 +30,23 @@ RESET_AFTER = 60.0
 _SEEN = 64
 
 
+@dataclass(eq=False)
 class LoopGuard:
     """One per loop. ``failed(exc)`` counts and logs ``exc`` and returns the back-off."""
 
-    def __init__(
-        self,
-        what: str,
-        stats: MutableMapping[str, int],
-        logger: logging.Logger,
-        *,
-        base: float = DEFAULT_GUARD_BASE,
-        cap: float = DEFAULT_GUARD_CAP,
-        clock: Callable[[], float] = time.monotonic,
-        rng: Callable[[], float] = random.random,
-    ) -> None:
-        self.what = what
-        self.stats = stats
-        self.log = logger
-        self.base = base
-        self.cap = cap
-        self.clock = clock
-        self.rng = rng
-        self.attempt = 0
-        self._last = float("-inf")
-        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+    what: str
+    stats: MutableMapping[str, int]
+    log: logging.Logger
+    _: KW_ONLY
+    base: float = DEFAULT_GUARD_BASE
+    cap: float = DEFAULT_GUARD_CAP
+    clock: Callable[[], float] = time.monotonic
+    rng: Callable[[], float] = random.random
+    attempt: int = field(default=0, init=False)
+    _last: float = field(default=float("-inf"), init=False, repr=False)
+    _seen: OrderedDict[tuple[str, str], None] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
 
     def delay(self) -> float:
         """The back-off for the current attempt: half fixed, half jittered, at most ``cap``."""

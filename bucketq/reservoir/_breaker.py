@@ -27,6 +27,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 log = logging.getLogger("bucketq.reservoir")
 
@@ -39,6 +40,7 @@ RULES = ("consecutive", "window")
 Listener = Callable[[int, int, str], None]
 
 
+@dataclass(kw_only=True, eq=False)
 class CircuitBreaker:
     """Opens on ``pending > pending_threshold`` or on flush failures by ``rule``
     (``"consecutive"``: ``failure_threshold`` failed flushes in a row; ``"window"``: more
@@ -49,30 +51,22 @@ class CircuitBreaker:
     on every change; one that raises is logged and the others still run.
     """
 
-    def __init__(
-        self,
-        *,
-        pending_threshold: int,
-        failure_threshold: int,
-        cooldown: float,
-        window: float,
-        clock: Callable[[], float] = time.monotonic,
-        rule: str = "consecutive",
-    ) -> None:
-        if rule not in RULES:
-            raise ValueError(f"rule must be one of {', '.join(RULES)}; got {rule!r}")
-        self.rule = rule
-        self.consecutive_failures = 0
-        self.pending_threshold = pending_threshold
-        self.failure_threshold = failure_threshold
-        self.cooldown = cooldown
-        self.window = window
-        self.clock = clock
-        self._state = CLOSED
-        self._opened_at = 0.0
-        self._failures: deque[float] = deque()
-        self.reason = ""
-        self.listeners: list[Listener] = []
+    pending_threshold: int
+    failure_threshold: int
+    cooldown: float
+    window: float
+    clock: Callable[[], float] = time.monotonic
+    rule: str = "consecutive"
+    consecutive_failures: int = field(default=0, init=False)
+    reason: str = field(default="", init=False)
+    listeners: list[Listener] = field(default_factory=list, init=False)
+    _state: int = field(default=CLOSED, init=False)
+    _opened_at: float = field(default=0.0, init=False)
+    _failures: deque[float] = field(default_factory=deque, init=False)
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"rule must be one of {', '.join(RULES)}; got {self.rule!r}")
 
     @property
     def state(self) -> int:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from ._metrics import BufferMetrics
@@ -28,22 +29,16 @@ from ._transport import Delivery
 log = logging.getLogger("bucketq.reservoir")
 
 
+@dataclass(eq=False)
 class RecordWriter:
     """Writes to ``storage`` (a :class:`~bucketq.reservoir.Reservoir`); ``retry`` is each
     kind's retry policy (a kind allowed one attempt is always isolated thoroughly);
     ``metrics`` and ``counts`` are the buffer's."""
 
-    def __init__(
-        self,
-        storage: Any,
-        retry: Mapping[str, Any],
-        metrics: BufferMetrics,
-        counts: MutableMapping[str, int],
-    ) -> None:
-        self.storage = storage
-        self.retry = retry
-        self.metrics = metrics
-        self._counts = counts
+    storage: Any
+    retry: Mapping[str, Any]
+    metrics: BufferMetrics
+    counts: MutableMapping[str, int]
 
     @property
     def idempotent(self) -> bool:
@@ -69,7 +64,7 @@ class RecordWriter:
         self.metrics.flush_duration.labels(kind, str(shard)).observe(
             (time.perf_counter() - t0) * 1000
         )
-        self._counts["storage_writes"] += 1
+        self.counts["storage_writes"] += 1
         if not outcome.ok:
             log.warning(
                 "shard %d: %d of %d %s records failed to store: %s",

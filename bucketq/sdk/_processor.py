@@ -32,6 +32,7 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._options import DRAIN_BATCH_SIZE, DRAIN_START_PERCENT, DRAIN_STOP_PERCENT, LOGGER_NAME, Config
@@ -63,21 +64,20 @@ _SPILL_CHUNK = 500
 REPLAY_YIELD_PERCENT = 50.0
 
 
+@dataclass(eq=False)
 class Endpoint:
     """Health of one server: up, or down since a connection failure until a probe
-    answers; paused until a Retry-After has passed."""
+    answers; paused until a Retry-After has passed. ``on_down`` is set when it goes down."""
 
-    def __init__(self, name: str, ingest_url: str, base_url: str, api_key: str,
-                 on_down: threading.Event | None = None) -> None:  # fmt: skip
-        self.name = name
-        self._on_down = on_down
-        self.ingest_url = ingest_url
-        self.base_url = base_url
-        self.api_key = api_key
-        self.up = True
-        self.paused_until = 0.0
-        self.reason = ""
-        self.downs = 0
+    name: str
+    ingest_url: str
+    base_url: str
+    api_key: str = field(repr=False)
+    on_down: threading.Event | None = field(default=None, repr=False)
+    up: bool = field(default=True, init=False)
+    paused_until: float = field(default=0.0, init=False)
+    reason: str = field(default="", init=False)
+    downs: int = field(default=0, init=False)
 
     def available(self, now: float) -> bool:
         return self.up and now >= self.paused_until
@@ -87,8 +87,8 @@ class Endpoint:
         self.up, self.reason = False, reason
         if was:
             self.downs += 1
-            if self._on_down is not None:
-                self._on_down.set()  # the health thread starts probing
+            if self.on_down is not None:
+                self.on_down.set()  # the health thread starts probing
         return was
 
     def mark_up(self) -> bool:
