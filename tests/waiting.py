@@ -33,8 +33,11 @@ class _Waiting:
     """The state of one wait, shared by both flavours: the deadline, the last value and
     error seen, and the failure at the deadline."""
 
-    def __init__(self, predicate: Any, timeout: float, what: str, ignore: tuple) -> None:
-        self.predicate, self.timeout, self.what, self.ignore = predicate, timeout, what, ignore
+    def __init__(
+        self, predicate: Any, timeout: float, interval: float, what: str, ignore: tuple
+    ) -> None:
+        self.predicate, self.timeout, self.interval = predicate, timeout, interval
+        self.what, self.ignore = what, ignore
         self.deadline = time.monotonic() + timeout
         self.last: Any = _NOTHING
         self.error: BaseException | None = None
@@ -76,7 +79,7 @@ def eventually(
     """Poll ``predicate`` every ``interval`` seconds until it returns something truthy
     (returned) or ``timeout`` seconds pass (AssertionError). Exceptions of the types in
     ``ignore`` count as "not yet" (a server that is restarting, say)."""
-    w = _Waiting(predicate, timeout, what, ignore)
+    w = _Waiting(predicate, timeout, interval, what, ignore)
     while True:
         with w.attempt():
             w.last = predicate()
@@ -85,20 +88,17 @@ def eventually(
         time.sleep(interval)
 
 
-async def eventually_async(
-    predicate: Callable[[], Any],
-    timeout: float = DEFAULT_TIMEOUT,
-    interval: float = DEFAULT_INTERVAL,
-    what: str = "",
-    ignore: tuple[type[BaseException], ...] = (),
-) -> Any:
-    """:func:`eventually` for async tests: ``predicate`` may return an awaitable, which is
-    awaited; the loop sleeps with ``asyncio.sleep`` so background tasks run meanwhile."""
-    w = _Waiting(predicate, timeout, what, ignore)
+async def eventually_async(*args: Any, **kwargs: Any) -> Any:
+    """:func:`eventually` for async tests, with its arguments: ``predicate`` may return an
+    awaitable, which is awaited; the loop sleeps with ``asyncio.sleep`` so background
+    tasks run meanwhile."""
+    bound = inspect.signature(eventually).bind(*args, **kwargs)
+    bound.apply_defaults()
+    w = _Waiting(**bound.arguments)
     while True:
         with w.attempt():
-            last = predicate()
+            last = w.predicate()
             w.last = (await last) if inspect.isawaitable(last) else last
         if w.done():
             return w.last
-        await asyncio.sleep(interval)
+        await asyncio.sleep(w.interval)

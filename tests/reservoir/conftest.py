@@ -3,6 +3,7 @@ failures are the thing under test) and real transports (Redis, MongoDB)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -18,12 +19,21 @@ TRANSPORTS = ["memory", "passthrough", "redis", "bucketq"]
 class FakeStorage(Reservoir):
     """Stores in memory. ``poison(record)`` says which records fail and ``mode`` how:
     ``"report"`` (failed count only), ``"indexed"`` (failed count and indices) or
-    ``"raise"`` (the whole call raises). ``down`` fails every call by raising."""
+    ``"raise"`` (the whole call raises). ``down`` fails every call by raising.
+    ``gated=True`` holds every write (the records stay pending) until ``gate`` is set."""
 
-    def __init__(self, poison: Callable[[dict], bool] | None = None, mode: str = "report") -> None:
+    def __init__(
+        self,
+        poison: Callable[[dict], bool] | None = None,
+        mode: str = "report",
+        gated: bool = False,
+    ) -> None:
         self.poison = poison or (lambda r: False)
         self.mode = mode
         self.down = False
+        self.gate = asyncio.Event()
+        if not gated:
+            self.gate.set()
         self.stored: dict[str, list[dict]] = {"log": [], "span": [], "metric": []}
         self.calls: Counter[str] = Counter()
         self.seen_poison_calls = 0
@@ -45,14 +55,18 @@ class FakeStorage(Reservoir):
             errors = [f"{len(bad)} records rejected"]
         return {"ingested": len(records) - len(bad), "failed": len(bad), "errors": errors}
 
+    async def _gated_write(self, kind: str, records: Sequence[dict]) -> dict[str, Any]:
+        await self.gate.wait()
+        return self._write(kind, records)
+
     async def ingest(self, logs):
-        return self._write("log", logs)
+        return await self._gated_write("log", logs)
 
     async def ingest_spans(self, spans):
-        return self._write("span", spans)
+        return await self._gated_write("span", spans)
 
     async def ingest_metrics(self, metrics):
-        return self._write("metric", metrics)
+        return await self._gated_write("metric", metrics)
 
     async def query(self, kind="log", **filters):
         return [r for r in self.stored[kind] if all(r.get(k) == v for k, v in filters.items())]

@@ -118,20 +118,8 @@ def test_half_opens_after_cooldown_then_success_closes_and_failure_reopens(fake_
     ]
 
 
-class GatedStorage(FakeStorage):
-    """Writes wait for ``gate`` (to hold records pending)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-
-    async def ingest(self, logs):
-        await self.gate.wait()
-        return self._write("log", logs)
-
-
 async def test_buffer_trips_on_pending_bypasses_then_half_opens_and_closes(fake_clock, backends):
-    storage = GatedStorage()
+    storage = FakeStorage(gated=True)
     cfg = FAST.with_(pending_threshold=5, cooldown_ms=30_000)
     buf = BufferedReservoir(storage, backends.transport("memory"), cfg, clock=fake_clock)
     async with buf:

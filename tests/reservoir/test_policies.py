@@ -3,8 +3,6 @@ retries (issue 13)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from bucketq.errors import ConfigurationError
@@ -51,23 +49,11 @@ async def test_each_kind_is_retried_as_its_policy_says(backends, transport):
     assert storage.calls == {"log": 3, "span": 2, "metric": 4}
 
 
-class Gate(FakeStorage):
-    """Holds every write until ``open`` is set, so the transport's shards can be seen."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.open = asyncio.Event()
-
-    async def ingest_spans(self, spans):
-        await self.open.wait()
-        return self._write("span", spans)
-
-
 @pytest.mark.parametrize("transport", ["memory", "redis", "bucketq"])
 async def test_entity_shard_key_spreads_a_project_by_trace_and_keeps_each_trace_in_order(
     backends, transport
 ):
-    storage = Gate()
+    storage = FakeStorage(gated=True)  # the writes wait: the transport's shards can be seen
     cfg = FAST.with_(shards=4, shard_key="entity", max_batch_size=1000)
     buf = BufferedReservoir(storage, backends.transport(transport), cfg)
     async with buf:
@@ -79,7 +65,7 @@ async def test_entity_shard_key_spreads_a_project_by_trace_and_keeps_each_trace_
         assert len(used) > 1  # one project, several shards (project sharding: one)
         for t in range(12):
             assert buf.shard_of_record("span", "one", {"trace_id": f"t{t}"}) in used
-        storage.open.set()
+        storage.gate.set()
         await settled(buf)
     order: dict[str, list[str]] = {}
     for r in storage.stored["span"]:

@@ -14,6 +14,8 @@ import textwrap
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from pymongo import MongoClient
@@ -78,6 +80,36 @@ def frozen(primary: Serve) -> Iterator[Serve]:
 
 def messages(server: Serve, key: str, svc: str) -> Counter:
     return Counter(r["message"] for r in server.logs(key, service=svc))
+
+
+@contextmanager
+def stopped(pid: int | None) -> Iterator[None]:
+    """The process ``pid`` stopped with SIGSTOP (it answers nothing) until the block ends."""
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@contextmanager
+def slow_storage(database: str, tmp_path: Path) -> Iterator[tuple[Serve, str, EmbeddedServer]]:
+    """A ``bucketq serve`` on a MongoDB of its own that the test may freeze (``stopped``):
+    its storage times out after 300 ms and it answers 503 with Retry-After 1 s. Yields
+    the server, a key it knows and its MongoDB."""
+    mongo = EmbeddedServer(standalone=True).start()
+    serve = Serve(mongo.uri, database, tmp_path / "serve.log",
+                  BUCKETQ_INGEST_TIMEOUT_MS="300", BUCKETQ_RETRY_AFTER_S="1")  # fmt: skip
+    try:
+        serve.start()
+        client: MongoClient = MongoClient(mongo.uri)
+        key = _keys.create_key(client[database], database)
+        client.close()
+        yield serve, key, mongo
+    finally:
+        serve.kill()
+        mongo.stop()
 
 
 def test_records_arrive_with_their_fields_from_a_library_logger(primary, pkey, svc, tmp_path):
@@ -245,27 +277,17 @@ def test_a_drain_waits_for_a_fallback_that_asked_to_wait(frozen, pkey, svc, tmp_
     The next drain waits for the fallback; it does not send to the primary, which is the
     one not answering (a drain sent there hung for the whole timeout, and the fallback got
     nothing: the flake of the test above under load)."""
-    mongo = EmbeddedServer(standalone=True).start()
-    fb = Serve(mongo.uri, "bqsdk_dw", tmp_path / "serve.log",
-               BUCKETQ_INGEST_TIMEOUT_MS="300", BUCKETQ_RETRY_AFTER_S="1")  # fmt: skip
-    try:
-        fb.start()
-        client: MongoClient = MongoClient(mongo.uri)
-        fkey = _keys.create_key(client["bqsdk_dw"], "dw")
-        client.close()
+    with slow_storage("bqsdk_dw", tmp_path) as (fb, fkey, storage):
         warm = Client(fb.url, fkey, spill_dir=tmp_path / "warm", service=svc, **FAST)
         assert warm.log("info", "before") and warm.flush(30)  # the server knows the key now
         c = Client(frozen.url, pkey, fallback_url=fb.url, fallback_api_key=fkey,
                    spill_dir=tmp_path / "spill", service=svc, queue_size=100, batch_size=5,
                    timeout=120, **FAST)  # fmt: skip
-        os.kill(mongo.pid, signal.SIGSTOP)
-        try:
+        with stopped(storage.pid):
             for i in range(120):
                 c.log("info", f"dw-{i}")
             eventually(lambda: (c.stats()["last_error"] or "").startswith("fallback: HTTP 503"),
                        60, what="the fallback asking to wait")  # fmt: skip
-        finally:
-            os.kill(mongo.pid, signal.SIGCONT)
         eventually(lambda: c.stats()["to_fallback"] >= 80, 60, what="80+ answered by the fallback")
         frozen.stop_signal(signal.SIGCONT)
         eventually(lambda: c.stats()["pending"] == 0, 60, what="nothing pending")
@@ -275,9 +297,6 @@ def test_a_drain_waits_for_a_fallback_that_asked_to_wait(frozen, pkey, svc, tmp_
         # record may be on the fallback twice (see the 503 test), never missing.
         got = set(messages(frozen, pkey, svc)) | set(messages(fb, fkey, svc))
         assert got == {"before"} | {f"dw-{i}" for i in range(120)}
-    finally:
-        fb.kill()
-        mongo.stop()
 
 
 def test_two_configurations_are_isolated(frozen, fallback, fkey, pkey, svc, tmp_path):
@@ -302,28 +321,18 @@ def test_two_configurations_are_isolated(frozen, fallback, fkey, pkey, svc, tmp_
 def test_503_with_retry_after_is_retried_not_spilled(svc, tmp_path):
     """Storage frozen with SIGSTOP: the server answers 503 with Retry-After; the SDK waits
     that long and sends the batch again, spills nothing, and every record arrives."""
-    mongo = EmbeddedServer(standalone=True).start()
-    serve = Serve(mongo.uri, "bqsdk_ra", tmp_path / "serve.log",
-                  BUCKETQ_INGEST_TIMEOUT_MS="300", BUCKETQ_RETRY_AFTER_S="1")  # fmt: skip
-    try:
-        serve.start()
-        client: MongoClient = MongoClient(mongo.uri)
-        key = _keys.create_key(client["bqsdk_ra"], "ra")
-        client.close()
+    with slow_storage("bqsdk_ra", tmp_path) as (serve, key, storage):
         c = Client(serve.url, key, spill_dir=tmp_path / "spill", service=svc, timeout=120,
                    **FAST)  # fmt: skip
         c.log("info", "before")
         assert c.flush(30) and c.stats()["sent"] == 1  # the server knows the key now
-        os.kill(mongo.pid, signal.SIGSTOP)
-        try:
+        with stopped(storage.pid):
             for i in range(20):
                 c.log("info", f"ra-{i}")
             eventually(lambda: c.stats()["retried"] >= 20, 90, what="20 records retried")
             st = c.stats()
             assert (st["spilled"], st["primary_up"], st["sent"]) == (0, True, 1)
             assert st["last_error"].startswith("primary: HTTP 503")
-        finally:
-            os.kill(mongo.pid, signal.SIGCONT)
         eventually(lambda: c.stats()["sent"] == 21, 60, what="21 sent")
         # Every record arrives. A 503 after the storage timeout means "not acknowledged", not
         # "not stored": the frozen insert can still land, so a record may be there twice
@@ -332,9 +341,6 @@ def test_503_with_retry_after_is_retried_not_spilled(svc, tmp_path):
         got = messages(serve, key, svc)
         assert set(got) == {"before"} | {f"ra-{i}" for i in range(20)}
         assert c.stats()["spilled"] == 0
-    finally:
-        serve.kill()
-        mongo.stop()
 
 
 EXIT_SCRIPT = textwrap.dedent(

@@ -68,15 +68,22 @@ def waiting_read(c, timeout: float = 300.0):
     return fut
 
 
+def pushed_while_waiting(c, uri: str, db_name: str, ready, what: str):
+    """The batch ``c.next_batch`` returns when, as it waits and once ``ready()``, another
+    process pushes a bucket to ``db_name`` at ``uri``."""
+    fut = waiting_read(c)
+    eventually(ready, what=what)
+    push_from_another_process(uri, db_name)
+    return fut.result(timeout=60)
+
+
 def test_a_waiting_consumer_gets_a_bucket_pushed_by_another_process(
     db, mongo_uri, db_name, change_streams_here
 ):
     q = StreamQueue(db, "s", **SLOW_POLL)
     c = q.consumer()
-    fut = waiting_read(c)
-    eventually(lambda: c._watch.live, what="the watcher's change stream to open")
-    push_from_another_process(mongo_uri, db_name)
-    b = fut.result(timeout=60)
+    b = pushed_while_waiting(c, mongo_uri, db_name, lambda: c._watch.live,
+                             "the watcher's change stream to open")  # fmt: skip
     assert b.seq == 1 and list(b.items[0]) == ["pid"]
     st_ = q.stats()
     assert st_["change_stream_events"] >= 1  # the change stream woke it, not a poll
@@ -122,10 +129,8 @@ def test_without_change_streams_the_consumer_polls_and_says_so(standalone_uri, d
         q = StreamQueue(client[db_name], "s", poll_interval=0.2)
         c = q.consumer()
         with caplog.at_level(logging.INFO, logger="bucketq.stream"):
-            fut = waiting_read(c)
-            eventually(lambda: c._watch.polling, what="the watcher to find no change streams")
-            push_from_another_process(standalone_uri, db_name)
-            b = fut.result(timeout=60)
+            b = pushed_while_waiting(c, standalone_uri, db_name, lambda: c._watch.polling,
+                                     "the watcher to find no change streams")  # fmt: skip
         assert b.seq == 1
         st_ = q.stats()
         assert st_["change_stream_fallbacks"] == 1 and st_["change_stream_events"] == 0
@@ -170,10 +175,8 @@ def test_the_watcher_survives_a_failure_and_wakes_the_consumer_after_it(
     q._col.watch = watch  # type: ignore[method-assign]
     c = q.consumer()
     with caplog.at_level(logging.INFO):
-        fut = waiting_read(c)
-        eventually(lambda: c._watch.live, what="the watcher's change stream to open again")
-        push_from_another_process(mongo_uri, db_name)
-        b = fut.result(timeout=60)
+        b = pushed_while_waiting(c, mongo_uri, db_name, lambda: c._watch.live,
+                                 "the watcher's change stream to open again")  # fmt: skip
     assert b.seq == 1
     st_ = q.stats()
     assert st_[counted] == 1 and calls[0] >= 2
