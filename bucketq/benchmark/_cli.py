@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -29,19 +30,40 @@ def plots_dir(args: argparse.Namespace, default: str) -> str | None:
     return None if args.no_plots else (args.plots or default)
 
 
+def add_bench_parser(sub: Any, name: str, help: str, doc: str | None) -> argparse.ArgumentParser:
+    """The ``bucketq bench NAME`` sub-command; ``doc`` (its module's docstring) is shown
+    as written in its ``--help``."""
+    return sub.add_parser(
+        name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def add_run_arguments(
-    p: argparse.ArgumentParser, command: str, body: Callable[[argparse.Namespace], Any]
+    p: argparse.ArgumentParser,
+    command: str,
+    run: Callable[..., Any],
+    *,
+    only: tuple[str, Sequence[str]],
 ) -> None:
-    """The arguments every ``bucketq bench`` sub-command ends with (``--json``,
-    ``--mongodb-uri``); the sub-command runs ``body(args)`` through :func:`run_command`
-    (``command`` names it in errors)."""
+    """The arguments every ``bucketq bench`` sub-command ends with: ``--WHAT`` to run
+    only some of ``only = (WHAT, choices)``, ``--json``, ``--mongodb-uri``. The
+    sub-command calls ``run(mongodb_uri, json_path=..., **options)`` through
+    :func:`run_command` (``command`` names it in errors), where ``options`` are
+    ``run``'s other keywords taken from the arguments of the same name (``WHATs`` is
+    the ``--WHAT`` list)."""
+    what, choices = only
+    p.add_argument(f"--{what}", dest=f"{what}s", action="append", choices=choices,
+                   help=f"run only this {what} (repeatable)")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
     p.add_argument(
         "--mongodb-uri",
         help="use this MongoDB (default: $BUCKETQ_MONGODB_URI, else the embedded server)",
     )
+    names = [k for k, x in inspect.signature(run).parameters.items()
+             if x.kind is x.KEYWORD_ONLY and k != "json_path"]  # fmt: skip
 
     def run_from_args(args: argparse.Namespace) -> int:
-        return run_command(command, lambda: body(args))
+        options = {k: getattr(args, k) for k in names}
+        return run_command(command, lambda: run(args.mongodb_uri, json_path=args.json, **options))
 
     p.set_defaults(func=run_from_args)

@@ -185,6 +185,21 @@ class BucketqContender(Contender):
         return _count(uri, db_name, [{"$group": {"_id": None, "n": {"$sum": "$live"}}}], *names)
 
 
+# -- the peers ------------------------------------------------------------------------------
+
+
+class _Peer(Contender):
+    """A Python peer, named in its class statement: one PyPI distribution (the ``bench``
+    extra), one module the worker imports, one document per message (so it competes
+    with the per-element baseline)."""
+
+    per_element = True
+
+    def __init_subclass__(cls, *, name: str, distribution: str, module: str, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls.name, cls.distributions, cls.modules = name, (distribution,), (module,)
+
+
 # -- mongo-taskqueue ------------------------------------------------------------------------
 
 
@@ -211,11 +226,9 @@ class _TaskQueueHandle(Handle):
         self.queue.close()
 
 
-class TaskQueueContender(Contender):
-    name = "mongo-taskqueue TaskQueue"
-    per_element = True
-    distributions = ("mongo-taskqueue",)
-    modules = ("mongotq",)
+class TaskQueueContender(
+    _Peer, name="mongo-taskqueue TaskQueue", distribution="mongo-taskqueue", module="mongotq"
+):
     note = (
         "mongo-taskqueue: append() per item, next() + on_success() to consume; completed tasks "
         "stay in the collection with status 'successful' (its design), so its claims never get cheaper."
@@ -274,11 +287,7 @@ class _KombuHandle(Handle):
         self.conn.release()
 
 
-class KombuContender(Contender):
-    name = "kombu MongoDB transport"
-    per_element = True
-    distributions = ("kombu",)
-    modules = ("kombu",)
+class KombuContender(_Peer, name="kombu MongoDB transport", distribution="kombu", module="kombu"):
     note = (
         "kombu: SimpleQueue on the mongodb transport; put() looks up the exchange's routes (find) "
         "then inserts; get() deletes the message as it delivers it (find_one_and_delete), "

@@ -178,29 +178,18 @@ def _report(results: dict[str, Any]) -> None:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from ._cli import add_run_arguments
+    from ._cli import add_bench_parser, add_run_arguments
 
-    p = sub.add_parser(
-        "stream-wake",
-        help="stream mode: from a bucket's insert until a waiting next_batch returns it, "
-        "change streams vs polling",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_bench_parser(sub, "stream-wake", "stream mode: from a bucket's insert until a waiting "
+                         "next_batch returns it, change streams vs polling", __doc__)  # fmt: skip
     p.add_argument("--n", type=v.cli_count(1), default=DEFAULT_N,
                    help=f"buckets per mode (default {DEFAULT_N})")  # fmt: skip
     p.add_argument("--gap-min", type=float, default=DEFAULT_GAP_MIN,
                    help=f"shortest pause between two pushes, s (default {DEFAULT_GAP_MIN})")  # fmt: skip
     p.add_argument("--gap-max", type=float, default=DEFAULT_GAP_MAX,
                    help=f"longest pause between two pushes, s (default {DEFAULT_GAP_MAX})")  # fmt: skip
-    p.add_argument("--mode", action="append", choices=MODES, help="run only this mode (repeatable)")
-    add_run_arguments(p, "bucketq bench stream-wake", _run_from_args)
+    add_run_arguments(p, "bucketq bench stream-wake", run, only=("mode", MODES))
     return p
-
-
-def _run_from_args(args: argparse.Namespace) -> Any:
-    return run(args.mongodb_uri, n=args.n, gap_min=args.gap_min, gap_max=args.gap_max,
-               modes=args.mode, json_path=args.json)  # fmt: skip
 
 
 def _producer_main(argv: list[str]) -> int:

@@ -283,15 +283,11 @@ def _report(results: dict[str, Any]) -> None:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from ..benchmark._cli import add_run_arguments
+    from ..benchmark._cli import add_bench_parser, add_run_arguments
 
-    p = sub.add_parser(
-        "sdk",
-        help="the logging SDK: caller cost of a log call (server up, stopped, queue full) "
-        "beside FileHandler and HTTPHandler; delivery records/s; memory",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_bench_parser(sub, "sdk", "the logging SDK: caller cost of a log call (server up, stopped, "
+                         "queue full) beside FileHandler and HTTPHandler; delivery records/s; memory",
+                         __doc__)  # fmt: skip
     p.add_argument(
         "--n",
         type=v.cli_count(1),
@@ -302,14 +298,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help=f"calls through HTTPHandler (default {DEFAULT_HTTP_N:,}; each is a round trip)")  # fmt: skip
     p.add_argument("--delivery-n", type=v.cli_count(1), default=DEFAULT_DELIVERY_N,
                    help=f"records for the delivery rate (default {DEFAULT_DELIVERY_N:,})")  # fmt: skip
-    p.add_argument("--case", action="append", choices=CASES, help="run only this case (repeatable)")
-    add_run_arguments(p, "bucketq bench sdk", _run_from_args)
+    add_run_arguments(p, "bucketq bench sdk", run, only=("case", CASES))
     return p
-
-
-def _run_from_args(args: argparse.Namespace) -> Any:
-    return run(args.mongodb_uri, n=args.n, http_n=args.http_n, delivery_n=args.delivery_n,
-               cases=args.case, json_path=args.json)  # fmt: skip
 
 
 def _main(argv: list[str]) -> int:
