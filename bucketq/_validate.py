@@ -10,7 +10,8 @@ number of anything. No I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -252,6 +253,44 @@ def url(name: str, value: Any, schemes: tuple[str, ...], *, optional: bool = Tru
             + f"; got {value!r}."
         )
     return v
+
+
+# -- option fields of frozen dataclasses --------------------------------------------------
+
+
+def option(
+    default: Any = MISSING,
+    check: Callable[..., Any] | None = None,
+    *,
+    factory: Callable[[], Any] | None = None,
+    **limits: Any,
+) -> Any:
+    """A dataclass field with its default (or ``factory``) and its check, called as
+    ``check(name, value, **limits)`` by :func:`check_options`: an option's type and range
+    are declared once, beside the option."""
+    meta = {} if check is None else {"check": (check, limits)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def check_options(obj: Any) -> None:
+    """Run the checks of a dataclass's :func:`option` fields, in their order, keeping
+    what each check returns (frozen dataclasses too: call it from ``__post_init__``)."""
+    for f in fields(obj):
+        spec = f.metadata.get("check")
+        if spec is not None:
+            check, limits = spec
+            object.__setattr__(obj, f.name, check(f.name, getattr(obj, f.name), **limits))
+
+
+def maybe(check: Callable[..., Any]) -> Callable[..., Any]:
+    """``check`` that also accepts None (an option that is off unless set)."""
+
+    def check_or_none(name: str, value: Any, **limits: Any) -> Any:
+        return None if value is None else check(name, value, **limits)
+
+    return check_or_none
 
 
 # -- command-line arguments (argparse ``type=`` functions) --------------------------------

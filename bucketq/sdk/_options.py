@@ -9,13 +9,13 @@ frozen :class:`Config` whose :meth:`Config.key` names one processor.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from .. import _validate as v
 from ..errors import ConfigurationError
 
 #: records held in memory per configuration (the writeback buffer holds as many again)
@@ -95,20 +95,9 @@ def split_url(url: object, arg: str) -> tuple[str, str]:
     return base + INGEST_PATH, base
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{name} must be a whole number >= 1; got {value!r}.")
-    return value
-
-
 def _seconds(name: str, value: object, *, zero_ok: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{name} must be a number of seconds; got {value!r}.")
-    v = float(value)
-    if math.isnan(v) or math.isinf(v) or v < 0 or (v == 0 and not zero_ok):
-        low = ">= 0" if zero_ok else "> 0"
-        raise ConfigurationError(f"{name} must be a finite number of seconds {low}; got {value!r}.")
-    return v
+    # A float, so equal settings (1 and 1.0) name one processor and one spill directory.
+    return float(v.number(name, value, lo=0.0, hi=None, open_lo=not zero_ok))
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,19 +109,27 @@ class Config:
     fallback_url: str | None
     fallback_api_key: str | None
     spill_dir: str
-    queue_size: int = DEFAULT_QUEUE_SIZE
-    workers: int = DEFAULT_WORKERS
-    batch_size: int = DEFAULT_BATCH_SIZE
-    batch_wait: float = DEFAULT_BATCH_WAIT
-    health_interval: float = DEFAULT_HEALTH_INTERVAL
-    timeout: float = DEFAULT_TIMEOUT
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
-    spill_max_bytes: int = DEFAULT_SPILL_MAX_BYTES
-    spill_segment_bytes: int = DEFAULT_SPILL_SEGMENT_BYTES
-    max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
-    retry_backoff: float = DEFAULT_RETRY_BACKOFF
+    queue_size: int = v.option(DEFAULT_QUEUE_SIZE, v.count, lo=1)
+    workers: int = v.option(DEFAULT_WORKERS, v.count, lo=1)
+    batch_size: int = v.option(DEFAULT_BATCH_SIZE, v.count, lo=1)
+    batch_wait: float = v.option(DEFAULT_BATCH_WAIT, _seconds, zero_ok=True)
+    health_interval: float = v.option(DEFAULT_HEALTH_INTERVAL, _seconds)
+    timeout: float = v.option(DEFAULT_TIMEOUT, _seconds)
+    connect_timeout: float = v.option(DEFAULT_CONNECT_TIMEOUT, _seconds)
+    shutdown_timeout: float = v.option(DEFAULT_SHUTDOWN_TIMEOUT, _seconds, zero_ok=True)
+    spill_max_bytes: int = v.option(DEFAULT_SPILL_MAX_BYTES, v.count, lo=1)
+    spill_segment_bytes: int = v.option(DEFAULT_SPILL_SEGMENT_BYTES, v.count, lo=1)
+    max_retry_after: float = v.option(DEFAULT_MAX_RETRY_AFTER, _seconds)
+    retry_backoff: float = v.option(DEFAULT_RETRY_BACKOFF, _seconds, zero_ok=True)
     service: str = ""
+
+    def __post_init__(self) -> None:
+        v.check_options(self)
+        if self.spill_segment_bytes > self.spill_max_bytes:
+            raise ConfigurationError(
+                f"spill_segment_bytes ({self.spill_segment_bytes}) must not exceed spill_max_bytes "
+                f"({self.spill_max_bytes}); the bound keeps at least one whole segment."
+            )
 
     @property
     def ingest_url(self) -> str:
@@ -191,6 +188,9 @@ OPTION_NAMES = (
 )
 
 
+_CHECKED_HERE = ("fallback_url", "fallback_api_key", "spill_dir", "service")
+
+
 def make_config(url: object, api_key: object, **options: object) -> Config:
     """Validate ``url``, ``api_key`` and the keyword options; raise
     :class:`~bucketq.errors.ConfigurationError` naming the bad one."""
@@ -228,38 +228,14 @@ def make_config(url: object, api_key: object, **options: object) -> Config:
         service = default_service()
     if not isinstance(service, str) or not 1 <= len(service) <= 100:
         raise ConfigurationError(f"service must be a string of 1-100 characters; got {service!r}.")
-    kw: dict[str, object] = {}
-    for name in ("queue_size", "workers", "batch_size", "spill_max_bytes", "spill_segment_bytes"):
-        if name in options:
-            kw[name] = _positive_int(name, options[name])
-    for name in (
-        "batch_wait",
-        "health_interval",
-        "timeout",
-        "connect_timeout",
-        "max_retry_after",
-        "retry_backoff",
-    ):
-        if name in options:
-            kw[name] = _seconds(
-                name, options[name], zero_ok=name in ("batch_wait", "retry_backoff")
-            )
-    if "shutdown_timeout" in options:
-        kw["shutdown_timeout"] = _seconds(
-            "shutdown_timeout", options["shutdown_timeout"], zero_ok=True
-        )
-    cfg = Config(
+    # The numbers are checked by Config itself (its fields' v.option).
+    numbers = {k: x for k, x in options.items() if k not in _CHECKED_HERE}
+    return Config(
         url=base,
         api_key=api_key,
         fallback_url=None if fallback is None else str(fallback),
         fallback_api_key=fb_key,
         spill_dir=spill_dir,
         service=service,
-        **kw,  # type: ignore[arg-type]
+        **numbers,  # type: ignore[arg-type]
     )
-    if cfg.spill_segment_bytes > cfg.spill_max_bytes:
-        raise ConfigurationError(
-            f"spill_segment_bytes ({cfg.spill_segment_bytes}) must not exceed spill_max_bytes "
-            f"({cfg.spill_max_bytes}); the bound keeps at least one whole segment."
-        )
-    return cfg

@@ -23,22 +23,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bson import ObjectId
-from pymongo.write_concern import WriteConcern
 
 from .. import _validate as v
 from ..errors import AckOutOfOrder, ConfigurationError, DamagedBucket, DecodeError
 from ..queue._codec import decode_items
-from ..queue._core.options import (
-    DEFAULT_BUCKET_MAX_BYTES,
-    DEFAULT_BUCKET_MAX_SIZE,
-    DEFAULT_BUCKET_MAX_WAIT,
-    DEFAULT_MAX_PENDING_BYTES,
-    DEFAULT_OP_TIMEOUT,
-    DEFAULT_RETRY_BASE,
-    DEFAULT_RETRY_BUDGET,
-    DEFAULT_RETRY_CAP,
-    QueueOptions,
-)
+from ..queue._core.options import DEFAULT_POLL_INTERVAL, CommonOptions, QueueOptions
 from ..queue._core.packing import OpenBucket, Packer
 from ..queue._core.times import from_datetime, to_datetime
 from ..queue._core.writes import no_change_streams
@@ -67,7 +56,6 @@ DEFAULT_STAGE_TIMEOUT = 600.0
 #: How long tombstones are kept after they are acknowledged, so a producer retrying an
 #: insert for a closed number still collides with them and takes a new number.
 DEFAULT_TOMBSTONE_TTL = 600.0
-DEFAULT_POLL_INTERVAL = 1.0
 #: Buckets fetched per read by a consumer.
 DEFAULT_READ_AHEAD = 8
 MAX_READ_AHEAD = 10_000
@@ -101,49 +89,25 @@ STAGED_MATURE = datetime(3000, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
-class StreamOptions:
+class StreamOptions(CommonOptions):
     """Every stream option with its default (seconds for times, bytes for sizes)."""
 
-    bucket_max_size: int = DEFAULT_BUCKET_MAX_SIZE
-    bucket_max_bytes: int = DEFAULT_BUCKET_MAX_BYTES
-    bucket_max_wait: float = DEFAULT_BUCKET_MAX_WAIT
-    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
-    retry_base: float = DEFAULT_RETRY_BASE
-    retry_cap: float = DEFAULT_RETRY_CAP
-    retry_budget: float = DEFAULT_RETRY_BUDGET
-    poll_interval: float = DEFAULT_POLL_INTERVAL
-    hole_grace: float = DEFAULT_HOLE_GRACE
-    stage_timeout: float = DEFAULT_STAGE_TIMEOUT
-    tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL
-    read_ahead: int = DEFAULT_READ_AHEAD
-    op_timeout: float = DEFAULT_OP_TIMEOUT
-    change_streams: bool | None = None
-    write_concern: WriteConcern | dict[str, Any] | None = None
+    hole_grace: float = v.option(DEFAULT_HOLE_GRACE, v.number, open_lo=True)
+    stage_timeout: float = v.option(DEFAULT_STAGE_TIMEOUT, v.number, open_lo=True)
+    tombstone_ttl: float = v.option(DEFAULT_TOMBSTONE_TTL, v.number, open_lo=True)
+    read_ahead: int = v.option(DEFAULT_READ_AHEAD, v.count, lo=1, hi=MAX_READ_AHEAD, unit="buckets")
+    #: The queue options of the stream's producer (packing and pushing).
     packer: QueueOptions = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # The queue's own checks cover the packing options (and word the errors).
-        packer = QueueOptions(
-            bucket_max_size=self.bucket_max_size,
-            bucket_max_bytes=self.bucket_max_bytes,
-            bucket_max_wait=self.bucket_max_wait,
-            max_pending_bytes=self.max_pending_bytes,
-            retry_base=self.retry_base,
-            retry_cap=self.retry_cap,
-            retry_budget=self.retry_budget,
-            op_timeout=self.op_timeout,
-            write_concern=self.write_concern,
-        )
-        object.__setattr__(self, "packer", packer)
-        for name in ("poll_interval", "hole_grace", "stage_timeout", "tombstone_ttl"):
-            v.number(name, getattr(self, name), lo=0.0, open_lo=True)
+        CommonOptions.__post_init__(self)
         if self.tombstone_ttl < self.retry_budget:
             raise ConfigurationError(
                 f"tombstone_ttl ({self.tombstone_ttl} s) must be at least retry_budget "
                 f"({self.retry_budget} s), so a producer still retrying an insert meets the tombstone."
             )
-        v.count("read_ahead", self.read_ahead, lo=1, hi=MAX_READ_AHEAD, unit="buckets")
-        v.flag("change_streams", self.change_streams, optional=True)
+        shared = {f.name: getattr(self, f.name) for f in fields(CommonOptions)}
+        object.__setattr__(self, "packer", QueueOptions(**shared))
 
     @classmethod
     def build(cls, **options: Any) -> StreamOptions:
@@ -161,9 +125,6 @@ class StreamOptions:
                 f"Unknown stream option(s): {', '.join(unknown)}. Known options: {', '.join(sorted(known))}."
             )
         return cls(**options)
-
-    def get_write_concern(self) -> WriteConcern | None:
-        return self.packer.get_write_concern()
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from pymongo.write_concern import WriteConcern
@@ -88,93 +88,79 @@ MAX_TRIES = 1_000_000
 MAX_PARTITIONS = 4096
 
 
-#: Time options (seconds): the lowest value and whether it is excluded. Each is at most
-#: ``MAX_OPTION_SECONDS`` (30 days).
-_TIME_OPTIONS: dict[str, tuple[float, bool]] = {
-    "bucket_max_wait": (0.0, False),
-    "state_flush_period": (0.0, True),
-    "lease": (0.0, True),
-    "reject_delta_base": (0.0, False),
-    "reject_delta_factor": (0.0, False),
-    "reject_timeout_grace": (0.0, False),
-    "mature_granularity": (0.0, True),
-    "poll_interval": (0.0, True),
-    "retry_base": (0.0, True),
-    "retry_cap": (0.0, True),
-    "retry_budget": (0.0, False),
-    "drain_timeout": (0.0, False),
-    "op_timeout": (0.0, True),
-}
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# Each option's type, finiteness and range is declared beside it with ``v.option`` (times
+# are seconds, at most ``MAX_OPTION_SECONDS``: 30 days); the README's option table agrees.
 
 
 @dataclass(frozen=True, slots=True)
-class QueueOptions:
-    """Every queue option with its default (seconds for times, bytes for sizes).
+class CommonOptions:
+    """The options a bucket queue and a stream share: packing, pushing, waiting."""
 
-    The names follow keuss where keuss has one (``lease`` is keuss's ``reserve_delay``).
-    """
-
-    bucket_max_size: int = DEFAULT_BUCKET_MAX_SIZE
-    bucket_max_bytes: int = DEFAULT_BUCKET_MAX_BYTES
-    bucket_max_wait: float = DEFAULT_BUCKET_MAX_WAIT
-    state_flush_period: float = DEFAULT_STATE_FLUSH_PERIOD
-    lease: float = DEFAULT_LEASE
-    reject_delta_base: float = DEFAULT_REJECT_DELTA_BASE
-    reject_delta_factor: float = DEFAULT_REJECT_DELTA_FACTOR
-    reject_timeout_grace: float = DEFAULT_REJECT_TIMEOUT_GRACE
-    mature_granularity: float = DEFAULT_MATURE_GRANULARITY
-    prefetch: int = DEFAULT_PREFETCH
-    poll_interval: float = DEFAULT_POLL_INTERVAL
-    max_tries: int | None = None
-    dead_letter_queue: str | None = None
-    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
-    pending_policy: str = "block"
-    retry_base: float = DEFAULT_RETRY_BASE
-    retry_cap: float = DEFAULT_RETRY_CAP
-    retry_budget: float = DEFAULT_RETRY_BUDGET
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
-    op_timeout: float = DEFAULT_OP_TIMEOUT
+    bucket_max_size: int = v.option(DEFAULT_BUCKET_MAX_SIZE, v.count, lo=1, hi=65536, unit="items")
+    bucket_max_bytes: int = v.option(
+        DEFAULT_BUCKET_MAX_BYTES, v.count, lo=1024, hi=HARD_MAX_BYTES, unit="bytes",
+        note=" (MongoDB's 16 MiB document limit less room for the bucket's fields)",
+    )  # fmt: skip
+    bucket_max_wait: float = v.option(DEFAULT_BUCKET_MAX_WAIT, v.number)
+    max_pending_bytes: int = v.option(DEFAULT_MAX_PENDING_BYTES, v.count, lo=1024, unit="bytes")
+    retry_base: float = v.option(DEFAULT_RETRY_BASE, v.number, open_lo=True)
+    retry_cap: float = v.option(DEFAULT_RETRY_CAP, v.number, open_lo=True)
+    retry_budget: float = v.option(DEFAULT_RETRY_BUDGET, v.number)
+    poll_interval: float = v.option(DEFAULT_POLL_INTERVAL, v.number, open_lo=True)
+    op_timeout: float = v.option(DEFAULT_OP_TIMEOUT, v.number, open_lo=True)
     write_concern: WriteConcern | dict[str, Any] | None = None
-    change_streams: bool | None = None
-    hold_pushed: bool = False
-    partitions: int = 1
-    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    change_streams: bool | None = v.option(None, v.flag, optional=True)
 
     def __post_init__(self) -> None:
-        # Every option's type, finiteness and range: the ranges are in OPTION_RANGES and
-        # in the README's option table.
-        v.count("bucket_max_size", self.bucket_max_size, lo=1, hi=65536, unit="items")
-        v.count(
-            "bucket_max_bytes", self.bucket_max_bytes, lo=1024, hi=HARD_MAX_BYTES, unit="bytes",
-            note=" (MongoDB's 16 MiB document limit less room for the bucket's fields)",
-        )  # fmt: skip
-        for name, (lo, open_lo) in _TIME_OPTIONS.items():
-            v.number(name, getattr(self, name), lo=lo, open_lo=open_lo)
-        if self.lease < 3 * self.state_flush_period:
-            raise ConfigurationError(
-                f"lease ({self.lease} s) must be at least 3x state_flush_period "
-                f"({self.state_flush_period} s) so leases are renewed before they run out."
-            )
-        v.count("prefetch", self.prefetch, lo=0, hi=MAX_PREFETCH, unit="buckets")
-        if self.max_tries is not None:
-            v.count("max_tries", self.max_tries, lo=1, hi=MAX_TRIES)
-        if self.dead_letter_queue is not None:
-            v.collection_name("dead_letter_queue", self.dead_letter_queue)
-        v.count("max_pending_bytes", self.max_pending_bytes, lo=1024, unit="bytes")
+        v.check_options(self)
+        v.write_concern(self.write_concern)
         if self.max_pending_bytes < self.bucket_max_bytes:
             raise ConfigurationError(
                 f"max_pending_bytes ({self.max_pending_bytes!r}) must be at least bucket_max_bytes "
                 f"({self.bucket_max_bytes})."
             )
-        v.choice("pending_policy", self.pending_policy, ("block", "raise"))
-        v.write_concern(self.write_concern)
-        v.flag("change_streams", self.change_streams, optional=True)
-        v.flag("hold_pushed", self.hold_pushed)
-        v.count(
-            "partitions", self.partitions, lo=1, hi=MAX_PARTITIONS, unit="partitions",
-            note=" (1: one claim range, today's layout; more: claims each search one partition)",
-        )  # fmt: skip
-        v.text("owner", self.owner)
+
+    def get_write_concern(self) -> WriteConcern | None:
+        wc = self.write_concern
+        return WriteConcern(**wc) if isinstance(wc, dict) else wc
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOptions(CommonOptions):
+    """Every queue option with its default (seconds for times, bytes for sizes).
+
+    The names follow keuss where keuss has one (``lease`` is keuss's ``reserve_delay``).
+    """
+
+    state_flush_period: float = v.option(DEFAULT_STATE_FLUSH_PERIOD, v.number, open_lo=True)
+    lease: float = v.option(DEFAULT_LEASE, v.number, open_lo=True)
+    reject_delta_base: float = v.option(DEFAULT_REJECT_DELTA_BASE, v.number)
+    reject_delta_factor: float = v.option(DEFAULT_REJECT_DELTA_FACTOR, v.number)
+    reject_timeout_grace: float = v.option(DEFAULT_REJECT_TIMEOUT_GRACE, v.number)
+    mature_granularity: float = v.option(DEFAULT_MATURE_GRANULARITY, v.number, open_lo=True)
+    prefetch: int = v.option(DEFAULT_PREFETCH, v.count, lo=0, hi=MAX_PREFETCH, unit="buckets")
+    max_tries: int | None = v.option(None, v.maybe(v.count), lo=1, hi=MAX_TRIES)
+    dead_letter_queue: str | None = v.option(None, v.maybe(v.collection_name))
+    pending_policy: str = v.option("block", v.choice, options=("block", "raise"))
+    drain_timeout: float = v.option(DEFAULT_DRAIN_TIMEOUT, v.number)
+    hold_pushed: bool = v.option(False, v.flag)
+    partitions: int = v.option(
+        1, v.count, lo=1, hi=MAX_PARTITIONS, unit="partitions",
+        note=" (1: one claim range, today's layout; more: claims each search one partition)",
+    )  # fmt: skip
+    owner: str = v.option(factory=_owner, check=v.text)
+
+    def __post_init__(self) -> None:
+        CommonOptions.__post_init__(self)
+        if self.lease < 3 * self.state_flush_period:
+            raise ConfigurationError(
+                f"lease ({self.lease} s) must be at least 3x state_flush_period "
+                f"({self.state_flush_period} s) so leases are renewed before they run out."
+            )
 
     @classmethod
     def build(cls, **options: Any) -> QueueOptions:
@@ -189,10 +175,6 @@ class QueueOptions:
     def dead_letter_name(self, queue_name: str) -> str:
         """The dead-letter queue's name (``<name>.dlq`` unless ``dead_letter_queue``)."""
         return self.dead_letter_queue or queue_name + DLQ_SUFFIX
-
-    def get_write_concern(self) -> WriteConcern | None:
-        wc = self.write_concern
-        return WriteConcern(**wc) if isinstance(wc, dict) else wc
 
 
 def check_dead_letter_name(name: str, opts: QueueOptions) -> str:
