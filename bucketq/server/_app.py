@@ -15,10 +15,11 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import bson
 from fastapi import Depends, FastAPI, Header, Query, Request, Security
@@ -602,26 +603,46 @@ a 503 means none was acknowledged (retry after `Retry-After`; send an `Idempoten
 so a retry is stored once)."""
 
 
-_In = TypeVar("_In")
+@dataclass(frozen=True)
+class _JsonRoute:
+    """A JSON ingest route: its record kind, path, OpenAPI summary, name (it makes the
+    operationId), body model, the body's list field, and what makes a stored record of
+    one item of it."""
+
+    kind: str
+    path: str
+    summary: str
+    name: str
+    model: type[Any]
+    field: str
+    to_record: Callable[[str, Any], dict[str, Any]]
+
+    def handler(self) -> Callable[..., Any]:
+        """The count limit, records of the key's project, a BSON check naming the body's
+        field, then storage."""
+
+        async def handler(body: Any, request: Request, project: Project,
+                          idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
+            items = getattr(body, self.field)
+            svc = _svc(request)
+            _check_count(svc, len(items))
+            records = [self.to_record(project, x) for x in items]
+            _check_storable(self.field, records)
+            n = await svc.accept(self.kind, project, records, idempotency_key)
+            return Accepted(received=n, timestamp=datetime.now(UTC))
+
+        # FastAPI takes the body's model from the annotation: this route's.
+        handler.__annotations__["body"] = self.model
+        return handler
 
 
-async def _accept(
-    request: Request,
-    kind: str,
-    field: str,
-    project: str,
-    items: Sequence[_In],
-    to_record: Callable[[str, _In], dict[str, Any]],
-    idempotency_key: str | None,
-) -> Accepted:
-    """What every JSON ingest route does with its validated body: the count limit,
-    records of ``project``, a BSON check naming ``field``, then storage."""
-    svc = _svc(request)
-    _check_count(svc, len(items))
-    records = [to_record(project, x) for x in items]
-    _check_storable(field, records)
-    n = await svc.accept(kind, project, records, idempotency_key)
-    return Accepted(received=n, timestamp=datetime.now(UTC))
+_JSON_ROUTES = (
+    _JsonRoute("log", JSON_PREFIX, "Ingest log records", "ingest", LogsIn, "logs", _log_record),
+    _JsonRoute("span", JSON_PREFIX + "/spans", "Ingest spans", "ingest_spans", SpansIn, "spans",
+               _span_record),
+    _JsonRoute("metric", JSON_PREFIX + "/metrics", "Ingest metric samples", "ingest_metrics",
+               MetricsIn, "metrics", _metric_record),
+)  # fmt: skip
 
 
 def create_app(
@@ -670,26 +691,9 @@ def create_app(
     app.add_exception_handler(HTTPException, _on_http)  # type: ignore[arg-type]
     app.add_middleware(_Observe, max_body=cfg.max_body_bytes, metrics=http_metrics)
 
-    @app.post("/api/v1/ingest", response_model=Accepted, responses=INGEST_ERRORS, tags=["ingest"],
-              summary="Ingest log records")  # fmt: skip
-    async def ingest(body: LogsIn, request: Request, project: Project,
-                     idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
-        return await _accept(request, "log", "logs", project, body.logs, _log_record,
-                             idempotency_key)  # fmt: skip
-
-    @app.post("/api/v1/ingest/spans", response_model=Accepted, responses=INGEST_ERRORS,
-              tags=["ingest"], summary="Ingest spans")  # fmt: skip
-    async def ingest_spans(body: SpansIn, request: Request, project: Project,
-                           idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
-        return await _accept(request, "span", "spans", project, body.spans, _span_record,
-                             idempotency_key)  # fmt: skip
-
-    @app.post("/api/v1/ingest/metrics", response_model=Accepted, responses=INGEST_ERRORS,
-              tags=["ingest"], summary="Ingest metric samples")  # fmt: skip
-    async def ingest_metrics(body: MetricsIn, request: Request, project: Project,
-                             idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
-        return await _accept(request, "metric", "metrics", project, body.metrics, _metric_record,
-                             idempotency_key)  # fmt: skip
+    for r in _JSON_ROUTES:
+        app.post(r.path, name=r.name, response_model=Accepted, responses=INGEST_ERRORS,
+                 tags=["ingest"], summary=r.summary)(r.handler())  # fmt: skip
 
     otlp_body = {
         "requestBody": {
@@ -748,19 +752,18 @@ def create_app(
             await svc.accept("log" if kind == "logs" else "span", project, records, idem, "otlp")
         return Response(_otlp.success(kind, rejected, why, mtype), media_type=mtype)
 
-    @app.post("/v1/logs", tags=["otlp"], summary="OTLP/HTTP logs export", responses=otlp_answers,
-              openapi_extra=otlp_body, response_class=Response)  # fmt: skip
-    async def otlp_logs(
-        request: Request, project: Project, idempotency_key: IdempotencyKey = None
-    ) -> Response:
-        return await otlp("logs", request, project, idempotency_key)
+    def otlp_route(kind: str) -> Callable[..., Any]:
+        async def handler(
+            request: Request, project: Project, idempotency_key: IdempotencyKey = None
+        ) -> Response:
+            return await otlp(kind, request, project, idempotency_key)
 
-    @app.post("/v1/traces", tags=["otlp"], summary="OTLP/HTTP traces export", responses=otlp_answers,
-              openapi_extra=otlp_body, response_class=Response)  # fmt: skip
-    async def otlp_traces(
-        request: Request, project: Project, idempotency_key: IdempotencyKey = None
-    ) -> Response:
-        return await otlp("traces", request, project, idempotency_key)
+        return handler
+
+    for kind in ("logs", "traces"):
+        app.post(OTLP_PREFIX + kind, name=f"otlp_{kind}", tags=["otlp"],
+                 summary=f"OTLP/HTTP {kind} export", responses=otlp_answers,
+                 openapi_extra=otlp_body, response_class=Response)(otlp_route(kind))  # fmt: skip
 
     @app.get("/api/v1/logs", response_model=LogsPage, tags=["query"], summary="Read log records",
              responses=_errors(400, 401, 422, 503))  # fmt: skip
