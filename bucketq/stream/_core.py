@@ -30,11 +30,9 @@ from ..queue._codec import decode_items
 from ..queue._core.options import DEFAULT_POLL_INTERVAL, CommonOptions, QueueOptions
 from ..queue._core.packing import OpenBucket, Packer
 from ..queue._core.times import from_datetime, to_datetime
-from ..queue._core.writes import no_change_streams
 from ..queue._damage import check_items
 
 __all__ = [
-    "no_change_streams",  # the queue's decision, which the stream's watcher calls as core.X
     "AckOutOfOrder",
     "DEFAULT_HOLE_GRACE",
     "DEFAULT_POLL_INTERVAL",
@@ -75,12 +73,6 @@ WAKEUP_PIPELINE: list[dict[str, Any]] = [
     },
     {"$project": {"operationType": 1}},
 ]
-#: How long one read of the change stream waits on the server for an event (ms): the
-#: longest a closed consumer's watcher goes on.
-WATCH_AWAIT_MS = 500
-#: A watcher whose consumer has not waited for this long closes its change stream and
-#: ends (it is started again at the consumer's next wait).
-WATCH_IDLE_CLOSE = 30.0
 
 META_ID = "stream"
 META_SUFFIX = ".meta"

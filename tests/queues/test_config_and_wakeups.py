@@ -1,14 +1,12 @@
-"""Options and database checks fail with messages that say what to do; wake-ups across
-processes come from change streams where the server has them."""
+"""Options and database checks fail with messages that say what to do. (Wake-ups by
+change stream: tests/queues/test_wake.py.)"""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 from pymongo import AsyncMongoClient
-from pymongo.errors import OperationFailure
 
 from bucketq import AsyncQueue, ConfigurationError, Queue
 
@@ -56,25 +54,3 @@ async def test_wrong_database_flavour_says_what_to_pass(db, mongo_uri):
 
     with pytest.raises(ConfigurationError, match="AsyncMongoClient"):
         AsyncQueue(MotorDatabase(), "q")
-
-
-def test_a_push_from_another_queue_object_wakes_a_waiting_consumer(db):
-    try:
-        with db.watch(max_await_time_ms=10):
-            pass
-    except OperationFailure:
-        pytest.skip("this server has no change streams; consumers poll (poll_interval)")
-    consumer = Queue(db, "q", poll_interval=30.0)
-    producer = Queue(db, "q")
-    got = []
-    t = threading.Thread(target=lambda: got.append(consumer.reserve(timeout=20)))
-    t.start()
-    time.sleep(1.5)  # the consumer is idle and its change stream is open
-    t0 = time.time()
-    producer.push("hello", durable=True)
-    t.join(25)
-    assert got and got[0] is not None and got[0].payload == "hello"
-    # Not the 30 s poll: the insert event woke it.
-    assert time.time() - t0 < 10
-    consumer.close()
-    producer.close()

@@ -195,7 +195,7 @@ async def test_durable_unsettled_deliveries_come_back_to_a_new_consumer(backends
     if name == "bucketq":
         # Simulate a dead process: stop renewing without releasing.
         c = first.queues[0]._consumer
-        for w in (c.flusher, c.fetcher, c.watcher):
+        for w in (c.flusher, c.fetcher, c.watcher and c.watcher.loop):
             if w is not None:
                 w._task.cancel()
     second = backends.transport(name, **opts)

@@ -1,13 +1,13 @@
 """A stream consumer waiting in next_batch is woken by a change stream where the server
-has them, by its own stream object's writes, and polls otherwise; its watcher survives
-failures and stops with the consumer. (How fast it wakes is measured by
-``bucketq bench stream-wake``, not asserted here.)"""
+has them, by its own stream object's writes, and polls otherwise; its watcher stops
+with the consumer, or once it is fenced. (What the watcher does on failures and
+without change streams, for both kinds of consumer: tests/queues/test_wake.py. How
+fast it wakes is measured by ``bucketq bench stream-wake``, not asserted here.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pymongo import MongoClient
-from pymongo.errors import AutoReconnect, OperationFailure
 
 from bucketq.errors import Fenced
 from bucketq.stream import AsyncStreamQueue, StreamQueue
@@ -37,27 +35,6 @@ def push_from_another_process(uri: str, db_name: str) -> None:
         timeout=120,
     )
     assert out.stdout.strip() == "pushed", out.stderr[-2000:]
-
-
-@pytest.fixture
-def change_streams_here(mongo_client: MongoClient) -> None:
-    hello = mongo_client.admin.command("hello")
-    if not hello.get("setName") and hello.get("msg") != "isdbgrid":
-        pytest.skip("this MongoDB is a standalone server: it has no change streams")
-
-
-@pytest.fixture(scope="module")
-def standalone_uri():
-    from bucketq.embedded import EmbeddedServer
-
-    try:
-        server = EmbeddedServer(standalone=True).start()
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"no embedded server for a standalone topology ({exc})")
-    try:
-        yield server.uri
-    finally:
-        server.stop()
 
 
 def waiting_read(c, timeout: float = 300.0):
@@ -123,28 +100,6 @@ async def test_async_consumer_is_woken_by_another_process_and_stops_on_close(
     await q.close()
 
 
-def test_without_change_streams_the_consumer_polls_and_says_so(standalone_uri, db_name, caplog):
-    client: MongoClient = MongoClient(standalone_uri)
-    try:
-        q = StreamQueue(client[db_name], "s", poll_interval=0.2)
-        c = q.consumer()
-        with caplog.at_level(logging.INFO, logger="bucketq.stream"):
-            b = pushed_while_waiting(c, standalone_uri, db_name, lambda: c._watch.polling,
-                                     "the watcher to find no change streams")  # fmt: skip
-        assert b.seq == 1
-        st_ = q.stats()
-        assert st_["change_stream_fallbacks"] == 1 and st_["change_stream_events"] == 0
-        assert st_["loop_errors"] == 0
-        assert any("no change streams here" in r.getMessage() for r in caplog.records)
-        assert not c._watch.running  # never started again: the next waits poll
-        assert c.next_batch(timeout=0.3) is None
-        assert q.stats()["change_stream_fallbacks"] == 1
-        c.close()
-    finally:
-        client.drop_database(db_name)
-        client.close()
-
-
 def test_change_streams_off_polls_across_processes(db, mongo_uri, db_name):
     q = StreamQueue(db, "s", change_streams=False, poll_interval=0.2)
     c = q.consumer()
@@ -152,38 +107,6 @@ def test_change_streams_off_polls_across_processes(db, mongo_uri, db_name):
     push_from_another_process(mongo_uri, db_name)
     assert fut.result(timeout=60).seq == 1
     assert c._watch is None and q.stats()["change_stream_events"] == 0
-
-
-@pytest.mark.parametrize(
-    "failure,counted",
-    [(RuntimeError("injected watcher failure"), "loop_errors"),
-     (AutoReconnect("injected: the server went away"), "change_stream_errors")],
-)  # fmt: skip
-def test_the_watcher_survives_a_failure_and_wakes_the_consumer_after_it(
-    db, mongo_uri, db_name, change_streams_here, caplog, failure, counted
-):
-    q = StreamQueue(db, "s", **SLOW_POLL)
-    real = q._col.watch
-    calls = [0]
-
-    def watch(*a, **k):
-        calls[0] += 1
-        if calls[0] == 1:
-            raise failure
-        return real(*a, **k)
-
-    q._col.watch = watch  # type: ignore[method-assign]
-    c = q.consumer()
-    with caplog.at_level(logging.INFO):
-        b = pushed_while_waiting(c, mongo_uri, db_name, lambda: c._watch.live,
-                                 "the watcher's change stream to open again")  # fmt: skip
-    assert b.seq == 1
-    st_ = q.stats()
-    assert st_[counted] == 1 and calls[0] >= 2
-    assert st_["change_stream_events"] >= 1 and st_["change_stream_fallbacks"] == 0
-    if counted == "loop_errors":  # logged once with its traceback
-        assert [r for r in caplog.records if r.exc_info and "injected" in str(r.exc_info[1])]
-    c.close()
 
 
 def test_a_fenced_consumer_stops_its_watcher(db, change_streams_here):
@@ -195,15 +118,6 @@ def test_a_fenced_consumer_stops_its_watcher(db, change_streams_here):
     with pytest.raises(Fenced):
         old.next_batch(timeout=0.2)
     eventually(lambda: not old._watch.active, what="the fenced consumer's watcher to end")
-
-
-def test_a_server_without_change_streams_is_told_apart_from_a_passing_failure():
-    no_cs = OperationFailure("The $changeStream stage is only supported on replica sets", 40573)
-    assert core.no_change_streams(no_cs)
-    assert core.no_change_streams(OperationFailure("not authorized", 13))
-    assert not core.no_change_streams(OperationFailure("not primary", 10107))
-    assert not core.no_change_streams(AutoReconnect("connection reset"))
-    assert not core.no_change_streams(RuntimeError("bug"))
 
 
 @given(

@@ -4,7 +4,8 @@
 - ``times``: epoch seconds in memory, BSON datetimes in MongoDB, a push's mature time;
 - ``messages``: ``Message``, item ids, which message a commit or rollback may take;
 - ``packing``: open buckets, packing pushed items and sealing buckets, their documents;
-- ``writes``: a write's outcome, transient errors, the backoff between tries;
+- ``writes``: a write's outcome, transient errors, the backoff between tries, a server
+  without change streams and the change-stream watcher's timings;
 - ``claims``: the claim, leases no one holds, partitions and a consumer's rotation;
 - ``held``: a claimed bucket's state in this process and the state flush's plan;
 - ``redelivery``: a rolled-back item's next time, the over-tried rule, dead letters;

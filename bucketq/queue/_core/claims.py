@@ -128,7 +128,7 @@ def partitions_to_fold(found: Iterable[Any], partitions: int) -> dict[int, int |
 #: Change events that can make a bucket claimable: an insert, or a release (an update
 #: that sets ``lease`` to null). Claims and state flushes (most updates) are filtered out
 #: on the server, so a busy consumer's own writes do not come back to it as events.
-WAKEUP_PIPELINE = [
+WAKEUP_PIPELINE: list[dict[str, Any]] = [
     {
         "$match": {
             "$or": [

@@ -48,6 +48,8 @@ def new_stats() -> dict[str, int]:
             "rolled_back", "dead_lettered", "lease_losses", "claims", "takeovers", "state_flushes",
             "released", "reclaims", "write_concern_unconfirmed", "dead_letter_failed",
             "state_flush_errors", "quarantined", "loop_errors", "held_on_write",
+            # The change-stream watcher's (queue/_async/wake.py); 0 with change_streams=False.
+            "change_stream_events", "change_stream_errors", "change_stream_fallbacks",
         ),
         0,
     )  # fmt: skip

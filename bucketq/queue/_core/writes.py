@@ -1,5 +1,7 @@
 """The outcome of a write and whether to try it again: bulk write errors, an
-unconfirmed write concern, transient errors and the backoff between tries.
+unconfirmed write concern, transient errors and the backoff between tries; and the
+change-stream watcher's (``_async/wake.py``): a server without change streams, and its
+timings.
 """
 
 from __future__ import annotations
@@ -83,3 +85,11 @@ def no_change_streams(exc: BaseException) -> bool:
     from pymongo.errors import OperationFailure
 
     return isinstance(exc, OperationFailure) and not is_transient(exc)
+
+
+#: How long one read of a change stream waits on the server for an event (ms): the
+#: longest a closed consumer's watcher goes on.
+WATCH_AWAIT_MS = 500
+#: A watcher whose reader has not waited for this long closes its change stream and
+#: ends (it is started again at the reader's next wait).
+WATCH_IDLE_CLOSE = 30.0

@@ -2,8 +2,8 @@
 # edit the async file and run `python scripts/unasync.py`.
 """The consume side of the bucket queue (pymongo ``MongoClient``).
 
-It claims buckets (the fetcher, woken by the change-stream watcher or by polling),
-hands their items to ``reserve()`` callers, and writes their state back (the flusher:
+It claims buckets (the fetcher, woken by the change-stream watcher, ``wake.py``, or by
+polling), hands their items to ``reserve()`` callers, and writes their state back (the flusher:
 commits, rollbacks, lease renewals, releases, dead letters). The queue owns it and
 hands it what both sides share: the collection, the mutex, the counters, bounded
 driver calls and the background-worker factory.
@@ -29,6 +29,7 @@ from .. import _core as core
 from .. import _deadline as deadlines
 from .._concurrency import Lock, Mutex, Notifier, Worker, sleep
 from .quarantine import Quarantine
+from .wake import WakeWatcher
 
 log = logging.getLogger("bucketq.queue")
 
@@ -62,7 +63,7 @@ class Consumer:
         quarantine: Quarantine,
         is_closed: Callable[[], bool],
         bounded: Callable[..., Any],
-        worker: Callable[[str, Any], Worker],
+        worker: Callable[..., Worker],
         setup: Callable[[], Any],
         open_dead_letter_queue: Callable[[], Any],
     ) -> None:
@@ -84,9 +85,8 @@ class Consumer:
         self._consumers = Notifier()
         self._fetch_wake = Notifier()
         self._flush_wake = Notifier()
-        # Set while claims come back empty; the change-stream watcher reads only then.
+        # Set while claims come back empty: the fetcher waits, and the watcher reads for it.
         self._starved = True
-        self._starved_wake = Notifier()
         self._waiters = 0
         self._fetch_full = False  # the fetcher waits for room under prefetch
         self._last_reserve = 0.0
@@ -97,7 +97,23 @@ class Consumer:
         self.draining = False
         self.fetcher: Worker | None = None
         self.flusher: Worker | None = None
-        self.watcher: Worker | None = None
+        #: Wakes the fetcher on inserted or released buckets by change stream while its
+        #: claims find nothing (None: change_streams=False).
+        self.watcher: WakeWatcher | None = None
+        if options.change_streams is not False:
+            self.watcher = WakeWatcher(
+                col=col,
+                pipeline=core.WAKEUP_PIPELINE,
+                wake=self._fetch_wake,
+                what=f"queue {name}",
+                stats=stats,
+                logger=log,
+                bounded=bounded,
+                op_timeout=options.op_timeout,
+                worker=worker,
+                stopped=is_closed,
+                expected=options.change_streams is True,
+            )
         self._dlq: Any = None
         # Partitioned: each claim searches one partition, in this consumer's rotation,
         # which starts at ``partition``.
@@ -106,12 +122,10 @@ class Consumer:
         )
 
     def start(self) -> None:
-        """Start the fetcher, the flusher and (where change streams may be) the watcher."""
+        """Start the fetcher and the flusher (the fetcher starts the watcher when idle)."""
         if self.fetcher is None and not self._is_closed():
             self.fetcher = self._worker("fetcher", self._fetcher_loop)
             self.flusher = self._worker("flusher", self._flusher_loop)
-            if self.options.change_streams is not False:
-                self.watcher = self._worker("watcher", self._watcher_loop)
 
     def reserve(self, timeout: float | None = None) -> core.Message | None:
         out: list[core.Message] = []
@@ -256,6 +270,8 @@ class Consumer:
         while not self._is_closed():
             gen = self._fetch_wake.gen
             if self.paused or self.draining:
+                if self.watcher is not None:
+                    self.watcher.done()  # claiming nothing: wake-ups are moot
                 self._fetch_wake.wait(gen, None)
                 continue
             if self._buffered_buckets() >= 1 + self.options.prefetch:
@@ -280,16 +296,19 @@ class Consumer:
             if got:
                 idle_attempt = 0
                 self._starved = False
+                if self.watcher is not None:
+                    # Claims succeed, so wake-ups are moot: the stream is left unread.
+                    self.watcher.done()
                 continue
-            if not self._starved:
-                self._starved = True
-                self._starved_wake.notify()
+            self._starved = True
             idle_attempt += 1
             wait = min(0.05 * 2 ** min(idle_attempt, 10), self.options.poll_interval)
             if self._next_local_mature is not None:
                 wait = min(wait, max(self._next_local_mature - _now(), 0.0) + 0.01)
                 if self._next_local_mature <= _now():
                     self._next_local_mature = None
+            if self.watcher is not None:
+                self.watcher.want()  # an insert or a release ends the wait
             self._fetch_wake.wait(gen, wait)
 
     def _claim(self) -> bool:
@@ -398,38 +417,6 @@ class Consumer:
         if self.held.get(b.id) is b:
             del self.held[b.id]
         b.held = False
-
-    def _watcher_loop(self) -> None:
-        """Wake the fetcher on inserted or released buckets (where the server has change
-        streams); polling covers everything else."""
-        pipeline = core.WAKEUP_PIPELINE
-        while not self._is_closed():
-            try:
-                with self._bounded(self.options.op_timeout):
-                    stream = self._col.watch(pipeline, max_await_time_ms=500)
-                with stream:
-                    while not self._is_closed():
-                        if not self._starved:
-                            # Claims succeed, so wake-ups are moot: leave the stream unread
-                            # (the server keeps its place) and spare both sides the getMores.
-                            gen = self._starved_wake.gen
-                            if not self._starved:
-                                self._starved_wake.wait(gen, 1.0)
-                            continue
-                        with self._bounded(self.options.op_timeout):
-                            change = stream.try_next()
-                        if change is not None and self.fetcher is not None:
-                            self._fetch_wake.notify()
-            except PyMongoError as exc:
-                if core.no_change_streams(exc):
-                    log.info(
-                        "queue %s: no change streams on this server (%s); polling", self.name, exc
-                    )
-                    return
-                if self._is_closed():
-                    return
-                log.debug("queue %s: change stream interrupted (%s); reopening", self.name, exc)
-                sleep(1.0)
 
     # -- state flush ----------------------------------------------------------------------
 
@@ -691,6 +678,7 @@ class Consumer:
 
     def pause(self) -> None:
         self.paused = True
+        self._fetch_wake.notify()  # the fetcher sees it now (and its watcher stops reading)
 
     def resume(self) -> None:
         self.paused = False
@@ -742,8 +730,10 @@ class Consumer:
 
     def wake_all(self) -> None:
         """The queue closed: wake every worker and waiting reserve() so they see it."""
-        for n in (self._fetch_wake, self._flush_wake, self._consumers, self._starved_wake):
+        for n in (self._fetch_wake, self._flush_wake, self._consumers):
             n.notify()
+        if self.watcher is not None:
+            self.watcher.stop()
 
     def join(self) -> None:
         """Wait for the workers to end (each join is bounded: their driver calls are),
@@ -752,8 +742,6 @@ class Consumer:
             if w is not None:
                 w.join(5.0)
         if self.watcher is not None:
-            # It only wakes the fetcher, and may sit in a change-stream read for up to
-            # 500 ms: don't wait for it (it ends when that read returns).
-            self.watcher.join(0)
+            self.watcher.join()  # not waited for: it only wakes the fetcher
         if self._dlq is not None:
             self._dlq.close()

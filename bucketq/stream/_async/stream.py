@@ -47,8 +47,8 @@ from ...queue._db import check_async_database
 from ...queue._producer import AsyncProducer
 from ...queue._quarantine import AsyncQuarantine
 from ...queue._runtime import AsyncRuntime
+from ...queue._wake import AsyncWakeWatcher
 from .. import _core as core
-from .wake import AsyncWakeWatcher
 
 log = logging.getLogger("bucketq.stream")
 #: Buckets (without their items) one read of :meth:`AsyncStreamConsumer.reachable` looks at.

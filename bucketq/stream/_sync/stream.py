@@ -49,8 +49,8 @@ from ...queue._db import check_database
 from ...queue._producer import Producer
 from ...queue._quarantine import Quarantine
 from ...queue._runtime import Runtime
+from ...queue._wake import WakeWatcher
 from .. import _core as core
-from .wake import WakeWatcher
 
 log = logging.getLogger("bucketq.stream")
 #: Buckets (without their items) one read of :meth:`StreamConsumer.reachable` looks at.
