@@ -1,8 +1,10 @@
 """The buffer's configuration: one table of environment variables, read in one place.
 
-:data:`SETTINGS` is the only list of variables; :func:`from_env` reads it and
-:func:`config_table` renders it as the Markdown table in ``docs/reservoir.md`` (a test
-keeps the two equal). No I/O besides reading the environment mapping it is given.
+The fields of :class:`BufferConfig` are the only list of variables: each states its
+default, parser and help once, and :data:`SETTINGS` lists them, each a :class:`Setting`.
+:func:`from_env` reads them and :func:`config_table` renders them as the Markdown table
+in ``docs/reservoir.md`` (a test keeps the two equal). No I/O besides reading the
+environment mapping it is given.
 """
 
 from __future__ import annotations
@@ -126,87 +128,12 @@ class Setting:
     seed: bool = True
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting(PREFIX + "ENABLED", "enabled", "false", "Put the buffer between the ingest API and storage.", _bool),
-    Setting(PREFIX + "TRANSPORT", "transport", "memory",
-            "`memory`, `redis`, `bucketq` or `passthrough` (see Transports).", _choice),
-    Setting(PREFIX + "SHARDS", "shards", "8",
-            "Shards, each with one flush consumer: `mmh3(project_id) % SHARDS`.", _int(1)),
-    Setting(PREFIX + "MAX_BATCH_SIZE", "max_batch_size", "500", "A flush batch is written at this many records...", _int(1)),
-    Setting(PREFIX + "MAX_BATCH_AGE_MS", "max_batch_age_ms", "1000", "...or this long after it started collecting.", _int(1)),
-    Setting(PREFIX + "GRACEFUL_SHUTDOWN_MS", "graceful_shutdown_ms", "10000",
-            "`stop()` drains for at most this long, then reports what is left.", _int(0)),
-    Setting(PREFIX + "PENDING_THRESHOLD", "pending_threshold", "10000",
-            "The breaker opens when more records than this are pending.", _int(1)),
-    Setting(PREFIX + "FAILURE_THRESHOLD", "failure_threshold", "20",
-            "The breaker opens after this many failed flushes in a row (`BREAKER_RULE=window`: more than this many in the failure window).", _int(1)),
-    Setting(PREFIX + "COOLDOWN_MS", "cooldown_ms", "30000",
-            "An open breaker half-opens after this long; one successful flush closes it.", _int(0)),
-    Setting(PREFIX + "MAX_RETRY_ATTEMPTS", "max_retry_attempts", "3",
-            "Failed storage writes per record before it goes to the DLQ.", _int(1)),
-    Setting(PREFIX + "BASE_DELAY_MS", "base_delay_ms", "100",
-            "First retry delay; doubles per attempt, with jitter.", _int(1)),
-    Setting(PREFIX + "STREAM_PREFIX", "stream_prefix", DEFAULT_STREAM_PREFIX,
-            "Name prefix of the Redis keys / bucketq queues (`<prefix>:<shard>`, `<prefix>:dlq`).", _prefix),
-    Setting("REDIS_URL", "redis_url", "",
-            "Redis for the `redis` transport; when missing, the buffer falls back to `memory` with a warning.",
-            _url(*v.REDIS_SCHEMES)),
-    Setting(PREFIX + "MAX_DELAY_MS", "max_delay_ms", "30000", "Cap of the retry delay.", _int(1), seed=False),
-    Setting(PREFIX + "BREAKER_RULE", "breaker_rule", "consecutive",
-            "`consecutive` (the seed's: failed flushes in a row; a fully stored flush resets the count) "
-            "or `window` (failed flushes within `FAILURE_WINDOW_MS`; no reset). A flush is one batch of a shard; "
-            "it failed when any of its records did not store.", _rule, seed=False),
-    Setting(PREFIX + "FAILURE_WINDOW_MS", "failure_window_ms", "60000",
-            "`BREAKER_RULE=window`: the rolling window in which flush failures are counted.", _int(1), seed=False),
-    Setting(PREFIX + "SHARD_KEY", "shard_key", "project",
-            "`project`: shard by `project_id`; `entity`: by `{project_id}-{trace_id}` for spans and for logs "
-            "that carry a `trace_id` (else the project), so one trace's records share a shard, in order.",
-            _shard_key, seed=False),
-    Setting(PREFIX + "RETRY_PRESET", "retry_preset", "seed",
-            "`seed`: `MAX_RETRY_ATTEMPTS` attempts from `BASE_DELAY_MS`; `langfuse`: 6 attempts, exponential from 5 s "
-            "(the cap is raised to 80 s so the series is not cut short).", _preset, seed=False),
-    Setting(PREFIX + "RETRY_BY_KIND", "retry_by_kind", "",
-            "Per-kind attempts and first delay over the preset, e.g. `span=6:5000,metric=2:100` "
-            "(`kind=attempts:base_ms`; kinds log, span, metric).", _by_kind, seed=False),
-    Setting(PREFIX + "DLQ_MAX", "dlq_max", "100000",
-            "The DLQ keeps at most this many records; past it the oldest are dropped and counted "
-            "(`reservoir_buffer_dlq_dropped_total`, `bucketq dlq inspect`).", _int(1), seed=False),
-    Setting(PREFIX + "DISPATCH_DELAY_BY_KIND", "dispatch_delay_by_kind", "",
-            "How long a freshly accepted record of a kind waits in the transport before it may be flushed, "
-            "e.g. `span=5000` (`kind=ms`), so an entity's follow-up records are flushed together; durable at "
-            "once, only the flush waits. Records that came through OTLP are never delayed. Not for `passthrough`.",
-            _ms_by_kind, seed=False),
-    Setting(PREFIX + "DATE_BOUNDARY_DELAY_MS", "date_boundary_delay_ms", "0",
-            "The dispatch delay of every kind (when longer than its own) while the UTC time is in "
-            "`DATE_BOUNDARY_WINDOW`; OTLP records are not delayed.", _int(0), seed=False),
-    Setting(PREFIX + "DATE_BOUNDARY_WINDOW", "date_boundary_window", "23:45-00:15",
-            "UTC `HH:MM-HH:MM` (start inclusive, end exclusive; may wrap past midnight) in which "
-            "`DATE_BOUNDARY_DELAY_MS` applies.", _window, seed=False),
-    Setting(PREFIX + "OVERFLOW_PROJECTS", "overflow_projects", "",
-            "Comma-separated hot project ids pinned to an extra overflow shard (number `SHARDS`).",
-            _projects, seed=False),
-    Setting(PREFIX + "AUTO_OVERFLOW_FAILURES", "auto_overflow_failures", "0",
-            "A project whose flushes failed this many times in a row (throttled, rejected) while other projects' "
-            "records were stored meanwhile is moved to the overflow shard (number `SHARDS`): its new records and "
-            "its retries go there, and its failures there do not count for the breaker. `0`: off.",
-            _int(0), seed=False),
-    Setting(PREFIX + "AUTO_OVERFLOW_COOLDOWN_MS", "auto_overflow_cooldown_ms", "60000",
-            "How long a project moved by `AUTO_OVERFLOW_FAILURES` stays on the overflow shard before it comes back "
-            "(moved again if it still fails).", _int(1), seed=False),
-    Setting(PREFIX + "CLAIM_IDLE_MS", "claim_idle_ms", "60000",
-            "`redis`: a delivery unacknowledged this long (its consumer died) is claimed by another.",
-            _int(1), seed=False),
-    Setting(PREFIX + "BUCKETQ_COMMIT_WINDOW_MS", "bucketq_commit_window_ms", "10",
-            "`bucketq`: an ingest's bucket is written this long after it opened (at the earliest once the shard "
-            "queue's insert in flight returned), so the ingests arriving meanwhile share one insert; `0`: at once "
-            "when no insert is in flight (one insert per request at low rates, the lowest latency).",
-            _int(0), seed=False),
-    Setting(PREFIX + "MEMORY_CAPACITY", "memory_capacity", "100000",
-            "`memory`: records it holds at most; past it, ingests write to storage directly.", _int(1), seed=False),
-    Setting("BUCKETQ_MONGODB_URI", "mongodb_uri", "",
-            "MongoDB for the `bucketq` transport (database from the URI, else `bucketq`).",
-            _url(*v.MONGODB_SCHEMES), seed=False),
-)  # fmt: skip
+def _env(default: Any, parse: Callable[[str], Any], help: str, *, env: str = "",
+         seed: bool = True) -> Any:  # fmt: skip
+    """A :class:`BufferConfig` field read from the variable ``env`` (by default
+    ``RESERVOIR_BUFFER_`` and the field's name in capitals) with ``parse``; the rest as
+    in :class:`Setting`."""
+    return field(default=default, metadata={"env": env, "parse": parse, "help": help, "seed": seed})
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,38 +141,72 @@ class BufferConfig:
     """The buffer's settings (times in milliseconds, as in the environment).
 
     Build it with :func:`from_env`, or directly with keywords for tests and embedding.
+    Each field is also an environment variable (:data:`SETTINGS`), in this order in
+    the documentation's table.
     """
 
-    enabled: bool = False
-    transport: str = "memory"
-    shards: int = 8
-    max_batch_size: int = 500
-    max_batch_age_ms: int = 1000
-    graceful_shutdown_ms: int = 10000
-    pending_threshold: int = 10000
-    failure_threshold: int = 20
-    cooldown_ms: int = 30000
-    max_retry_attempts: int = 3
-    base_delay_ms: int = 100
-    stream_prefix: str = DEFAULT_STREAM_PREFIX
-    redis_url: str = ""
-    max_delay_ms: int = 30000
-    breaker_rule: str = "consecutive"
-    failure_window_ms: int = 60000
-    shard_key: str = "project"
-    dlq_max: int = 100000
-    retry_preset: str = "seed"
-    retry_by_kind: Any = ""
-    dispatch_delay_by_kind: Any = ""
-    date_boundary_delay_ms: int = 0
-    date_boundary_window: str = "23:45-00:15"
-    overflow_projects: frozenset[str] = field(default_factory=frozenset)
-    auto_overflow_failures: int = 0
-    auto_overflow_cooldown_ms: int = 60000
-    claim_idle_ms: int = 60000
-    bucketq_commit_window_ms: int = 10
-    memory_capacity: int = 100000
-    mongodb_uri: str = ""
+    # fmt: off
+    enabled: bool = _env(False, _bool, "Put the buffer between the ingest API and storage.")
+    transport: str = _env("memory", _choice, "`memory`, `redis`, `bucketq` or `passthrough` (see Transports).")
+    shards: int = _env(8, _int(1), "Shards, each with one flush consumer: `mmh3(project_id) % SHARDS`.")
+    max_batch_size: int = _env(500, _int(1), "A flush batch is written at this many records...")
+    max_batch_age_ms: int = _env(1000, _int(1), "...or this long after it started collecting.")
+    graceful_shutdown_ms: int = _env(10000, _int(0), "`stop()` drains for at most this long, then reports what is left.")
+    pending_threshold: int = _env(10000, _int(1), "The breaker opens when more records than this are pending.")
+    failure_threshold: int = _env(20, _int(1), "The breaker opens after this many failed flushes in a row "
+                                  "(`BREAKER_RULE=window`: more than this many in the failure window).")
+    cooldown_ms: int = _env(30000, _int(0), "An open breaker half-opens after this long; one successful flush closes it.")
+    max_retry_attempts: int = _env(3, _int(1), "Failed storage writes per record before it goes to the DLQ.")
+    base_delay_ms: int = _env(100, _int(1), "First retry delay; doubles per attempt, with jitter.")
+    stream_prefix: str = _env(DEFAULT_STREAM_PREFIX, _prefix, "Name prefix of the Redis keys / bucketq queues (`<prefix>:<shard>`, `<prefix>:dlq`).")
+    redis_url: str = _env("", _url(*v.REDIS_SCHEMES), "Redis for the `redis` transport; when missing, the buffer falls back to `memory` with a warning.", env="REDIS_URL")
+    max_delay_ms: int = _env(30000, _int(1), "Cap of the retry delay.", seed=False)
+    breaker_rule: str = _env("consecutive", _rule,
+        "`consecutive` (the seed's: failed flushes in a row; a fully stored flush resets the count) "
+        "or `window` (failed flushes within `FAILURE_WINDOW_MS`; no reset). A flush is one batch of a shard; "
+        "it failed when any of its records did not store.", seed=False)
+    failure_window_ms: int = _env(60000, _int(1), "`BREAKER_RULE=window`: the rolling window in which flush failures are counted.", seed=False)
+    shard_key: str = _env("project", _shard_key,
+        "`project`: shard by `project_id`; `entity`: by `{project_id}-{trace_id}` for spans and for logs "
+        "that carry a `trace_id` (else the project), so one trace's records share a shard, in order.", seed=False)
+    retry_preset: str = _env("seed", _preset,
+        "`seed`: `MAX_RETRY_ATTEMPTS` attempts from `BASE_DELAY_MS`; `langfuse`: 6 attempts, exponential from 5 s "
+        "(the cap is raised to 80 s so the series is not cut short).", seed=False)
+    retry_by_kind: Any = _env("", _by_kind,
+        "Per-kind attempts and first delay over the preset, e.g. `span=6:5000,metric=2:100` "
+        "(`kind=attempts:base_ms`; kinds log, span, metric).", seed=False)
+    dlq_max: int = _env(100000, _int(1),
+        "The DLQ keeps at most this many records; past it the oldest are dropped and counted "
+        "(`reservoir_buffer_dlq_dropped_total`, `bucketq dlq inspect`).", seed=False)
+    dispatch_delay_by_kind: Any = _env("", _ms_by_kind,
+        "How long a freshly accepted record of a kind waits in the transport before it may be flushed, "
+        "e.g. `span=5000` (`kind=ms`), so an entity's follow-up records are flushed together; durable at "
+        "once, only the flush waits. Records that came through OTLP are never delayed. Not for `passthrough`.",
+        seed=False)
+    date_boundary_delay_ms: int = _env(0, _int(0),
+        "The dispatch delay of every kind (when longer than its own) while the UTC time is in "
+        "`DATE_BOUNDARY_WINDOW`; OTLP records are not delayed.", seed=False)
+    date_boundary_window: str = _env("23:45-00:15", _window,
+        "UTC `HH:MM-HH:MM` (start inclusive, end exclusive; may wrap past midnight) in which "
+        "`DATE_BOUNDARY_DELAY_MS` applies.", seed=False)
+    overflow_projects: frozenset[str] = _env(frozenset(), _projects, "Comma-separated hot project ids pinned to an extra overflow shard (number `SHARDS`).", seed=False)
+    auto_overflow_failures: int = _env(0, _int(0),
+        "A project whose flushes failed this many times in a row (throttled, rejected) while other projects' "
+        "records were stored meanwhile is moved to the overflow shard (number `SHARDS`): its new records and "
+        "its retries go there, and its failures there do not count for the breaker. `0`: off.", seed=False)
+    auto_overflow_cooldown_ms: int = _env(60000, _int(1),
+        "How long a project moved by `AUTO_OVERFLOW_FAILURES` stays on the overflow shard before it comes back "
+        "(moved again if it still fails).", seed=False)
+    claim_idle_ms: int = _env(60000, _int(1), "`redis`: a delivery unacknowledged this long (its consumer died) is claimed by another.", seed=False)
+    bucketq_commit_window_ms: int = _env(10, _int(0),
+        "`bucketq`: an ingest's bucket is written this long after it opened (at the earliest once the shard "
+        "queue's insert in flight returned), so the ingests arriving meanwhile share one insert; `0`: at once "
+        "when no insert is in flight (one insert per request at low rates, the lowest latency).", seed=False)
+    memory_capacity: int = _env(100000, _int(1), "`memory`: records it holds at most; past it, ingests write to storage directly.", seed=False)
+    mongodb_uri: str = _env("", _url(*v.MONGODB_SCHEMES),
+        "MongoDB for the `bucketq` transport (database from the URI, else `bucketq`).",
+        env="BUCKETQ_MONGODB_URI", seed=False)
+    # fmt: on
 
     def __post_init__(self) -> None:
         # Keyword construction gets the same checks as the environment.
@@ -299,6 +260,23 @@ class BufferConfig:
 
     def with_(self, **changes: Any) -> BufferConfig:
         return replace(self, **changes)
+
+
+def _as_text(value: Any) -> str:
+    """A default as the environment writes it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value))
+    return str(value)
+
+
+#: Every variable, in :class:`BufferConfig`'s field order: the one list of them.
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(f.metadata["env"] or PREFIX + f.name.upper(), f.name, _as_text(f.default),
+            f.metadata["help"], f.metadata["parse"], f.metadata["seed"])
+    for f in fields(BufferConfig)
+)  # fmt: skip
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> BufferConfig:
