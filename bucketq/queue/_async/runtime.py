@@ -1,8 +1,9 @@
 """How one queue object runs its I/O (pymongo ``AsyncMongoClient``): its driver calls
 bounded, with what they met recorded in its health, and its background loops guarded.
 
-The bucket queue and the stream queue each own one and hand its ``bounded`` and
-``worker`` to their components (the producer, the consumer).
+The bucket queue and the stream queue each own one and hand it to their components
+(the producer, the consumer), which call through it and start their loops and their
+change-stream watchers from it.
 
 The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
 """
@@ -12,33 +13,32 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..._guard import LoopGuard
 from .. import _deadline as deadlines
-from .._concurrency import AsyncWorker
+from .._concurrency import AsyncNotifier, AsyncWorker
+from .wake import AsyncWakeWatcher
 
 _now = time.time
 
 
+@dataclass(eq=False)
 class AsyncRuntime:
     """``kind`` ("queue" or "stream") and ``name`` say whose calls and loops these are in
-    messages; ``stats`` counts the loops' failures; a loop ends once ``is_closed()``."""
+    messages (``log`` gets the loops' failures); ``stats`` counts them; a loop ends once
+    ``is_closed()``."""
 
-    def __init__(
-        self,
-        kind: str,
-        name: str,
-        stats: dict[str, int],
-        is_closed: Callable[[], bool],
-        log: logging.Logger,
-    ) -> None:
-        self.kind = kind
-        self.name = name
-        self.stats = stats
-        self.is_closed = is_closed
-        self._log = log
-        self._health = deadlines.Health(f"{kind} {name}")
+    kind: str
+    name: str
+    stats: dict[str, int]
+    is_closed: Callable[[], bool]
+    log: logging.Logger
+    _health: deadlines.Health = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._health = deadlines.Health(f"{self.kind} {self.name}")
 
     def health(self) -> dict[str, Any]:
         """Whether MongoDB answers this object's operations, from what they met (no
@@ -56,6 +56,35 @@ class AsyncRuntime:
     def worker(self, role: str, fn: Any, stopped: Callable[[], bool] | None = None) -> AsyncWorker:
         """A background loop that survives what it does not handle (see
         ``bucketq._guard``); it ends once ``stopped()`` (by default: once closed)."""
-        guard = LoopGuard(f"{self.kind} {self.name}: the {role}", self.stats, self._log)
+        guard = LoopGuard(f"{self.kind} {self.name}: the {role}", self.stats, self.log)
         name = f"bucketq-{self.kind}-{role}-{self.name}"
         return AsyncWorker(name, fn, guard, stopped or self.is_closed)
+
+    def wake_watcher(
+        self,
+        col: Any,
+        pipeline: list[dict[str, Any]],
+        wake: AsyncNotifier,
+        op_timeout: float,
+        *,
+        expected: bool,
+        what: str | None = None,
+        stopped: Callable[[], bool] | None = None,
+    ) -> AsyncWakeWatcher:
+        """A change-stream watcher (``wake.py``) of this object: it counts in ``stats``,
+        logs to ``log``, bounds its calls and runs in one of its guarded loops, which
+        ends once ``stopped()`` (by default: once closed). ``what`` names it in
+        messages (by default: this object)."""
+        return AsyncWakeWatcher(
+            col=col,
+            pipeline=pipeline,
+            wake=wake,
+            what=what or f"{self.kind} {self.name}",
+            stats=self.stats,
+            logger=self.log,
+            bounded=self.bounded,
+            op_timeout=op_timeout,
+            worker=self.worker,
+            stopped=stopped or self.is_closed,
+            expected=expected,
+        )

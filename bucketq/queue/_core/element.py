@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from bson import ObjectId
@@ -9,20 +10,17 @@ from bson import ObjectId
 from .times import to_datetime
 
 
+@dataclass(slots=True, eq=False, match_args=False)
 class ElementRef:
-    """What a per-element message points at: its document and the claim's token."""
+    """What a per-element message points at: its document and the claim's token
+    (compared by identity, as a ``Message.bucket`` is)."""
 
-    __slots__ = ("id", "token", "lost", "released", "batch", "origin")
-
-    def __init__(
-        self, id: ObjectId, token: ObjectId | None = None, batch: Any = None, origin: Any = None
-    ) -> None:
-        self.id = id
-        self.token = token
-        self.lost = False
-        self.released = False
-        self.batch = batch
-        self.origin = origin
+    id: ObjectId
+    token: ObjectId | None = None
+    batch: Any = None
+    origin: Any = None
+    lost: bool = field(default=False, init=False)
+    released: bool = field(default=False, init=False)
 
 
 def element_document(payload: Any, headers: dict | None, mature: float) -> dict[str, Any]:

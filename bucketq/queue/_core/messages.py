@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -55,20 +56,20 @@ def parse_item_id(value: Any) -> tuple[ObjectId, int]:
         ) from exc
 
 
+@dataclass(slots=True, eq=False, repr=False, match_args=False)
 class Message:
-    """One delivered item. ``tries`` counts earlier deliveries that did not end in a commit."""
+    """One delivered item. ``tries`` counts earlier deliveries that did not end in a commit.
 
-    __slots__ = ("bucket", "index", "payload", "headers", "tries", "_mature")
+    One is made per delivered item: slots and the generated ``__init__`` keep that as
+    cheap as plain assignments. Messages compare by identity (``eq=False``): two
+    deliveries of the same item are different messages (see ``is_current``)."""
 
-    def __init__(
-        self, bucket: Any, index: int, payload: Any, headers: dict | None, tries: int, mature: float
-    ) -> None:
-        self.bucket = bucket
-        self.index = index
-        self.payload = payload
-        self.headers = headers
-        self.tries = tries
-        self._mature = mature
+    bucket: Any
+    index: int
+    payload: Any
+    headers: dict | None
+    tries: int
+    _mature: float  # epoch seconds; ``mature`` gives it as a datetime
 
     @property
     def id(self) -> str:

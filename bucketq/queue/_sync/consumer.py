@@ -29,6 +29,7 @@ from .. import _core as core
 from .. import _deadline as deadlines
 from .._concurrency import Lock, Mutex, Notifier, Worker, sleep
 from .quarantine import Quarantine
+from .runtime import Runtime
 from .wake import WakeWatcher
 
 log = logging.getLogger("bucketq.queue")
@@ -41,42 +42,34 @@ class Consumer:
     """What one queue object holds and hands out: claimed buckets (``held``), their
     messages ready in memory (``ready``), and the workers that keep them.
 
-    ``origin`` is the queue object (messages remember who delivered them);
-    ``partition`` is where its claims start (with ``partitions`` > 1: its queue object's
-    own partition, so that consumers of other objects start elsewhere);
-    ``is_closed`` tells whether it is closed; ``bounded(seconds, what)`` bounds
-    driver calls; ``worker(role, fn)`` starts a guarded background loop that ends
-    once the queue is closed; ``setup()`` creates the claim index;
-    ``open_dead_letter_queue()`` opens the queue over-tried items move to.
+    It composes its queue object's ``runtime`` (the queue's name and counters, whether
+    it is closed, bounded driver calls, guarded background loops that end once it is
+    closed), as the producer does. ``origin`` is the queue object (messages remember
+    who delivered them); with ``partitions`` > 1 its claims start at ``origin.partition``
+    (so that consumers of other objects start elsewhere); ``setup()`` creates the claim
+    index; ``open_dead_letter_queue()`` opens the queue over-tried items move to.
     """
 
     def __init__(
         self,
+        runtime: Runtime,
+        options: core.QueueOptions,
         *,
         origin: Any,
-        partition: int,
         col: Any,
-        name: str,
-        options: core.QueueOptions,
         mutex: Mutex,
-        stats: dict[str, int],
         quarantine: Quarantine,
-        is_closed: Callable[[], bool],
-        bounded: Callable[..., Any],
-        worker: Callable[..., Worker],
         setup: Callable[[], Any],
         open_dead_letter_queue: Callable[[], Any],
     ) -> None:
+        self._runtime = runtime
+        self.name = runtime.name
+        self._stats = runtime.stats
+        self.options = options
         self.origin = origin
         self._col = col
-        self.name = name
-        self.options = options
         self._mutex = mutex
-        self._stats = stats
         self._quarantine = quarantine
-        self._is_closed = is_closed
-        self._bounded = bounded
-        self._worker = worker
         self._setup = setup
         self._open_dead_letter_queue = open_dead_letter_queue
         self._flush_lock = Lock()
@@ -101,31 +94,25 @@ class Consumer:
         #: claims find nothing (None: change_streams=False).
         self.watcher: WakeWatcher | None = None
         if options.change_streams is not False:
-            self.watcher = WakeWatcher(
-                col=col,
-                pipeline=core.WAKEUP_PIPELINE,
-                wake=self._fetch_wake,
-                what=f"queue {name}",
-                stats=stats,
-                logger=log,
-                bounded=bounded,
-                op_timeout=options.op_timeout,
-                worker=worker,
-                stopped=is_closed,
+            self.watcher = runtime.wake_watcher(
+                col,
+                core.WAKEUP_PIPELINE,
+                self._fetch_wake,
+                options.op_timeout,
                 expected=options.change_streams is True,
             )
         self._dlq: Any = None
         # Partitioned: each claim searches one partition, in this consumer's rotation,
-        # which starts at ``partition``.
+        # which starts at its queue object's own.
         self._rotation = (
-            core.Rotation(partition, options.partitions) if options.partitions > 1 else None
+            core.Rotation(origin.partition, options.partitions) if options.partitions > 1 else None
         )
 
     def start(self) -> None:
         """Start the fetcher and the flusher (the fetcher starts the watcher when idle)."""
-        if self.fetcher is None and not self._is_closed():
-            self.fetcher = self._worker("fetcher", self._fetcher_loop)
-            self.flusher = self._worker("flusher", self._flusher_loop)
+        if self.fetcher is None and not self._runtime.is_closed():
+            self.fetcher = self._runtime.worker("fetcher", self._fetcher_loop)
+            self.flusher = self._runtime.worker("flusher", self._flusher_loop)
 
     def reserve(self, timeout: float | None = None) -> core.Message | None:
         out: list[core.Message] = []
@@ -144,7 +131,7 @@ class Consumer:
 
     def _reserve(self, max_items: int, timeout: float | None) -> list[core.Message]:
         if self.fetcher is None:
-            if self._is_closed():
+            if self._runtime.is_closed():
                 raise QueueClosed(f"Queue {self.name!r} is closed.")
             self.start()
         deadline = None
@@ -153,7 +140,7 @@ class Consumer:
             gen = self._consumers.gen
             with self._mutex:
                 expired = self._take(_now(), max_items, out)
-                if out or self.draining or self._is_closed():
+                if out or self.draining or self._runtime.is_closed():
                     return out
             if timeout is not None:
                 if deadline is None:
@@ -212,7 +199,7 @@ class Consumer:
                 if msg.bucket.finished():
                     self._flush_wake.notify()  # its last item: delete it now, not a period later
         if ok and flush:
-            with self._bounded(None, f"commit(flush=True) on queue {self.name!r}"):
+            with self._runtime.bounded(None, f"commit(flush=True) on queue {self.name!r}"):
                 self.flush_state()
             if msg.bucket.lost:
                 return False
@@ -227,7 +214,7 @@ class Consumer:
             if any(m.bucket.finished() for m in done):
                 self._flush_wake.notify()
         if done and flush:
-            with self._bounded(None, f"commit_many(flush=True) on queue {self.name!r}"):
+            with self._runtime.bounded(None, f"commit_many(flush=True) on queue {self.name!r}"):
                 self.flush_state()
             return sum(1 for m in done if not m.bucket.lost)
         return len(done)
@@ -267,7 +254,7 @@ class Consumer:
 
     def _fetcher_loop(self) -> None:
         idle_attempt = 0
-        while not self._is_closed():
+        while not self._runtime.is_closed():
             gen = self._fetch_wake.gen
             if self.paused or self.draining:
                 if self.watcher is not None:
@@ -321,12 +308,12 @@ class Consumer:
         not one per partition."""
         self._setup()
         if self._rotation is None:
-            with self._bounded(self.options.op_timeout):
+            with self._runtime.bounded(self.options.op_timeout):
                 return self._claim_in(None)
         if self._starved:
             doc = None
             for flt in core.probe_requests(_now(), self._rotation.next):
-                with self._bounded(self.options.op_timeout):
+                with self._runtime.bounded(self.options.op_timeout):
                     doc = self._col.find_one(flt, {"part": 1}, sort=core.PROBE_SORT)
                 if doc is not None:
                     break
@@ -334,13 +321,13 @@ class Consumer:
                 return False
             self._rotation.start_at(core.partition_of_document(doc))
         for part in self._rotation.round(_now()):
-            with self._bounded(self.options.op_timeout):
+            with self._runtime.bounded(self.options.op_timeout):
                 got = self._claim_in(part)
             if got:
                 self._rotation.found(part)
                 return True
             self._rotation.missed(part, _now(), self.options.poll_interval)
-            if self.draining or self._is_closed():
+            if self.draining or self._runtime.is_closed():
                 return False
         return False
 
@@ -366,7 +353,7 @@ class Consumer:
         b.origin = self.origin
         if b.takeover:
             self._stats["takeovers"] += 1
-        if self.draining or self._is_closed():
+        if self.draining or self._runtime.is_closed():
             self.held[b.id] = b
             self.release([b])
             return True
@@ -422,10 +409,10 @@ class Consumer:
 
     def _flusher_loop(self) -> None:
         period = self.options.state_flush_period
-        while not self._is_closed():
+        while not self._runtime.is_closed():
             gen = self._flush_wake.gen
             self._flush_wake.wait(gen, period)
-            if self._is_closed():
+            if self._runtime.is_closed():
                 return
             try:
                 self.flush_state()
@@ -463,7 +450,7 @@ class Consumer:
             # handed out once a third of its lease is left, and the next flush tries again.
             timeout = deadlines.state_flush_timeout(self.options.op_timeout, self.options.lease)
             try:
-                with self._bounded(timeout):
+                with self._runtime.bounded(timeout):
                     res = self._col.bulk_write(writes, ordered=False)
                 done = res.matched_count + res.deleted_count
             except BulkWriteError as exc:
@@ -489,7 +476,7 @@ class Consumer:
             lost: set[ObjectId] = set()
             if done < len(writes):
                 ids = [b.id for b, _ in targets]
-                with self._bounded(timeout):
+                with self._runtime.bounded(timeout):
                     now_docs = {
                         d["_id"]: d for d in self._col.find({"_id": {"$in": ids}}, {"lease": 1})
                     }
@@ -608,7 +595,7 @@ class Consumer:
         with self._flush_lock:
             now = _now()
             writes = [core.state_write(b, now, self.options.lease, release=True) for b in buckets]
-            with self._bounded(self.options.op_timeout):
+            with self._runtime.bounded(self.options.op_timeout):
                 self._col.bulk_write(writes, ordered=False)
             with self._mutex:
                 for b in buckets:
@@ -624,7 +611,7 @@ class Consumer:
         a queue object that reserved once and then only pushes keeps nothing from others."""
         if not self.options.hold_pushed or self.fetcher is None or self.paused:
             return
-        if self.draining or self._is_closed():
+        if self.draining or self._runtime.is_closed():
             return
         now = _now()
         if not self._waiters and now - self._last_reserve > self.options.lease / 3:
@@ -703,7 +690,7 @@ class Consumer:
                 b.queued = 0
             self.ready = deque(m for m in self.ready if not m.bucket.released)
         if read_ahead:
-            with self._bounded(None, f"drain() of queue {self.name!r}"):
+            with self._runtime.bounded(None, f"drain() of queue {self.name!r}"):
                 self.release(read_ahead)
         served_before = self._stats["reserved"]
         deadline = _monotonic() + timeout
@@ -722,7 +709,7 @@ class Consumer:
             for b in self.held.values():
                 b.queued = 0
         released = len(self.held)
-        with self._bounded(None, f"drain() of queue {self.name!r}"):
+        with self._runtime.bounded(None, f"drain() of queue {self.name!r}"):
             self.flush_state(release_all=True)
         self._consumers.notify()
         served = self._stats["reserved"] - served_before

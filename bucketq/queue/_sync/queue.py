@@ -81,17 +81,12 @@ class Queue(Sizes):
         self.producer_id = self._producer.producer_id
         self.partition = self._producer.partition
         self._consumer = Consumer(
+            self._runtime,
+            opts,
             origin=self,
-            partition=self.partition,
             col=self._col,
-            name=self.name,
-            options=opts,
             mutex=mutex,
-            stats=self._stats,
             quarantine=self._quarantine,
-            is_closed=lambda: self._closed,
-            bounded=self._bounded,
-            worker=self._runtime.worker,
             setup=self._setup,
             open_dead_letter_queue=self._open_dead_letter_queue,
         )
