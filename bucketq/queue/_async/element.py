@@ -23,17 +23,12 @@ from .. import _core as core
 from .. import _deadline as deadlines
 from .._codec import collection, encode_item
 from .._concurrency import (
-    STARTUP_DONE,
     AsyncBatch,
     AsyncNotifier,
     AsyncReceipt,
-    AsyncStartup,
     async_register_exit,
-    startup_key,
-    used_after_fork,
 )
-from .._db import check_async_database
-from .sizes import AsyncSizes
+from .api import AsyncQueueApi
 
 log = logging.getLogger("bucketq.queue")
 
@@ -50,29 +45,21 @@ def _stored(doc_id: ObjectId) -> AsyncReceipt:
     return AsyncReceipt(core.ElementRef(doc_id, batch=_STORED), 0)
 
 
-class AsyncElementQueue(AsyncSizes):
+class AsyncElementQueue(AsyncQueueApi):
     """One MongoDB document per item. ``db`` is a pymongo ``AsyncDatabase``."""
 
-    #: Set in a child process forked after the queue opened: it may not be used there.
-    _forked: bool = False
-
     def __init__(self, db: Any, name: str, **options: Any) -> None:
-        opts, name = core.open_options(name, options)
-        self.options, self.name = opts, name
+        super().__init__(db, name, options)
+        opts, name = self.options, self.name
         if opts.partitions != 1:
             raise ConfigurationError(
                 f"partitions={opts.partitions}: the per-element queue has no partitions "
                 "(it is the baseline of one document per item). Use Queue(db, name, "
                 "partitions=K)."
             )
-        self.db = check_async_database(db)
-        self._col = collection(db, name, opts.get_write_concern())
         self._dlq_col = collection(db, opts.dead_letter_name(name), opts.get_write_concern())
         self._wake = AsyncNotifier()
-        self._stats = core.new_stats()
         self._paused = False
-        self._closed = False
-        self._setup_done = False
         async_register_exit(self)
         self._health = deadlines.Health(f"queue {name}")
 
@@ -87,48 +74,38 @@ class AsyncElementQueue(AsyncSizes):
         seconds = self.options.op_timeout if seconds is None else seconds
         return deadlines.bounded(seconds, self._health, f"{what} on queue {self.name!r}")
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.db.name}.{self.name}>"
-
     async def _setup(self) -> None:
         """The claim index, once per collection and process, never alongside other
         start-up work."""
         if not self._setup_done:
-            key = startup_key(self._col, "mature_id")
-            async with AsyncStartup(self.options.op_timeout):
-                if key not in STARTUP_DONE:
-                    try:
-                        await self._col.create_index(core.CLAIM_SORT, name="mature_id")
-                    except WriteConcernError as exc:  # built; the write concern was not confirmed
-                        log.warning("queue %s: claim index: %s", self.name, exc)
-                    STARTUP_DONE.add(key)
+            await self._once("mature_id", self.options.op_timeout, self._create_claim_index)
             self._setup_done = True
+
+    async def _create_claim_index(self) -> None:
+        try:
+            await self._col.create_index(core.CLAIM_SORT, name="mature_id")
+        except WriteConcernError as exc:  # built; the write concern was not confirmed
+            log.warning("queue %s: claim index: %s", self.name, exc)
 
     def _push_timeout(self) -> float:
         return max(self.options.retry_budget, deadlines.MIN_ATTEMPT_TIMEOUT)
 
     def _check_open(self) -> None:
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         if self._closed:
             raise QueueClosed(f"Queue {self.name!r} is closed; open a new one to go on.")
 
+    def _partition_for(self, key: Any) -> int:
+        v.partition_key(key)
+        return 0  # one partition, as a bucket queue with partitions=1
+
     @boundary("push()")
-    async def push(
-        self,
-        payload: Any,
-        *,
-        delay: float | None = None,
-        mature: Any = None,
-        headers: dict[str, Any] | None = None,
-        durable: bool = False,
+    async def _push(
+        self, payload: Any, headers: Any, at: float, now: float, part: int, durable: bool
     ) -> AsyncReceipt:
         """Insert one item; it is stored when this returns (``durable`` is implied)."""
-        self._check_open()
-        headers = core.check_push(headers, durable)
         self._packer_check(encode_item(payload, headers))
-        now = _now()
-        doc = core.element_document(payload, headers, core.mature_time(now, delay, mature))
+        doc = core.element_document(payload, headers, at)
         with self._bounded("push()", self._push_timeout()):
             await self._setup()
             await self._insert([doc])
@@ -165,22 +142,13 @@ class AsyncElementQueue(AsyncSizes):
             core.Packer(self.options, AsyncBatch).check_size(len(item))
 
     @boundary("push_many()")
-    async def push_many(
-        self,
-        payloads: Any,
-        *,
-        delay: float | None = None,
-        mature: Any = None,
-        headers: dict[str, Any] | None = None,
-        durable: bool = False,
+    async def _push_many(
+        self, payloads: list[Any], headers: Any, at: float | None, durable: bool, part: int
     ) -> list[AsyncReceipt]:
         """Insert several items with one insert_many; one bad item stores none of them."""
-        self._check_open()
-        payloads = v.payloads(payloads)
-        headers = core.check_push(headers, durable)
         for p in payloads:
             self._packer_check(encode_item(p, headers))
-        at = core.mature_time(_now(), delay, mature)
+        at = _now() if at is None else at
         docs = [core.element_document(p, headers, at) for p in payloads]
         if docs:
             with self._bounded("push_many()", self._push_timeout()):
@@ -194,8 +162,7 @@ class AsyncElementQueue(AsyncSizes):
     @boundary("flush()")
     async def flush(self) -> None:
         """Nothing is buffered: every push is already stored."""
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
 
     @boundary("reserve()")
     async def reserve(self, timeout: float | None = None) -> core.Message | None:
@@ -282,8 +249,7 @@ class AsyncElementQueue(AsyncSizes):
     async def commit(self, msg: core.Message, *, flush: bool = False) -> bool:
         """Delete the item (fenced by the claim's token). False if it was rolled back
         already or its lease ran out (it is, or will be, delivered again)."""
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         core.check_message(msg, self, "commit")
         v.flag("flush", flush)
         ref = msg.bucket
@@ -298,8 +264,7 @@ class AsyncElementQueue(AsyncSizes):
     @boundary("commit_many()")
     async def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items (one fenced delete each); returns how many were committed."""
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         msgs = [core.check_message(m, self, "commit_many") for m in v.payloads(msgs, "msgs")]
         n = 0
         for m in msgs:
@@ -307,18 +272,8 @@ class AsyncElementQueue(AsyncSizes):
         return n
 
     @boundary("rollback()")
-    async def rollback(
-        self,
-        msg: core.Message,
-        delay: float | None = None,
-        *,
-        next_t: Any = None,
-        reason: str | None = None,
-    ) -> bool:
-        """Release the item, delivered again not before ``delay`` (or ``next_t``); past
-        ``max_tries`` it moves to the dead-letter collection."""
-        if self._forked:
-            raise used_after_fork(self)
+    async def _rollback(self, msg: core.Message, delay: Any, next_t: Any, reason: Any) -> bool:
+        """Release the item; past ``max_tries`` it moves to the dead-letter collection."""
         core.check_message(msg, self, "rollback")
         v.text("reason", reason, optional=True)
         now = _now()
@@ -357,13 +312,6 @@ class AsyncElementQueue(AsyncSizes):
         self._stats["dead_lettered"] += 1
         return bool(res.deleted_count)
 
-    @boundary("pop()")
-    async def pop(self, timeout: float | None = None) -> core.Message | None:
-        msg = await self.reserve(timeout)
-        if msg is not None:
-            await self.commit(msg)
-        return msg
-
     @boundary("drain()")
     async def drain(self, timeout: float | None = None) -> dict[str, int]:
         """Nothing is buffered or read ahead: stop handing out items."""
@@ -374,12 +322,6 @@ class AsyncElementQueue(AsyncSizes):
     @boundary("close()")
     async def close(self) -> dict[str, int]:
         return await self.drain()
-
-    async def __aenter__(self) -> AsyncElementQueue:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def pause(self) -> None:
         self._paused = True

@@ -20,7 +20,6 @@ from pymongo.errors import (
     WriteConcernError,
 )
 
-from ... import _validate as v
 from ..._driver import boundary
 from ...errors import (
     PushFailed,
@@ -28,48 +27,34 @@ from ...errors import (
 )
 from .. import _core as core
 from .. import _deadline as deadlines
-from .._codec import collection, encode_item
+from .._codec import encode_item
 from .._concurrency import (
-    STARTUP_DONE,
     Mutex,
     Receipt,
-    Startup,
     register_exit,
-    startup_key,
-    used_after_fork,
 )
-from .._db import check_database
+from .api import QueueApi
 from .consumer import Consumer
 from .producer import Producer
 from .quarantine import Quarantine
 from .runtime import Runtime
-from .sizes import Sizes
 
 log = logging.getLogger("bucketq.queue")
 
 _now = time.time
-_monotonic = time.monotonic
 
 
-class Queue(Sizes):
+class Queue(QueueApi):
     """A durable queue on MongoDB that packs pushed items into bucket documents.
 
     ``db`` is a pymongo ``Database``; the queue uses the collection ``name``.
     Options and their defaults are those of :class:`bucketq.queue.QueueOptions`.
     """
 
-    #: Set in a child process forked after the queue opened: it may not be used there.
-    _forked: bool = False
-
     def __init__(self, db: Any, name: str, **options: Any) -> None:
-        opts, name = core.open_options(name, options)
-        self.options, self.name = opts, name
-        self.db = check_database(db)
-        self._col = collection(db, name, opts.get_write_concern())
-        self._stats = core.new_stats()
-        self._closed = False
+        super().__init__(db, name, options)
+        opts, name = self.options, self.name
         self._drain_report: dict[str, int] | None = None
-        self._setup_done = False
         self._quarantine = Quarantine(db, name, opts.get_write_concern())
         self._runtime = Runtime("queue", name, self._stats, lambda: self._closed, log)
         self._bounded = self._runtime.bounded
@@ -92,9 +77,6 @@ class Queue(Sizes):
         )
         register_exit(self)
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.db.name}.{self.name}>"
-
     def health(self) -> dict[str, Any]:
         """Whether MongoDB answers this queue's operations: see ``Runtime.health``."""
         return self._runtime.health()
@@ -111,21 +93,21 @@ class Queue(Sizes):
             return
         timeout = self.options.op_timeout if timeout is None else timeout
         parts = self.options.partitions
-        key = startup_key(self._col, "mature_id" if parts == 1 else f"part_mature_id/{parts}")
+        what = "mature_id" if parts == 1 else f"part_mature_id/{parts}"
         try:
-            with Startup(timeout):
-                if key not in STARTUP_DONE:
-                    with self._bounded(timeout):
-                        self._col.create_index(core.CLAIM_SORT, name="mature_id")
-                        if parts > 1:
-                            self._col.create_index(core.PART_CLAIM_INDEX, name="part_mature_id")
-                            self._fold_partitions(parts)
-                    STARTUP_DONE.add(key)
+            self._once(what, timeout, lambda: self._create_indexes(parts, timeout))
             self._setup_done = True
         except (PyMongoError, deadlines.StartupBusy) as exc:
             log.warning(
                 "queue %s: creating the claim index failed (%s); will retry", self.name, exc
             )
+
+    def _create_indexes(self, parts: int, timeout: float) -> None:
+        with self._bounded(timeout):
+            self._col.create_index(core.CLAIM_SORT, name="mature_id")
+            if parts > 1:
+                self._col.create_index(core.PART_CLAIM_INDEX, name="part_mature_id")
+                self._fold_partitions(parts)
 
     def _fold_partitions(self, parts: int) -> None:
         """Move buckets of partitions >= ``parts`` (the queue had more before) into
@@ -151,8 +133,7 @@ class Queue(Sizes):
         )
 
     def _check_open(self) -> None:
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         if self._closed or self._consumer.draining:
             raise QueueClosed(
                 f"Queue {self.name!r} is drained or closed; open a new Queue to go on."
@@ -160,52 +141,17 @@ class Queue(Sizes):
 
     # -- push ---------------------------------------------------------------------------
 
-    def push(
-        self,
-        payload: Any,
-        *,
-        delay: float | None = None,
-        mature: Any = None,
-        headers: dict[str, Any] | None = None,
-        durable: bool = False,
-        key: Any = None,
-    ) -> Receipt:
-        """Buffer one item and return its receipt at once (``durable=True``: once stored).
-        ``key`` (str, bytes or int) picks its partition; by default the producer's own."""
-        self._check_open()
-        part = self._producer.partition_for(key)
-        # No headers, not durable (the common push) needs no check: skip two calls.
-        item = encode_item(
-            payload,
-            None if headers is None and durable is False else core.check_push(headers, durable),
-        )
-        now = _now()
-        at = (
-            core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
-        )
-        return self._producer.push(item, at, now, part, durable)
+    def _partition_for(self, key: Any) -> int:
+        return self._producer.partition_for(key)
 
-    def push_many(
-        self,
-        payloads: Any,
-        *,
-        delay: float | None = None,
-        mature: Any = None,
-        headers: dict[str, Any] | None = None,
-        durable: bool = False,
-        key: Any = None,
+    def _push(
+        self, payload: Any, headers: Any, at: float, now: float, part: int, durable: bool
+    ) -> Receipt:
+        return self._producer.push(encode_item(payload, headers), at, now, part, durable)
+
+    def _push_many(
+        self, payloads: list[Any], headers: Any, at: float | None, durable: bool, part: int
     ) -> list[Receipt]:
-        """Push several items (to one partition: ``key``'s, by default the producer's);
-        all are encoded first, so one bad item stores none of them."""
-        self._check_open()
-        part = self._producer.partition_for(key)
-        payloads = v.payloads(payloads)
-        headers = core.check_push(headers, durable)
-        at = (
-            core.mature_time(_now(), delay, mature)
-            if delay is not None or mature is not None
-            else None
-        )
         return self._producer.add_many(payloads, headers, at, durable, part)
 
     def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
@@ -252,8 +198,7 @@ class Queue(Sizes):
     @boundary("flush()")
     def flush(self) -> None:
         """Write every open bucket and wait until stored; then flush consumer state."""
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         self._producer.flush()
         with self._bounded(None, f"flush() of queue {self.name!r}"):
             self._consumer.flush_state()
@@ -262,15 +207,13 @@ class Queue(Sizes):
 
     def reserve(self, timeout: float | None = None) -> core.Message | None:
         """The next item, or None when ``timeout`` seconds pass (or the queue drains)."""
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         return self._consumer.reserve(timeout)
 
     def reserve_many(self, max_items: int, timeout: float | None = None) -> list[core.Message]:
         """Up to ``max_items`` items at once: waits (up to ``timeout``) for the first, then
         takes what else is ready without waiting. Empty on timeout or once drained."""
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         return self._consumer.reserve_many(max_items, timeout)
 
     @boundary("commit()")
@@ -279,40 +222,18 @@ class Queue(Sizes):
         (the lease was lost or released; the item will be delivered again), or if ``msg``
         was rolled back already (a rollback ends its delivery, even when the item is
         delivered again at once)."""
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         return self._consumer.commit(msg, flush=flush)
 
     @boundary("commit_many()")
     def commit_many(self, msgs: Any, *, flush: bool = False) -> int:
         """Commit several items; returns how many were committed (the others' buckets
         are no longer held here, and they will be delivered again)."""
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         return self._consumer.commit_many(msgs, flush=flush)
 
-    def rollback(
-        self,
-        msg: core.Message,
-        delay: float | None = None,
-        *,
-        next_t: Any = None,
-        reason: str | None = None,
-    ) -> bool:
-        """Give the item back: delivered again not before ``delay`` seconds (or ``next_t``),
-        by default ``reject_delta_factor * tries + reject_delta_base``; past ``max_tries``
-        it goes to the dead-letter queue instead. False if this process no longer holds
-        the bucket or ``msg`` was committed or rolled back already."""
-        if self._forked:
-            raise used_after_fork(self)
+    def _rollback(self, msg: core.Message, delay: Any, next_t: Any, reason: Any) -> bool:
         return self._consumer.rollback(msg, delay, next_t, reason)
-
-    def pop(self, timeout: float | None = None) -> core.Message | None:
-        """Reserve and commit in one step (at-most-once for this consumer)."""
-        msg = self.reserve(timeout)
-        if msg is not None:
-            self.commit(msg)
-        return msg
 
     # -- drain and close -------------------------------------------------------------------
 
@@ -363,12 +284,6 @@ class Queue(Sizes):
         self._consumer.wake_all()
         self._producer.stop()
         self._consumer.join()
-
-    def __enter__(self) -> Queue:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- control and introspection ------------------------------------------------------------
 
@@ -428,8 +343,7 @@ class Queue(Sizes):
     @boundary("remove()")
     def remove(self, id: str) -> bool:
         """Remove a stored item whose bucket no consumer holds. True if it was removed."""
-        if self._forked:
-            raise used_after_fork(self)
+        self._check_not_forked()
         bid, index = core.parse_item_id(id)
         if self._producer.holds(bid):
             self._producer.flush()

@@ -32,6 +32,7 @@ from ...errors import (
 )
 from ...queue import _core as qcore
 from ...queue import _deadline as deadlines
+from ...queue._closing import AsyncClosing
 from ...queue._codec import collection
 from ...queue._concurrency import (
     STARTUP_DONE,
@@ -58,7 +59,7 @@ _now = time.time
 _monotonic = time.monotonic
 
 
-class AsyncStreamQueue:
+class AsyncStreamQueue(AsyncClosing):
     """A queue in ordered stream mode: every bucket gets the next gapless sequence number.
 
     Producers ``push`` as on a bucket queue (items are packed into buckets by count,
@@ -377,14 +378,8 @@ class AsyncStreamQueue:
         """The same as :meth:`close` (a stream has no consumer state to release)."""
         return await self.close()
 
-    async def __aenter__(self) -> AsyncStreamQueue:
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-
-class AsyncStreamConsumer:
+class AsyncStreamConsumer(AsyncClosing):
     """The one reader of a stream. :meth:`next_batch` returns buckets in seq order,
     :meth:`ack` / :meth:`ack_through` acknowledge them (and delete them) in order.
     Every call fails with :class:`~bucketq.errors.Fenced` once a newer consumer opened."""
@@ -640,18 +635,14 @@ class AsyncStreamConsumer:
     @boundary("ack()")
     async def ack(self, seq: int) -> None:
         """Acknowledge the next unacknowledged bucket; it is deleted."""
-        n = core.ack_target(self._delivered, self.acked, seq, through=False)
-        if n:
-            with self._bounded(None, f"ack() on stream {self.stream.name!r}"):
-                await self._write_ack(seq)
+        if core.ack_target(self._delivered, self.acked, seq, through=False):
+            await self._bounded_ack(seq, "ack()")
 
     @boundary("ack_through()")
     async def ack_through(self, seq: int) -> None:
         """Acknowledge every delivered bucket up to and including ``seq``."""
-        n = core.ack_target(self._delivered, self.acked, seq, through=True)
-        if n:
-            with self._bounded(None, f"ack_through() on stream {self.stream.name!r}"):
-                await self._write_ack(seq)
+        if core.ack_target(self._delivered, self.acked, seq, through=True):
+            await self._bounded_ack(seq, "ack_through()")
 
     @boundary("write_ack()")
     async def write_ack(self, seq: int) -> None:
@@ -659,7 +650,10 @@ class AsyncStreamConsumer:
         the delivery checks of :meth:`ack_through`: for a reader that fetched the buckets
         itself (the Spark source commits a micro-batch with it). Raises
         :class:`~bucketq.errors.Fenced` once a newer consumer opened."""
-        with self._bounded(None, f"write_ack() on stream {self.stream.name!r}"):
+        await self._bounded_ack(seq, "write_ack()")
+
+    async def _bounded_ack(self, seq: int, what: str) -> None:
+        with self._bounded(None, f"{what} on stream {self.stream.name!r}"):
             await self._write_ack(seq)
 
     async def _write_ack(self, seq: int) -> None:
@@ -695,9 +689,3 @@ class AsyncStreamConsumer:
         if self._watch is not None:
             self._watch.stop()
             await self._watch.join()
-
-    async def __aenter__(self) -> AsyncStreamConsumer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

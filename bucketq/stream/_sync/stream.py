@@ -34,6 +34,7 @@ from ...errors import (
 )
 from ...queue import _core as qcore
 from ...queue import _deadline as deadlines
+from ...queue._closing import Closing
 from ...queue._codec import collection
 from ...queue._concurrency import (
     STARTUP_DONE,
@@ -60,7 +61,7 @@ _now = time.time
 _monotonic = time.monotonic
 
 
-class StreamQueue:
+class StreamQueue(Closing):
     """A queue in ordered stream mode: every bucket gets the next gapless sequence number.
 
     Producers ``push`` as on a bucket queue (items are packed into buckets by count,
@@ -375,14 +376,8 @@ class StreamQueue:
         """The same as :meth:`close` (a stream has no consumer state to release)."""
         return self.close()
 
-    def __enter__(self) -> StreamQueue:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class StreamConsumer:
+class StreamConsumer(Closing):
     """The one reader of a stream. :meth:`next_batch` returns buckets in seq order,
     :meth:`ack` / :meth:`ack_through` acknowledge them (and delete them) in order.
     Every call fails with :class:`~bucketq.errors.Fenced` once a newer consumer opened."""
@@ -638,18 +633,14 @@ class StreamConsumer:
     @boundary("ack()")
     def ack(self, seq: int) -> None:
         """Acknowledge the next unacknowledged bucket; it is deleted."""
-        n = core.ack_target(self._delivered, self.acked, seq, through=False)
-        if n:
-            with self._bounded(None, f"ack() on stream {self.stream.name!r}"):
-                self._write_ack(seq)
+        if core.ack_target(self._delivered, self.acked, seq, through=False):
+            self._bounded_ack(seq, "ack()")
 
     @boundary("ack_through()")
     def ack_through(self, seq: int) -> None:
         """Acknowledge every delivered bucket up to and including ``seq``."""
-        n = core.ack_target(self._delivered, self.acked, seq, through=True)
-        if n:
-            with self._bounded(None, f"ack_through() on stream {self.stream.name!r}"):
-                self._write_ack(seq)
+        if core.ack_target(self._delivered, self.acked, seq, through=True):
+            self._bounded_ack(seq, "ack_through()")
 
     @boundary("write_ack()")
     def write_ack(self, seq: int) -> None:
@@ -657,7 +648,10 @@ class StreamConsumer:
         the delivery checks of :meth:`ack_through`: for a reader that fetched the buckets
         itself (the Spark source commits a micro-batch with it). Raises
         :class:`~bucketq.errors.Fenced` once a newer consumer opened."""
-        with self._bounded(None, f"write_ack() on stream {self.stream.name!r}"):
+        self._bounded_ack(seq, "write_ack()")
+
+    def _bounded_ack(self, seq: int, what: str) -> None:
+        with self._bounded(None, f"{what} on stream {self.stream.name!r}"):
             self._write_ack(seq)
 
     def _write_ack(self, seq: int) -> None:
@@ -693,9 +687,3 @@ class StreamConsumer:
         if self._watch is not None:
             self._watch.stop()
             self._watch.join()
-
-    def __enter__(self) -> StreamConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -1,0 +1,161 @@
+"""What the bucket queue and the per-element queue share: opening, the push and
+rollback arguments and their checks, creating indexes once per process, ``pop()`` and
+``async with``, written once. A queue class says how it stores and takes back items
+(``_push``, ``_push_many``, ``_rollback``) and which partition a ``key`` picks
+(``_partition_for``).
+
+The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Self
+
+from ... import _validate as v
+from .. import _core as core
+from .._codec import collection
+from .._concurrency import (
+    STARTUP_DONE,
+    AsyncReceipt,
+    AsyncStartup,
+    startup_key,
+    used_after_fork,
+)
+from .._db import check_async_database
+from .sizes import AsyncSizes
+
+_now = time.time
+
+
+class AsyncClosing:
+    """``async with x:`` closes ``x`` when the block ends (queues, streams, consumers)."""
+
+    async def close(self) -> Any:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncQueueApi(AsyncSizes, AsyncClosing):
+    """Base of the two queue classes; see the module docstring."""
+
+    #: Set in a child process forked after the queue opened: it may not be used there.
+    _forked: bool = False
+
+    def __init__(self, db: Any, name: str, options: dict[str, Any]) -> None:
+        opts, name = core.open_options(name, options)
+        self.options, self.name = opts, name
+        self.db = check_async_database(db)
+        self._col = collection(db, name, opts.get_write_concern())
+        self._stats = core.new_stats()
+        self._closed = False
+        self._setup_done = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.db.name}.{self.name}>"
+
+    # What each queue class defines (see the module docstring):
+    #: () -> None: raise if pushes are no longer taken (closed, draining, or forked).
+    _check_open: Callable[[], None]
+    #: (key) -> the partition a push's ``key`` picks (checked).
+    _partition_for: Callable[[Any], int]
+    #: (payload, checked headers, at, now, part, durable) -> its receipt: store or
+    #: buffer one item due at ``at``.
+    _push: Callable[..., Any]
+    #: (payloads, checked headers, at or None for now, durable, part) -> their receipts.
+    _push_many: Callable[..., Any]
+    #: (msg, delay, next_t, reason) -> whether it was given back.
+    _rollback: Callable[..., Any]
+    #: The public reserve() and commit(), which pop() calls.
+    reserve: Callable[..., Any]
+    commit: Callable[..., Any]
+
+    async def _once(self, what: str, timeout: float, create: Callable[[], Any]) -> None:
+        """``await create()`` (the indexes ``what``) once per collection and process,
+        never alongside other start-up work (see ``AsyncStartup``)."""
+        key = startup_key(self._col, what)
+        async with AsyncStartup(timeout):
+            if key not in STARTUP_DONE:
+                await create()
+                STARTUP_DONE.add(key)
+
+    def _check_not_forked(self) -> None:
+        """Raise in a child process forked after the queue opened (the parent owns it)."""
+        if self._forked:
+            raise used_after_fork(self)
+
+    async def push(
+        self,
+        payload: Any,
+        *,
+        delay: float | None = None,
+        mature: Any = None,
+        headers: dict[str, Any] | None = None,
+        durable: bool = False,
+        key: Any = None,
+    ) -> AsyncReceipt:
+        """Push one item and return its receipt, resolved once the item is stored (the
+        bucket queue buffers it; ``durable=True`` returns once stored). ``key`` (str,
+        bytes or int) picks its partition; by default the producer's own."""
+        self._check_open()
+        part = self._partition_for(key)
+        # No headers, not durable (the common push) needs no check: skip two calls.
+        if headers is not None or durable is not False:
+            headers = core.check_push(headers, durable)
+        now = _now()
+        at = (
+            core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
+        )
+        return await self._push(payload, headers, at, now, part, durable)
+
+    async def push_many(
+        self,
+        payloads: Iterable[Any],
+        *,
+        delay: float | None = None,
+        mature: Any = None,
+        headers: dict[str, Any] | None = None,
+        durable: bool = False,
+        key: Any = None,
+    ) -> list[AsyncReceipt]:
+        """Push several items (to one partition: ``key``'s, by default the producer's);
+        all are encoded first, so one bad item stores none of them."""
+        self._check_open()
+        part = self._partition_for(key)
+        payloads = v.payloads(payloads)
+        headers = core.check_push(headers, durable)
+        at = (
+            core.mature_time(_now(), delay, mature)
+            if delay is not None or mature is not None
+            else None
+        )
+        return await self._push_many(payloads, headers, at, durable, part)
+
+    async def rollback(
+        self,
+        msg: core.Message,
+        delay: float | None = None,
+        *,
+        next_t: Any = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Give the item back: delivered again not before ``delay`` seconds (or ``next_t``),
+        by default ``reject_delta_factor * tries + reject_delta_base``; past ``max_tries``
+        it goes to the dead-letter queue instead. False if the item is no longer held
+        here (its lease was lost or released) or ``msg`` was committed or rolled back
+        already."""
+        self._check_not_forked()
+        return await self._rollback(msg, delay, next_t, reason)
+
+    async def pop(self, timeout: float | None = None) -> core.Message | None:
+        """Reserve and commit in one step (at-most-once for this consumer)."""
+        msg = await self.reserve(timeout)
+        if msg is not None:
+            await self.commit(msg)
+        return msg
