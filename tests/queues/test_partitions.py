@@ -8,6 +8,7 @@ before the queue was partitioned (or had more partitions) are still delivered.""
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 from pymongo import MongoClient, monitoring
@@ -261,5 +262,21 @@ async def test_bad_partition_options_and_keys_are_refused(adb):
             with pytest.raises(ConfigurationError, match="key must be a str, bytes"):
                 await q.push("x", key=bad)
         await q.push("x", key="ok")
+    finally:
+        await q.close()
+
+
+async def test_the_per_element_queue_takes_a_key_checks_it_and_delivers_in_one_partition(adb):
+    # Every queue class takes push(key=) so code can switch classes; with one partition
+    # a valid key changes nothing and a bad one is refused as everywhere.
+    q = AsyncElementQueue(adb, f"ek_{uuid.uuid4().hex[:8]}", **FAST)
+    try:
+        with pytest.raises(ConfigurationError, match="key must be a str, bytes"):
+            await q.push("x", key=1.5)
+        await q.push("a", key="tenant-1")
+        await q.push_many(["b", "c"], key=7)
+        got = [await q.pop(timeout=10) for _ in range(3)]
+        assert sorted(m.payload for m in got) == ["a", "b", "c"]
+        assert await q.pop(timeout=0.2) is None  # the refused push stored nothing
     finally:
         await q.close()
