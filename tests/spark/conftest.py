@@ -42,6 +42,12 @@ except ImportError:
     _missing("no pyspark: pip install 'bucketq[spark]'")
 
 
+#: The tests start several drivers (the session, each killed query's process) and run
+#: short jobs whose work is mostly in the Python workers: the client compiler alone and
+#: the serial collector start a driver in about 60% of the time, on two cores.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def spark_session(app: str, master: str = "local[2,2]"):
     from pyspark.sql import SparkSession
 
@@ -56,6 +62,7 @@ def spark_session(app: str, master: str = "local[2,2]"):
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
