@@ -76,5 +76,4 @@ if __name__ == "__main__":
     hold = (int(sys.argv[8]), sys.argv[9]) if len(sys.argv) > 9 else None
     spark = spark_session("bucketq-killed-query", "local[2]")
     q = start(spark, mode, uri, db, queue, out, checkpoint, max_rows=max_rows, hold=hold)
-    print("started", flush=True)
     q.awaitTermination()

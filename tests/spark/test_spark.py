@@ -4,6 +4,7 @@ streaming writes with a failing task and a replayed micro-batch (no duplicates).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -195,27 +196,35 @@ def _committed_batches(checkpoint: Path) -> int:
     return len([p for p in d.iterdir() if p.name.isdigit()]) if d.exists() else 0
 
 
-def _run_killed(mode, uri, db_name, queue, out, checkpoint, min_batches):
-    log = checkpoint.with_suffix(".log")
-    checkpoint.mkdir(parents=True)
-    p = subprocess.Popen(
-        [sys.executable, WORKER, mode, uri, db_name, queue, str(out), str(checkpoint)],
-        stdout=subprocess.PIPE,
-        stderr=open(log, "w"),  # noqa: SIM115 - the child owns it
-        text=True,
-        start_new_session=True,  # its JVM too: SIGKILL the whole group
-    )
+def _kill_when(args: list[str], log: Path, until, what: str, timeout: float = 240) -> None:
+    """Run ``spark_worker.py args`` (a streaming query in a process and JVM of its own),
+    wait for ``until()``, then SIGKILL the process and its JVM. A query that dies fails
+    the test at once, one that hangs after ``timeout`` seconds, each with its log."""
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, WORKER, *args], stdout=out,
+                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        assert p.stdout.readline().strip() == "started"
 
-        def progressed() -> bool:
-            assert p.poll() is None, "the streaming query died: " + log.read_text()[-3000:]
-            return _committed_batches(checkpoint) >= min_batches
+        def ready() -> bool:
+            assert p.poll() is None, f"the streaming query died (exit {p.returncode})"
+            return until()
 
-        eventually(progressed, timeout=120, interval=0.1, what=f"{min_batches} committed batches")
+        try:
+            eventually(ready, timeout=timeout, interval=0.1, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its log:\n{log.read_text()[-3000:]}") from None
     finally:
-        os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # the group is gone if it died
+            os.killpg(p.pid, signal.SIGKILL)  # the whole group: its JVM too
         p.wait()
+
+
+def _run_killed(mode, uri, db_name, queue, out, checkpoint, min_batches):
+    checkpoint.mkdir(parents=True)
+    _kill_when([mode, uri, db_name, queue, str(out), str(checkpoint)],
+               checkpoint.with_suffix(".log"),
+               lambda: _committed_batches(checkpoint) >= min_batches,
+               f"{min_batches} committed batches")  # fmt: skip
     return _committed_batches(checkpoint)
 
 
@@ -308,25 +317,12 @@ def test_available_now_after_a_query_killed_in_its_third_micro_batch_reads_all_o
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     ckpt.mkdir()
     flag = tmp_path / "holding"
-    log = tmp_path / "query.log"
     # 2,000 rows (20 buckets) per batch: the third batch (id 2) is the first past seq 40.
-    p = subprocess.Popen(
-        [sys.executable, WORKER, "parquet", mongo_uri, db_name, "logs", str(out), str(ckpt),
-         "2000", "40", str(flag)],
-        stdout=subprocess.PIPE, stderr=open(log, "w"), text=True,  # noqa: SIM115
-        start_new_session=True,
-    )  # fmt: skip
     try:
-        assert p.stdout.readline().strip() == "started"
-
-        def holding() -> bool:
-            assert p.poll() is None, "the streaming query died: " + log.read_text()[-3000:]
-            return flag.exists()
-
-        eventually(holding, timeout=300, interval=0.1, what="the third micro-batch running")
+        _kill_when(["parquet", mongo_uri, db_name, "logs", str(out), str(ckpt), "2000", "40",
+                    str(flag)], tmp_path / "query.log", flag.exists,
+                   "the third micro-batch running")  # fmt: skip
     finally:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
         flag.unlink(missing_ok=True)
     planned = sorted(int(f.name) for f in (ckpt / "offsets").iterdir() if f.name.isdigit())
     assert planned == [0, 1, 2] and _committed_batches(ckpt) == 2, "killed inside batch 2"
