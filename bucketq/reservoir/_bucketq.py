@@ -1,10 +1,13 @@
 """The ``bucketq`` transport: one bucketq queue per shard, on MongoDB.
 
 ``enqueue`` returns once the records are durable: it pushes them and waits for their
-bucket's insert, which the queue's writer makes ``commit_window`` (10 ms) after the
-bucket opened, or as soon as its insert in flight returned if that is later; requests
-that arrive meanwhile share one insert (group commit). With ``commit_window=0`` the
-push is ``durable=True``: written at once when no insert is in flight. The consumer of the same process serves that
+bucket's insert. By default (``commit_window=0``) the push is ``durable=True``: the
+queue's writer inserts the bucket at once when no insert is in flight; the ingests that
+arrive while one is share the next insert (group commit that adapts to the rate: one
+insert per request while inserts are faster than the requests' spacing, fewer as the
+rate grows). With a ``commit_window`` the bucket is written that long after it opened
+(or once the insert in flight returned, if later), so more ingests share one insert at
+the price of the window under each answer. The consumer of the same process serves that
 bucket without claiming it (``hold_pushed``). A flush consumer reserves items; an ack commits them (and
 flushes the queue state, so a crash redelivers as little as possible). A requeue pushes
 the updated envelope with a delay, durably, and only then commits the old one; a
@@ -39,16 +42,19 @@ log = logging.getLogger("bucketq.reservoir.bucketq")
 
 T = TypeVar("T")
 
-#: Seconds an ingest's bucket waits for others before it is written (group commit;
-#: ``RESERVOIR_BUFFER_BUCKETQ_COMMIT_WINDOW_MS``). Measured with ``bucketq bench ingest``
-#: at 100 requests/s x 10 logs, memory and bucketq in one run each (load 3.5-7.6):
-#: 10 ms: bucketq p95 71 ms (memory 54), 0.57 MongoDB commands per request; 0: p95 124
-#: (34), 0.66; 20 ms: p95 119 (42), 0.40. At load 3-4, 0 gave p95 38 ms but 1.04
-#: commands per request: one insert per request when inserts beat the requests' spacing.
-DEFAULT_COMMIT_WINDOW = 0.01
+#: Seconds an ingest's bucket waits for others before it is written
+#: (``RESERVOIR_BUFFER_BUCKETQ_COMMIT_WINDOW_MS``); 0: written at once when no insert is
+#: in flight. Measured with ``bucketq bench ingest --quick --mode memory --mode bucketq``
+#: at 100 requests/s x 10 logs (p50 / p95 ms, MongoDB commands per request; memory's
+#: p95 of the same run in brackets): load 3.2-4.3, 10 ms: 17.2 / 50.0, 0.60 (12.9);
+#: 0: 6.0 / 51.8, 1.02 (6.2). The window was under every answer's p50; the p95 is the
+#: bucket insert running beside the flush consumer's storage insert on the same server
+#: (docs/server.md). 0 costs one insert per request while inserts are faster than the
+#: requests' spacing.
+DEFAULT_COMMIT_WINDOW = 0.0
 
-#: Queue options of the shard queues unless given (``bucket_max_wait`` is the commit
-#: window): fine mature slots (retry delays of 100 ms stay short), a lease of 30 s.
+#: Queue options of the shard queues unless given (``bucket_max_wait`` is a non-zero
+#: commit window): fine mature slots (retry delays of 100 ms stay short), a lease of 30 s.
 #: No change streams: every process that pushes to a shard also consumes it, and its own
 #: inserts wake its consumer in-process, so a watcher per shard queue only added reads
 #: (measured: getMores were 70% of the bucketq mode's MongoDB commands at 100 requests/s,
