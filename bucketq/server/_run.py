@@ -5,6 +5,7 @@ buffer within ``RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS`` and logs its report."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -100,6 +101,13 @@ def serve(
 
             AT_FORCED_EXIT.append(cleanup)
         app = create_app(cfg, buffer_config=bcfg)
+        # Everything loaded so far (the HTTP stack, the driver, the app) lives as long as
+        # the process: frozen, a full collection no longer walks it on the event loop,
+        # where every answer in flight waits for it. Measured (bucketq bench ingest, the
+        # bucketq transport at 100 requests/s, load 4.5-10): a full collection every ~6 s
+        # took 55-65 ms of CPU; 4-8 ms frozen.
+        gc.collect()
+        gc.freeze()
         bound = sock.getsockname()
         app.state.listen_url = f"http://{host}:{bound[1]}"
         uv: Any = uvicorn.Config(
