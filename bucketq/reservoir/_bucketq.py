@@ -1,23 +1,20 @@
 """The ``bucketq`` transport: one bucketq queue per shard, on MongoDB.
 
-``enqueue`` returns once the records are durable: it pushes them and waits for their
-bucket's insert. By default (``commit_window=0``) the push is ``durable=True``: the
-queue's writer inserts the bucket at once when no insert is in flight; the ingests that
-arrive while one is share the next insert (group commit that adapts to the rate: one
-insert per request while inserts are faster than the requests' spacing, fewer as the
-rate grows). With a ``commit_window`` the bucket is written that long after it opened
-(or once the insert in flight returned, if later), so more ingests share one insert at
-the price of the window under each answer. The consumer of the same process serves that
-bucket without claiming it (``hold_pushed``). A flush consumer reserves items; an ack commits them (and
-flushes the queue state, so a crash redelivers as little as possible). A requeue pushes
-the updated envelope with a delay, durably, and only then commits the old one; a
-dead-letter pushes to the DLQ queue ``<prefix>:dlq`` durably, then commits. Either way
-the worst case of a crash is a duplicate, never a loss. Buckets whose consumer died are
-claimed again when their lease runs out.
+``enqueue`` returns once the records are durable: it pushes them durably and waits for
+their bucket's insert. Group commit adapts to the rate (``CommitSlots``): an ingest that
+finds its shard queue idle is written at once; while it is busy, ingests share slots
+``commit_window`` (10 ms) apart, one bucket insert each. The consumer of the same
+process serves that bucket without claiming it (``hold_pushed``). A flush consumer
+reserves items; an ack commits them (and flushes the queue state, so a crash redelivers
+as little as possible). A requeue pushes the updated envelope with a delay, durably, and
+only then commits the old one; a dead-letter pushes to the DLQ queue ``<prefix>:dlq``
+durably, then commits. Either way the worst case of a crash is a duplicate, never a
+loss. Buckets whose consumer died are claimed again when their lease runs out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -42,20 +39,17 @@ log = logging.getLogger("bucketq.reservoir.bucketq")
 
 T = TypeVar("T")
 
-#: Seconds an ingest's bucket waits for others before it is written
-#: (``RESERVOIR_BUFFER_BUCKETQ_COMMIT_WINDOW_MS``); 0: written at once when no insert is
-#: in flight. Measured with ``bucketq bench ingest --quick --mode memory --mode bucketq``
-#: at 100 requests/s x 10 logs (p50 / p95 ms, MongoDB commands per request; memory's
-#: p95 of the same run in brackets): load 3.2-4.3, 10 ms: 17.2 / 50.0, 0.60 (12.9);
-#: 0: 6.0 / 51.8, 1.02 (6.2). The window was under every answer's p50; the p95 is the
-#: bucket insert running beside the flush consumer's storage insert on the same server
-#: (docs/server.md). 0 costs one insert per request while inserts are faster than the
-#: requests' spacing.
-DEFAULT_COMMIT_WINDOW = 0.0
+#: Seconds between a busy shard queue's inserts (see ``CommitSlots``;
+#: ``RESERVOIR_BUFFER_BUCKETQ_COMMIT_WINDOW_MS``). Measured with ``bucketq bench ingest
+#: --quick --sweep --mode bucketq``, one run each (load 1-3; p50 / p95 ms at 100
+#: requests/s, MongoDB commands per request, the highest rate sustained): slots of 10 ms:
+#: 6.6 / 26.5, 1.09, 400 requests/s; every bucket 10 ms after it opened (before): 15.2 /
+#: 26.3, 0.63, 400; at once unless an insert was in flight (0): 6.0 / 27.3, 1.07, 200 (at
+#: 400 the server could not keep up with its 245 commands/s).
+DEFAULT_COMMIT_WINDOW = 0.01
 
-#: Queue options of the shard queues unless given (``bucket_max_wait`` is a non-zero
-#: commit window): fine mature slots (retry delays of 100 ms stay short), a lease of 30 s.
-#: No change streams: every process that pushes to a shard also consumes it, and its own
+#: Queue options of the shard queues unless given: fine mature slots (retry delays of
+#: 100 ms stay short), a lease of 30 s. No change streams: every process that pushes to a shard also consumes it, and its own
 #: inserts wake its consumer in-process, so a watcher per shard queue only added reads
 #: (measured: getMores were 70% of the bucketq mode's MongoDB commands at 100 requests/s,
 #: ~2,800 per 1,000 records). What other processes leave behind (their buckets whose lease
@@ -89,6 +83,43 @@ async def _call(what: str, aw: Awaitable[T]) -> T:
         raise _translate(exc, what) from exc
 
 
+class CommitSlots:
+    """When each shard queue's next ingest is written (adaptive group commit).
+
+    An ingest that finds the shard queue idle (no other of its ingests pending, waiting
+    for a slot or an insert, and the last slot at least half a window ago) is written at
+    once: its latency is one insert. Otherwise it joins a slot: ``window`` after the last
+    one, or at once if that is past; every ingest until then joins the same slot, so they
+    share one bucket insert (one written while an insert is in flight waits for it: the
+    queue writes one at a time). So a busy shard queue makes about one insert per
+    ``window`` (the MongoDB commands, and the server's work, stay bounded as the rate
+    grows), no ingest waits for a slot longer than ``window``, and at low rates nothing
+    waits: one insert per request there, where a fixed window would share more inserts
+    but put the window under every answer. ``begin``/``end`` bracket each ingest."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._last: dict[int, float] = {}
+        self._pending: dict[int, int] = {}
+
+    def begin(self, shard: int, now: float) -> float:
+        """An ingest of ``shard`` arrived at ``now``: the seconds until its slot."""
+        busy = self._pending.get(shard, 0)
+        self._pending[shard] = busy + 1
+        last = self._last.get(shard)
+        # Idle (half a window since the last slot, nothing pending), or a busy queue's slot is due.
+        if last is None or now >= last + (self.window if busy else self.window / 2):
+            self._last[shard] = now
+            return 0.0
+        if last <= now:  # the last slot has begun: the next one
+            last = self._last[shard] = last + self.window
+        return last - now
+
+    def end(self, shard: int) -> None:
+        """The ingest returned (written, or failed)."""
+        self._pending[shard] -= 1
+
+
 class BucketqTransport(Transport):
     """Shard queues ``<prefix>:<shard>`` and the DLQ queue ``<prefix>:dlq`` in ``db``
     (a pymongo ``AsyncDatabase``; its client stays yours). ``queue_options`` go to every
@@ -111,10 +142,8 @@ class BucketqTransport(Transport):
         self.db = db
         self.prefix = prefix
         self.commit_window = float(commit_window)
-        # An ingest's bucket is written commit_window after it opened (the queue's
-        # bucket_max_wait); 0: durable pushes, written at the writer's next turn.
-        window = {"bucket_max_wait": self.commit_window} if self.commit_window else {}
-        self.queue_options = {**DEFAULT_QUEUE_OPTIONS, **window, **(queue_options or {})}
+        self.queue_options = {**DEFAULT_QUEUE_OPTIONS, **(queue_options or {})}
+        self.slots = CommitSlots(self.commit_window)
         self.queues: dict[int, AsyncQueue] = {}
         self._dlq: AsyncQueue | None = None
 
@@ -164,20 +193,16 @@ class BucketqTransport(Transport):
         self, shard: int, entries: Sequence[dict[str, Any]], delay: float = 0.0
     ) -> None:
         # A dispatch delay is the queue's own: the bucket is durable now, mature later.
-        # With a commit window the bucket is written commit_window after it opened (or
-        # once the insert in flight returned, if later): the ingests arriving meanwhile
-        # share its insert. Without one (0), durable=True: written at the writer's next
-        # turn, at once when no insert is in flight, shared when one is.
         if not entries:
             return
         q = self._queue(shard)
-        at = delay if delay > 0 else None
-        if not self.commit_window:
-            await self._push_durable(q, entries, delay=at)
-            return
-        what = f"writing to queue {q.name!r}"
-        for r in await _call(what, q.push_many(list(entries), delay=at)):
-            await _call(what, r.wait())
+        wait = self.slots.begin(shard, asyncio.get_running_loop().time())
+        try:
+            if wait > 0:  # the ingests of this slot wake together and share one bucket
+                await asyncio.sleep(wait)
+            await self._push_durable(q, entries, delay=delay if delay > 0 else None)
+        finally:
+            self.slots.end(shard)
 
     async def dequeue(self, shard: int, max_batch: int, max_wait: float) -> list[Delivery]:
         q = self._queue(shard)

@@ -198,11 +198,11 @@ class BufferConfig:
         "How long a project moved by `AUTO_OVERFLOW_FAILURES` stays on the overflow shard before it comes back "
         "(moved again if it still fails).", seed=False)
     claim_idle_ms: int = _env(60000, _int(1), "`redis`: a delivery unacknowledged this long (its consumer died) is claimed by another.", seed=False)
-    bucketq_commit_window_ms: int = _env(0, _int(0),
-        "`bucketq`: `0` writes an ingest's bucket at once when the shard queue has no insert in flight, and "
-        "the ingests arriving while one is share the next (one insert per request at low rates, the lowest "
-        "latency); more: the bucket is written this long after it opened (at the earliest once the insert in "
-        "flight returned), so more ingests share one insert, with the window under each answer.", seed=False)
+    bucketq_commit_window_ms: int = _env(10, _int(0),
+        "`bucketq` group commit: an ingest that finds its shard queue idle (nothing pending, no slot in the last "
+        "half window) is written at once; while it is busy, ingests share slots this far apart, one insert each "
+        "(about one insert per window); `0`: every ingest at once, shared only while an insert is in flight.",
+        seed=False)
     memory_capacity: int = _env(100000, _int(1), "`memory`: records it holds at most; past it, ingests write to storage directly.", seed=False)
     mongodb_uri: str = _env("", _url(*v.MONGODB_SCHEMES),
         "MongoDB for the `bucketq` transport (database from the URI, else `bucketq`).",

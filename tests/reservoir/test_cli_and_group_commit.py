@@ -99,3 +99,27 @@ async def test_bucketq_enqueue_is_durable_on_return_and_concurrent_requests_shar
     )
     assert written < requests
     await t.stop()
+
+
+def test_commit_slots_write_at_once_when_idle_and_share_one_slot_per_window():
+    from bucketq.reservoir import BucketqTransport
+    from bucketq.reservoir._bucketq import CommitSlots
+
+    slots = CommitSlots(0.010)
+    assert slots.begin(0, 100.000) == 0  # idle: written at once
+    assert slots.begin(0, 100.004) == pytest.approx(0.006)  # one pending: the next slot
+    assert slots.begin(0, 100.008) == pytest.approx(0.002)  # joins that slot
+    assert slots.begin(1, 100.008) == 0  # another shard queue has its own slots
+    assert slots.begin(0, 100.012) == pytest.approx(0.008)  # the slot began: the one after
+    assert slots.begin(0, 100.031) == 0  # a window after the last slot: at once
+    for _ in range(5):
+        slots.end(0)
+    # Nothing pending, but the last slot began less than half a window ago: the next one.
+    assert slots.begin(0, 100.033) == pytest.approx(0.008)
+    slots.end(0)
+    assert slots.begin(0, 100.047) == 0  # idle: at once
+    slots.end(0)
+    zero = CommitSlots(0)
+    assert [zero.begin(0, 100 + i / 1000) for i in range(5)] == [0] * 5
+    with pytest.raises(ValueError, match="commit_window"):
+        BucketqTransport(None, commit_window=2)
