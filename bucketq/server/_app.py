@@ -351,7 +351,10 @@ class Service:
 
     @staticmethod
     def _log_report(report: dict[str, Any]) -> None:
-        log.warning(
+        # A warning only when something was not stored: a clean stop is routine.
+        clean = not (report.get("left") or report.get("lost") or report.get("timed_out"))
+        log.log(
+            logging.INFO if clean else logging.WARNING,
             "buffer stopped: flushed=%d left=%d kept=%d lost=%d timed_out=%s (%.1f s)",
             report.get("flushed", 0), report.get("left", 0), report.get("kept", 0),
             report.get("lost", 0), report.get("timed_out", False), report.get("seconds", 0.0),
