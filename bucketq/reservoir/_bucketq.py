@@ -49,7 +49,8 @@ T = TypeVar("T")
 DEFAULT_COMMIT_WINDOW = 0.01
 
 #: Queue options of the shard queues unless given: fine mature slots (retry delays of
-#: 100 ms stay short), a lease of 30 s. No change streams: every process that pushes to a shard also consumes it, and its own
+#: 100 ms stay short); the lease is the queue's 30 s unless given (``RESERVOIR_BUFFER_BUCKETQ_LEASE_MS``
+#: gives it through the factory). No change streams: every process that pushes to a shard also consumes it, and its own
 #: inserts wake its consumer in-process, so a watcher per shard queue only added reads
 #: (measured: getMores were 70% of the bucketq mode's MongoDB commands at 100 requests/s,
 #: ~2,800 per 1,000 records). What other processes leave behind (their buckets whose lease

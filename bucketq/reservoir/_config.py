@@ -203,6 +203,11 @@ class BufferConfig:
         "half window) is written at once; while it is busy, ingests share slots this far apart, one insert each "
         "(about one insert per window); `0`: every ingest at once, shared only while an insert is in flight.",
         seed=False)
+    bucketq_lease_ms: int = _env(30000, _int(1500),
+        "`bucketq`: a shard queue's lease on the buckets its consumer holds (renewed while the process runs): "
+        "the records a dead process held are delivered to another this long after it died. At least 1500 "
+        "(three of the queue's 0.5 s state flushes).",
+        seed=False)
     memory_capacity: int = _env(100000, _int(1), "`memory`: records it holds at most; past it, ingests write to storage directly.", seed=False)
     mongodb_uri: str = _env("", _url(*v.MONGODB_SCHEMES),
         "MongoDB for the `bucketq` transport (database from the URI, else `bucketq`).",

@@ -43,7 +43,11 @@ def create_transport(
 
             uri = config.mongodb_uri
             db = AsyncMongoClient(uri, **client_timeouts(uri)).get_default_database("bucketq")
-        return BucketqTransport(db, prefix=config.stream_prefix,
+        queue_options = {
+            "lease": config.bucketq_lease_ms / 1000,
+            **options.pop("queue_options", {}),
+        }
+        return BucketqTransport(db, prefix=config.stream_prefix, queue_options=queue_options,
                                 commit_window=config.bucketq_commit_window_ms / 1000, **options)  # fmt: skip
     raise ConfigurationError(
         f"Unknown transport {name!r}; use memory, redis, bucketq or passthrough."

@@ -11,6 +11,7 @@ import pytest
 
 from bucketq.errors import ConfigurationError
 from bucketq.reservoir import BufferConfig, config_table, from_env, retry_delay, shard_for
+from bucketq.reservoir._factory import create_transport
 from bucketq.reservoir._policy import BatchPolicy, interpret
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reservoir.md"
@@ -41,6 +42,21 @@ def test_values_are_read_and_invalid_ones_name_the_variable():
             from_env({var: value})
     with pytest.raises(ConfigurationError, match="shards"):
         BufferConfig(shards=0)
+
+
+async def test_the_bucketq_lease_reaches_every_shard_queue(adb):
+    # How soon a dead process's records go to another is the shard queues' lease.
+    cfg = from_env(
+        {"RESERVOIR_BUFFER_TRANSPORT": "bucketq", "RESERVOIR_BUFFER_BUCKETQ_LEASE_MS": "4000"}
+    )
+    transport = create_transport(cfg, db=adb)
+    await transport.start(2)
+    try:
+        assert [q.options.lease for q in transport.queues.values()] == [4.0, 4.0]
+    finally:
+        await transport.stop()
+    with pytest.raises(ConfigurationError, match="RESERVOIR_BUFFER_BUCKETQ_LEASE_MS"):
+        from_env({"RESERVOIR_BUFFER_BUCKETQ_LEASE_MS": "1000"})  # renewals could not keep up
 
 
 def test_redis_without_url_falls_back_to_memory_with_a_warning(caplog):

@@ -93,7 +93,8 @@ def test_sigterm_with_the_storage_gone_exits_1_and_says_what_was_kept(
     env = {"RESERVOIR_BUFFER_ENABLED": "true", "RESERVOIR_BUFFER_TRANSPORT": "bucketq",
            "RESERVOIR_BUFFER_SHARDS": "2", "RESERVOIR_BUFFER_MAX_BATCH_SIZE": "10000",
            "RESERVOIR_BUFFER_MAX_BATCH_AGE_MS": "600000",  # held in the buffer until stop
-           "RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS": "1000"}  # fmt: skip
+           "RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS": "1000",
+           "RESERVOIR_BUFFER_BUCKETQ_LEASE_MS": "3000"}  # kept records: back 3 s after  # fmt: skip
     serve = Serve(storage.uri, "gone", tmp_path / "serve.log", **env).start()
     try:
         with MongoClient(storage.uri) as client:
