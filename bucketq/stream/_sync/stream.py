@@ -400,18 +400,14 @@ class StreamConsumer(Closing):
         self._watch: WakeWatcher | None = None
         opts = stream.options
         if opts.change_streams is not False:
-            self._watch = WakeWatcher(
-                col=stream._col,
-                pipeline=core.WAKEUP_PIPELINE,
-                wake=stream._arrivals,
-                what=f"stream {stream.name}: consumer epoch {epoch}",
-                stats=stream._stats,
-                logger=log,
-                bounded=stream._bounded,
-                op_timeout=opts.op_timeout,
-                worker=stream._runtime.worker,
-                stopped=lambda: self._closed or self._fenced or stream._forked,
+            self._watch = stream._runtime.wake_watcher(
+                stream._col,
+                core.WAKEUP_PIPELINE,
+                stream._arrivals,
+                opts.op_timeout,
                 expected=opts.change_streams is True,
+                what=f"stream {stream.name}: consumer epoch {epoch}",
+                stopped=lambda: self._closed or self._fenced or stream._forked,
             )
 
     def __repr__(self) -> str:
