@@ -87,7 +87,7 @@ async def test_an_exception_in_the_app_is_a_500_carrying_the_logged_request_id(c
 
     import prometheus_client
 
-    from bucketq.server._app import HttpMetrics, _Observe
+    from bucketq.server._middleware import HttpMetrics, LastResort, Observe, RequestId
 
     async def broken(scope, receive, send):
         raise RuntimeError("boom")
@@ -100,7 +100,8 @@ async def test_an_exception_in_the_app_is_a_500_carrying_the_logged_request_id(c
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    app = _Observe(broken, max_body=100, metrics=HttpMetrics(prometheus_client.CollectorRegistry()))
+    metrics = HttpMetrics(prometheus_client.CollectorRegistry())
+    app = RequestId(Observe(LastResort(broken), metrics=metrics))
     scope = {"type": "http", "method": "GET", "path": "/x", "headers": []}
     with caplog.at_level("ERROR", logger="bucketq.server"):
         await app(scope, receive, send)

@@ -1,0 +1,49 @@
+"""Authentication: the project of the presented API key, as a route dependency."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from ._http_errors import ApiError
+from ._service import Svc
+
+_api_key = APIKeyHeader(
+    name="X-API-Key", auto_error=False, description="An API key (`bucketq keys create`)."
+)
+_bearer = HTTPBearer(auto_error=False, description="The same API key as a bearer token.")
+
+
+async def project_of(
+    svc: Svc,
+    api_key: Annotated[str | None, Security(_api_key)] = None,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
+) -> str:
+    """The project of the presented key; 401 when it is missing, unknown or revoked."""
+    key = api_key or (bearer.credentials if bearer is not None else None)
+    if not key:
+        raise ApiError(
+            401, "Unauthorized", "Send an API key in X-API-Key or Authorization: Bearer."
+        )
+    try:
+        info = await svc.keys.lookup(key.strip())  # type: ignore[union-attr]
+    except Exception as exc:
+        raise svc.unavailable("The key store is unavailable.") from exc
+    if info is None:
+        raise ApiError(401, "Unauthorized", "Unknown API key.")
+    if info.revoked:
+        raise ApiError(401, "Unauthorized", f"API key {info.prefix}... was revoked.")
+    return info.project
+
+
+#: A route's parameter for the authenticated project.
+Project = Annotated[str, Depends(project_of)]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        max_length=200,
+        description="Optional: a retried request with the same key is stored once.",
+    ),
+]

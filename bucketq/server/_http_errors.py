@@ -1,0 +1,119 @@
+"""The service's error answers: :class:`ApiError` and the handlers that turn it (and
+FastAPI's validation errors) into the documented bodies.
+
+JSON routes answer ``{error, message, request_id, details?}``; OTLP routes answer a
+``google.rpc.Status`` in the request's content type, as OTLP/HTTP requires.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from . import _otlp
+from ._models import ErrorOut
+
+OTLP_PREFIX = "/v1/"
+
+
+class ApiError(HTTPException):
+    """An answer other than 200, with the service's error body."""
+
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        message: str,
+        *,
+        details: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(status, message, headers)
+        self.error = error
+        self.message = message
+        self.details = details
+
+
+class BodyTooLarge(ApiError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            413,
+            "Payload too large",
+            f"The body is larger than {limit} bytes (BUCKETQ_MAX_BODY_BYTES).",
+        )
+
+
+def request_id(request: Request) -> str:
+    return request.scope.get("state", {}).get("request_id", "")
+
+
+def error_response(request: Request, exc: ApiError) -> Response:
+    rid = request_id(request)
+    headers = {**(exc.headers or {}), "X-Request-ID": rid}
+    if request.url.path.startswith(OTLP_PREFIX):
+        mtype = _otlp.media_type(request.headers.get("content-type")) or _otlp.JSON
+        return Response(
+            _otlp.status(exc.status_code, exc.message, mtype),
+            status_code=exc.status_code,
+            media_type=mtype,
+            headers=headers,
+        )
+    body: dict[str, Any] = {"error": exc.error, "message": exc.message, "request_id": rid}
+    if exc.details is not None:
+        body["details"] = exc.details
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+
+def _field(loc: tuple[Any, ...]) -> tuple[int | None, str]:
+    """(record index, ``logs[3].level``) from a pydantic error location."""
+    parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "header", "path") else list(loc)
+    index = parts[1] if len(parts) > 1 and isinstance(parts[1], int) else None
+    text = ""
+    for p in parts:
+        text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
+    return index, text or "body"
+
+
+async def on_validation(request: Request, exc: RequestValidationError) -> Response:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        e = errors[0]
+        why = (e.get("ctx") or {}).get("error", "JSON decode error")
+        return error_response(
+            request, ApiError(400, "Malformed JSON", f"The body is not valid JSON: {why}.")
+        )
+    details = []
+    for e in errors[:100]:
+        index, field = _field(tuple(e.get("loc", ())))
+        details.append({"index": index, "field": field, "message": e.get("msg", "invalid")})
+    first = details[0] if details else {"field": "body", "message": "invalid"}
+    where = f" (record {first['index']})" if first.get("index") is not None else ""
+    return error_response(
+        request,
+        ApiError(
+            422,
+            "Validation error",
+            f"{first['field']}{where}: {first['message']}. Nothing of this request was stored.",
+            details=details,
+        ),
+    )
+
+
+async def on_http(request: Request, exc: HTTPException) -> Response:
+    if not isinstance(exc, ApiError):
+        exc = ApiError(
+            exc.status_code, "HTTP error", str(exc.detail), headers=dict(exc.headers or {})
+        )
+    return error_response(request, exc)
+
+
+def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of a JSON route's error answers."""
+    what = {400: "Malformed body or parameter.", 401: "Missing, unknown or revoked API key.",
+            413: "Body or record count over the limit.", 422: "A field is invalid (named, with the record's index).",
+            503: "Storage unavailable; nothing was acknowledged. Retry after Retry-After."}  # fmt: skip
+    return {c: {"model": ErrorOut, "description": what[c]} for c in codes}

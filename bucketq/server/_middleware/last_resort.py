@@ -1,0 +1,43 @@
+"""An exception no handler answered becomes a JSON 500 carrying the request id, logged
+with its traceback under that id (instead of Starlette's plain-text 500)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .request_id import request_id_of
+
+log = logging.getLogger("bucketq.server")
+
+
+class LastResort:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            rid = request_id_of(scope)
+            log.exception("request %s %s %s failed", rid, scope.get("method"), scope.get("path"))
+            if not started:
+                body = (
+                    b'{"error":"Internal error","message":"The service failed on this request; '
+                    b'it was logged with this request_id.","request_id":"' + rid.encode() + b'"}'
+                )
+                await send({"type": "http.response.start", "status": 500,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})  # fmt: skip
+                await send({"type": "http.response.body", "body": body})

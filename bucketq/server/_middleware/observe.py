@@ -1,0 +1,64 @@
+"""HTTP metrics: a request count and a latency histogram by route, method and status."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("bucketq.server")
+
+
+class HttpMetrics:
+    """HTTP request counts and a latency histogram by route, method and status, in
+    ``registry``; observing never raises."""
+
+    def __init__(self, registry: Any) -> None:
+        import prometheus_client as prom
+
+        labels = ("route", "method", "status")
+        self.requests = prom.Counter(
+            "bucketq_http_requests", "HTTP requests answered.", labels, registry=registry
+        )
+        self.latency = prom.Histogram(
+            "bucketq_http_request_duration_seconds",
+            "Time to answer an HTTP request, in seconds.",
+            labels,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        try:
+            self.requests.labels(route, method, str(status)).inc()
+            self.latency.labels(route, method, str(status)).observe(seconds)
+        except Exception:
+            log.debug("recording HTTP metrics failed", exc_info=True)
+
+
+class Observe:
+    """Counts each request once it is answered (500 when nothing answered it), timed
+    from when it reached the app."""
+
+    def __init__(self, app: Any, *, metrics: HttpMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def tracking_send(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        t0 = time.perf_counter()
+        try:
+            await self.app(scope, receive, tracking_send)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "<unmatched>"
+            self.metrics.observe(route, scope.get("method", ""), status, time.perf_counter() - t0)

@@ -1,0 +1,94 @@
+"""Stored records from validated request items, and the checks every ingest route makes
+before it hands records to the reservoir: the count limit and BSON encodability."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import bson
+
+from ._http_errors import ApiError
+from ._models import LogIn, MetricIn, SpanIn
+
+
+def iso(t: datetime) -> str:
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).isoformat()
+
+
+def check_count(n: int, limit: int) -> None:
+    if n > limit:
+        raise ApiError(
+            413,
+            "Too many records",
+            f"{n} records in one request; at most {limit} (BUCKETQ_MAX_RECORDS).",
+        )
+
+
+def unstorable(records: list[dict[str, Any]]) -> list[tuple[int, str, str]]:
+    """(index, field, why) of each record BSON cannot encode (a NUL in a key, a lone
+    surrogate in a string, an integer over 64 bits): caught here, before anything is
+    queued, instead of failing at storage time."""
+    bad = []
+    for i, r in enumerate(records):
+        try:
+            bson.encode(r)
+        except Exception as exc:  # noqa: BLE001 - InvalidDocument, UnicodeEncodeError, OverflowError
+            field = next((k for k, v in r.items() if not _encodes({k: v})), "")
+            bad.append((i, field, f"cannot be stored: {type(exc).__name__}: {exc}"[:300]))
+    return bad
+
+
+def _encodes(doc: dict[str, Any]) -> bool:
+    try:
+        bson.encode(doc)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def check_storable(name: str, records: list[dict[str, Any]]) -> None:
+    bad = unstorable(records)
+    if bad:
+        details = [
+            {"index": i, "field": f"{name}[{i}].{f}" if f else f"{name}[{i}]", "message": why}
+            for i, f, why in bad[:100]
+        ]
+        first = details[0]
+        raise ApiError(422, "Validation error",
+                       f"{first['field']} (record {first['index']}): {first['message']}. "
+                       "Nothing of this request was stored.", details=details)  # fmt: skip
+
+
+def log_record(project: str, r: LogIn) -> dict[str, Any]:
+    rec = {"project_id": project, "time": iso(r.time), "service": r.service,
+           "level": r.level, "message": r.message}  # fmt: skip
+    for k in ("metadata", "trace_id", "span_id", "session_id", "hostname"):
+        v = getattr(r, k)
+        if v is not None:
+            rec[k] = v.lower() if k in ("trace_id", "span_id") else v
+    return rec
+
+
+def span_record(project: str, s: SpanIn) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "project_id": project, "trace_id": s.trace_id.lower(), "span_id": s.span_id.lower(),
+        "service": s.service, "name": s.name, "kind": s.kind, "start_time": iso(s.start_time),
+    }  # fmt: skip
+    if s.parent_span_id:
+        rec["parent_span_id"] = s.parent_span_id.lower()
+    if s.end_time is not None:
+        rec["end_time"] = iso(s.end_time)
+    if s.status is not None:
+        rec["status"] = s.status.model_dump(exclude_none=True)
+    if s.attributes is not None:
+        rec["attributes"] = s.attributes
+    return rec
+
+
+def metric_record(project: str, m: MetricIn) -> dict[str, Any]:
+    rec = {"project_id": project, "time": iso(m.time), "service": m.service, "name": m.name,
+           "type": m.type, "value": m.value}  # fmt: skip
+    if m.labels is not None:
+        rec["labels"] = m.labels
+    return rec

@@ -1,0 +1,48 @@
+"""``GET /api/v1/logs``: one page of the key's project's log records, newest first."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from .. import _query
+from .._auth import Project
+from .._config import DEFAULT_QUERY_MAX_LIMIT
+from .._http_errors import ApiError, documented
+from .._models import Level, LogsPage, UtcTime
+from .._service import Svc
+
+log = logging.getLogger("bucketq.server")
+
+router = APIRouter(tags=["query"])
+
+
+@router.get("/api/v1/logs", response_model=LogsPage, summary="Read log records",
+            responses=documented(400, 401, 422, 503))  # fmt: skip
+async def read_logs(
+    svc: Svc,
+    project: Project,
+    service: Annotated[str | None, Query(max_length=100)] = None,
+    level: Level | None = None,
+    from_: Annotated[UtcTime | None, Query(alias="from", description="Oldest time (inclusive).")] = None,
+    to: Annotated[UtcTime | None, Query(description="Newest time (exclusive).")] = None,
+    q: Annotated[str | None, Query(max_length=200, description="Substring of the message (any case).")] = None,
+    limit: Annotated[int, Query(ge=1, le=DEFAULT_QUERY_MAX_LIMIT)] = 100,
+    cursor: Annotated[str | None, Query(max_length=500, description="next_cursor of the previous page.")] = None,
+) -> dict[str, Any]:  # fmt: skip
+    try:
+        after = _query.decode_cursor(cursor) if cursor else None
+    except _query.CursorError as exc:
+        raise ApiError(400, "Bad cursor", str(exc)) from None
+    flt = _query.logs_filter(project, service=service, level=level, since=from_, until=to,
+                             q=q, cursor=after)  # fmt: skip
+    try:
+        docs = await svc.storage.logs.find(flt).sort(_query.SORT).limit(limit + 1).to_list()  # type: ignore[union-attr]
+    except Exception as exc:
+        log.warning("reading logs failed: %s", exc)
+        raise svc.unavailable("Storage is unavailable.") from exc
+    page = docs[:limit]
+    nxt = _query.encode_cursor(page[-1]) if len(docs) > limit else None
+    return {"logs": [_query.log_out(d) for d in page], "next_cursor": nxt}

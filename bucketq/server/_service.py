@@ -1,0 +1,234 @@
+"""The service's state: storage, the (maybe buffered) reservoir, the key cache and the
+tee, opened in the app's lifespan; routes reach it with the :data:`Svc` dependency."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import threading
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from ..errors import BucketQError
+from ..reservoir import BufferConfig, BufferedReservoir, MongoReservoir, wrap_reservoir
+from ._config import DEFAULT_DATABASE, ServerConfig
+from ._http_errors import ApiError
+from ._keys import KeyCache
+
+log = logging.getLogger("bucketq.server")
+
+#: Seconds the buffer's stop may take beyond ``RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS``
+#: (counting what is left, stopping the transport) before the service gives up on it.
+DEFAULT_STOP_MARGIN = 5.0
+
+
+class Service:
+    """What the routes use: the storage, the (maybe buffered) reservoir, the keys, the tee."""
+
+    def __init__(self, config: ServerConfig, buffer_config: BufferConfig, registry: Any) -> None:
+        self.config = config
+        self.buffer_config = buffer_config
+        self.registry = registry
+        self.client: Any = None
+        self.db: Any = None
+        self.storage: MongoReservoir | None = None
+        self.reservoir: Any = None
+        self.keys: KeyCache | None = None
+        self.tee: Any = None
+        #: The buffer's stop ran out of time: ``bucketq serve`` then exits 1 whether or
+        #: not the process gets to end by itself before the forced exit.
+        self.stop_incomplete = False
+
+    async def open(self) -> Service:
+        from pymongo import AsyncMongoClient
+
+        cfg = self.config
+        if not cfg.mongodb_uri:
+            raise BucketQError(
+                "The ingest service needs a MongoDB URI (BUCKETQ_MONGODB_URI); "
+                "`bucketq serve` starts the embedded server when none is given."
+            )
+        self.client = AsyncMongoClient(
+            cfg.mongodb_uri,
+            serverSelectionTimeoutMS=cfg.mongodb_timeout_ms,
+            tz_aware=True,
+            appname="bucketq-serve",
+        )
+        self.db = (
+            self.client[cfg.database]
+            if cfg.database
+            else self.client.get_default_database(DEFAULT_DATABASE)
+        )
+        self.storage = MongoReservoir(self.db)
+        self.reservoir = wrap_reservoir(
+            self.storage, self.buffer_config, db=self.db, registry=self.registry
+        )
+        if isinstance(self.reservoir, BufferedReservoir):
+            await self.reservoir.start()
+        self.keys = KeyCache(self.db, ttl=cfg.key_cache_ms / 1000)
+        if cfg.tee_stream:
+            from ..stream import AsyncStreamQueue
+
+            self.tee = AsyncStreamQueue(self.db, cfg.tee_stream)
+        log.info(
+            "storage: MongoDB database %r; buffer: %s; tee stream: %s",
+            self.db.name,
+            self.reservoir.transport.name if self.buffered else "off",
+            cfg.tee_stream or "off",
+        )
+        return self
+
+    @property
+    def buffered(self) -> bool:
+        return isinstance(self.reservoir, BufferedReservoir)
+
+    async def close(self) -> None:
+        if self.buffered:
+            budget = self.buffer_config.graceful_shutdown_ms / 1000 + DEFAULT_STOP_MARGIN
+            try:
+                report = await asyncio.wait_for(self.reservoir.stop(), budget)
+            except TimeoutError:
+                # Storage (or the transport) does not answer: the drain could not end.
+                stats = self.reservoir.stats()
+                durable = self.reservoir.transport.durable
+                log.error(
+                    "buffer stop did not finish within %.0f s (storage or transport not answering); "
+                    "%d records pending were %s",
+                    budget, stats.get("pending", 0),
+                    "kept by the transport for the next process" if durable else "lost",
+                )  # fmt: skip
+                report = None
+                self.stop_incomplete = True
+                # Tasks the buffer leaves behind may not end while storage is down, and
+                # asyncio.run would wait for them forever: exit after a grace period.
+                exit_soon(DEFAULT_STOP_MARGIN, 1)
+            if report is not None:
+                self._log_report(report)
+        if self.tee is not None:
+            try:
+                await asyncio.wait_for(self.tee.close(), DEFAULT_STOP_MARGIN)
+            except Exception:
+                log.exception("closing the tee stream failed")
+        if self.client is not None:
+            await self.client.close()
+
+    @staticmethod
+    def _log_report(report: dict[str, Any]) -> None:
+        # A warning only when something was not stored: a clean stop is routine.
+        clean = not (report.get("left") or report.get("lost") or report.get("timed_out"))
+        log.log(
+            logging.INFO if clean else logging.WARNING,
+            "buffer stopped: flushed=%d left=%d kept=%d lost=%d timed_out=%s (%.1f s)",
+            report.get("flushed", 0), report.get("left", 0), report.get("kept", 0),
+            report.get("lost", 0), report.get("timed_out", False), report.get("seconds", 0.0),
+        )  # fmt: skip
+
+    def unavailable(self, message: str) -> ApiError:
+        return ApiError(
+            503,
+            "Service unavailable",
+            message + " Nothing was acknowledged; retry after the Retry-After delay.",
+            headers={"Retry-After": str(self.config.retry_after_s)},
+        )
+
+    async def accept(
+        self,
+        kind: str,
+        project: str,
+        records: list[dict[str, Any]],
+        idempotency_key: str | None,
+        origin: str = "api",
+    ) -> int:
+        """Hand ``records`` to the reservoir; raise a 503 unless every one was accepted.
+        ``origin="otlp"``: a collector batched them already (the buffer does not delay them)."""
+        if idempotency_key:
+            for i, r in enumerate(records):
+                r["_id"] = record_id(project, kind, idempotency_key, i)
+        method = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_metrics"}[kind]
+        budget = self.config.ingest_timeout_ms / 1000
+        try:
+            call = getattr(self.reservoir, method)
+            aw = call(records, origin=origin) if self.buffered else call(records)
+            res = await asyncio.wait_for(aw, budget)
+        except TimeoutError as exc:
+            log.warning("%d %s records not accepted within %.1f s", len(records), kind, budget)
+            raise self.unavailable(
+                f"Storage did not accept the records within {budget:g} s (BUCKETQ_INGEST_TIMEOUT_MS)."
+            ) from exc
+        except Exception as exc:
+            log.warning(
+                "%d %s records not accepted: %s: %s", len(records), kind, type(exc).__name__, exc
+            )
+            raise self.unavailable(f"Storage is unavailable ({type(exc).__name__}).") from exc
+        failed = int(res.get("failed", 0))
+        if failed:
+            first = (res.get("errors") or [{}])[0]
+            why = first.get("error", "") if isinstance(first, dict) else str(first)
+            log.warning("%d of %d %s records not accepted: %s", failed, len(records), kind, why)
+            raise self.unavailable(f"{failed} of {len(records)} records were not accepted ({why}).")
+        if kind == "log" and self.tee is not None:
+            try:
+                await asyncio.wait_for(
+                    self.tee.push_many([tee_item(project, r) for r in records], durable=True),
+                    budget,
+                )
+            except Exception as exc:
+                log.warning(
+                    "tee stream %r refused %d records: %s",
+                    self.config.tee_stream,
+                    len(records),
+                    exc,
+                )
+                raise self.unavailable("The tee stream is unavailable.") from exc
+        return len(records)
+
+
+#: Called before a forced exit (``bucketq serve`` stops its embedded server there).
+AT_FORCED_EXIT: list[Any] = []
+
+
+def exit_soon(delay: float, code: int) -> None:
+    """In ``delay`` seconds, unless the process ended by itself, run
+    :data:`AT_FORCED_EXIT` and leave with ``code`` (a daemon timer thread)."""
+
+    def force() -> None:
+        log.error("the process did not end %.0f s after shutdown; exiting (%d)", delay, code)
+        for fn in AT_FORCED_EXIT:
+            try:
+                fn()
+            except Exception:
+                log.exception("cleanup before a forced exit failed")
+        logging.shutdown()
+        os._exit(code)
+
+    t = threading.Timer(delay, force)
+    t.daemon = True
+    t.start()
+
+
+def record_id(project: str, kind: str, key: str, index: int) -> str:
+    """The stable ``_id`` of record ``index`` of a request sent with ``Idempotency-Key: key``."""
+    return hashlib.sha256(f"{project}\x00{kind}\x00{key}\x00{index}".encode()).hexdigest()
+
+
+def tee_item(project: str, r: dict[str, Any]) -> dict[str, Any]:
+    """A log record as ``bucketq pipeline`` reads it (``ts, project, service, level, message``)."""
+    item = {"ts": r["time"], "project": project, "service": r["service"], "level": r["level"],
+            "message": r["message"]}  # fmt: skip
+    for k in ("metadata", "trace_id", "span_id"):
+        if r.get(k) is not None:
+            item[k] = r[k]
+    return item
+
+
+def get_service(request: Request) -> Service:
+    """The app's :class:`Service` (opened by the lifespan)."""
+    svc: Service = request.app.state.svc
+    return svc
+
+
+#: A route's parameter for the service.
+Svc = Annotated[Service, Depends(get_service)]
