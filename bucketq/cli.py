@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .quarantine_cli import add_quarantine_parser
 
     add_quarantine_parser(sub)
+    from .admin.cli import add_queues_parser
+
+    add_queues_parser(sub)
     from .sdk._replay import add_sdk_parser
 
     add_sdk_parser(sub)
