@@ -9,7 +9,7 @@ import time
 from datetime import UTC, datetime
 
 from bucketq import Queue
-from bucketq.queue._codec import decode_items
+from bucketq.bucket.codec import decode_items
 from waiting import eventually
 
 from .conftest import FAST, read_lines, run_worker
