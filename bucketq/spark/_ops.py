@@ -30,11 +30,11 @@ from bson.decimal128 import Decimal128
 from pymongo import MongoClient
 
 from .. import _validate as v
-from ..embedded import URI_ENV
-from ..errors import ConfigurationError, PayloadTooLarge
 from .. import bucket
 from ..bucket.codec import CODEC_OPTIONS, decode_items, encode_item
 from ..bucket.deadline import client_timeouts
+from ..embedded import URI_ENV
+from ..errors import ConfigurationError, PayloadTooLarge
 from ..stream import StreamConsumer, StreamQueue
 from ..stream import _core as score
 
