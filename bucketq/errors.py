@@ -4,7 +4,6 @@
 
     BucketQError
     ├── ConfigurationError          an option or environment variable is invalid
-    │   └── MissingDependency       an optional extra is not installed (also an ImportError)
     ├── PayloadError                a pushed item cannot be stored
     │   ├── PayloadNotEncodable     not BSON-encodable
     │   └── PayloadTooLarge         can never fit in a bucket
@@ -21,6 +20,7 @@
     │   ├── ServerUnavailable       MongoDB could not be reached
     │   └── OperationTimeout        MongoDB did not answer an operation within its deadline
     ├── EmbeddedServerError         the embedded MongoDB-wire server did not start
+    ├── Overloaded                  over an admission limit; retry after ``retry_after``
     └── TransportError              a reservoir transport failed
         ├── TransportTimeout
         ├── TransportUnavailable
@@ -39,12 +39,6 @@ class BucketQError(Exception):
 
 class ConfigurationError(BucketQError, ValueError):
     """An option or environment variable has an invalid value."""
-
-
-class MissingDependency(ConfigurationError, ImportError):
-    """A part needs an optional dependency that is not installed; the message names the
-    extra to install (``pip install 'bucketq[EXTRA]'``). Also an :class:`ImportError`, so
-    code that guards an optional import catches it as one."""
 
 
 class PayloadError(BucketQError, ValueError):
@@ -127,6 +121,17 @@ class OperationTimeout(OperationFailed, TimeoutError):
 
 class EmbeddedServerError(BucketQError):
     """The embedded MongoDB-wire server could not be started or stopped."""
+
+
+class Overloaded(BucketQError):
+    """A limit on work in flight was reached (the ingest service's admission control):
+    nothing was done; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float, *, status: int = 503) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        #: The HTTP status the service answers with (503 overloaded, 429 too many of one thing).
+        self.status = status
 
 
 class TransportError(BucketQError):

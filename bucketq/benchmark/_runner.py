@@ -340,7 +340,8 @@ class _Servers:
 def _require(modules: Sequence[str]) -> None:
     from .._deps import require_all
 
-    require_all(modules, "bench")
+    require_all(modules, "bucketq bench",
+                "Install the benchmark's dependencies with `pip install 'bucketq[bench]'`.")  # fmt: skip
 
 
 def run(
@@ -372,9 +373,9 @@ def run(
     import json
     import sys
 
-    from .. import bucket
+    from ..queue import _core as qcore
 
-    v.count("partitions", partitions, lo=1, hi=bucket.MAX_PARTITIONS, unit="partitions")
+    v.count("partitions", partitions, lo=1, hi=qcore.MAX_PARTITIONS, unit="partitions")
     names = list(
         contenders or (c for c in CONTENDERS if partitions == 1 or CONTENDERS[c].takes_options)
     )

@@ -18,10 +18,12 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
+from ..errors import Overloaded
 from ..reservoir import BufferConfig
 from ..reservoir import from_env as buffer_from_env
+from ._admission import Admission, AdmissionMetrics, BodyTimeout
 from ._config import ServerConfig, from_env
-from ._http_errors import on_http, on_validation
+from ._http_errors import on_body_timeout, on_http, on_overloaded, on_validation
 from ._middleware import BodyLimit, HttpMetrics, JsonBody, LastResort, Observe, RequestId
 from ._routes import ingest, ops, otlp, query
 from ._service import AT_FORCED_EXIT, Service
@@ -52,10 +54,11 @@ def create_app(
     cfg = config or from_env()
     bcfg = buffer_config or buffer_from_env()
     reg = registry if registry is not None else prom.CollectorRegistry(auto_describe=True)
+    admission = AdmissionMetrics(reg)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
-        svc = Service(cfg, bcfg, reg)
+        svc = Service(cfg, bcfg, reg, admission)
         app.state.svc = svc
         try:
             await svc.open()
@@ -81,9 +84,14 @@ def create_app(
     )
     app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, on_http)  # type: ignore[arg-type]
+    app.add_exception_handler(Overloaded, on_overloaded)  # type: ignore[arg-type]
+    app.add_exception_handler(BodyTimeout, on_body_timeout)  # type: ignore[arg-type]
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(JsonBody)
     app.add_middleware(BodyLimit, max_body=cfg.max_body_bytes)
+    # Admission control (_admission): inside Observe and RequestId, so its refusals are
+    # counted and carry a request id.
+    app.add_middleware(Admission, config=cfg, on_refused=admission.refused)
     app.add_middleware(LastResort)
     app.add_middleware(Observe, metrics=HttpMetrics(reg))
     app.add_middleware(RequestId)

@@ -7,6 +7,8 @@ from typing import Annotated
 from fastapi import Depends, Header, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from ..errors import Overloaded
+from ._admission import remaining
 from ._http_errors import ApiError
 from ._service import Svc
 
@@ -28,7 +30,11 @@ async def project_of(
             401, "Unauthorized", "Send an API key in X-API-Key or Authorization: Bearer."
         )
     try:
-        info = await svc.keys.lookup(key.strip())  # type: ignore[union-attr]
+        # Within the request's deadline: a store that does not answer is a 503 in time.
+        timeout = remaining(svc.config.ingest_timeout_ms / 1000)
+        info = await svc.keys.lookup(key.strip(), timeout)  # type: ignore[union-attr]
+    except Overloaded:
+        raise  # too many lookups of keys not seen before: 429 (its own handler)
     except Exception as exc:
         raise svc.unavailable("The key store is unavailable.") from exc
     if info is None:

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from ..errors import Overloaded
 from . import _otlp
 from ._models import ErrorOut
 
@@ -101,6 +102,20 @@ async def on_validation(request: Request, exc: RequestValidationError) -> Respon
             details=details,
         ),
     )
+
+
+async def on_overloaded(request: Request, exc: Overloaded) -> Response:
+    """Admission control refused the request (``_admission``): 503, or 429 for too many
+    lookups of unknown keys, with ``Retry-After``."""
+    error = "Too many requests" if exc.status == 429 else "Service unavailable"
+    return error_response(request, ApiError(
+        exc.status, error, f"{exc}. Nothing was acknowledged; retry after the Retry-After delay.",
+        headers={"Retry-After": str(max(1, round(exc.retry_after)))}))  # fmt: skip
+
+
+async def on_body_timeout(request: Request, exc: HTTPException) -> Response:
+    return error_response(request, ApiError(
+        408, "Request timeout", f"{exc.detail} Nothing was stored."))  # fmt: skip
 
 
 async def on_http(request: Request, exc: HTTPException) -> Response:

@@ -13,20 +13,25 @@ import hashlib
 import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, OperationTimeout, Overloaded
 
 #: The collection holding the keys (in the service's database).
 KEYS_COLLECTION = "api_keys"
 KEY_PREFIX = "bq_"
 #: Characters of a key shown by ``keys list`` and accepted by ``keys revoke``.
 SHOWN = len(KEY_PREFIX) + 8
-#: Keys remembered at most (the cache is emptied beyond).
+#: Known keys remembered at most, and unknown keys remembered at most (each its own LRU).
 DEFAULT_CACHE_SIZE = 10_000
+#: Lookups per second of keys in neither map (a token bucket of as many tokens).
+DEFAULT_LOOKUPS_PER_S = 200
+#: Lookups of keys in neither map in flight at once.
+DEFAULT_LOOKUP_CONCURRENCY = 32
 _KEY = re.compile(r"^bq_[0-9a-f]{64}$")
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -69,6 +74,10 @@ class KeyInfo:
     revoked: bool
 
 
+#: What a lookup ended as (the ``result`` label of ``bucketq_key_lookups_total``).
+LOOKUP_RESULTS = ("found", "unknown", "failed", "refused")
+
+
 class KeyCache:
     """Resolve a presented key to :class:`KeyInfo` (or None when unknown), reading the
     ``api_keys`` collection of a pymongo ``AsyncDatabase`` at most once per ``ttl``
@@ -82,54 +91,126 @@ class KeyCache:
     requests/s on the embedded server). The entry is stamped with the lookup's start,
     so a revoked key still stops working within ``ttl`` of its revocation being read.
 
-    While MongoDB does not answer, a key looked up before keeps its last known state,
-    so a buffer with its own transport (redis, memory) goes on accepting records; a key
-    never seen raises."""
+    Every wait is bounded by the caller's ``timeout`` (its request's remaining budget):
+    past it the lookup raises ``OperationTimeout``. While MongoDB does not answer, a key
+    looked up before keeps its last known state, so a buffer with its own transport
+    (redis, memory) goes on accepting records; a key never seen raises.
+
+    Known and unknown keys are remembered in two LRU maps of ``size`` entries each, so a
+    flood of invented keys never evicts a known one. A lookup of a key in neither (a
+    "cold" lookup: the only kind an attacker with random keys can cause) takes a token
+    of a bucket refilled at ``lookups_per_s`` and one of ``concurrency`` slots; without
+    either it raises ``Overloaded`` (429) at once, with no database call. Refreshes of
+    known keys are not limited: there are at most ``size`` of them per ``ttl``."""
 
     def __init__(
-        self, db: Any, *, ttl: float = 1.0, clock: Callable[[], float] = time.monotonic
+        self,
+        db: Any,
+        *,
+        ttl: float = 1.0,
+        size: int = DEFAULT_CACHE_SIZE,
+        lookups_per_s: float = DEFAULT_LOOKUPS_PER_S,
+        concurrency: int = DEFAULT_LOOKUP_CONCURRENCY,
+        retry_after: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        counted: Callable[[str], None] | None = None,
     ) -> None:
         self.col = db.get_collection(KEYS_COLLECTION)
         self.ttl = ttl
+        self.size = size
+        self.rate = float(lookups_per_s)
+        self.concurrency = concurrency
+        self.retry_after = retry_after
         self.clock = clock
-        self._cache: dict[str, tuple[float, KeyInfo | None]] = {}
+        #: Called with each lookup's result (one of :data:`LOOKUP_RESULTS`).
+        self.counted = counted or (lambda _result: None)
+        self._known: OrderedDict[str, tuple[float, KeyInfo]] = OrderedDict()
+        self._unknown: OrderedDict[str, float] = OrderedDict()
         self._inflight: dict[str, asyncio.Task[KeyInfo | None]] = {}
+        self._cold = 0  # cold lookups in flight
+        self._tokens = self.rate
+        self._refilled = clock()
 
-    async def lookup(self, key: str) -> KeyInfo | None:
+    async def lookup(self, key: str, timeout: float = 5.0) -> KeyInfo | None:
         if not looks_like_key(key):
-            return None
+            return None  # never reaches the database
         h = hash_key(key)
-        hit = self._cache.get(h)
-        if hit is not None and self.clock() - hit[0] < self.ttl:
-            return hit[1]
+        now = self.clock()
+        hit = self._known.get(h)
+        if hit is not None:
+            self._known.move_to_end(h)
+            if now - hit[0] < self.ttl:
+                return hit[1]
+        else:
+            seen = self._unknown.get(h)
+            if seen is not None and now - seen < self.ttl:
+                return None
         task = self._inflight.get(h)
         if task is None:
+            cold = hit is None
+            if cold:
+                self._admit_cold(now)
             # A task of its own: a caller that is cancelled (its client went away) does
             # not cancel the lookup the others wait for.
-            task = self._inflight[h] = asyncio.ensure_future(self._fetch(h))
+            task = self._inflight[h] = asyncio.ensure_future(self._fetch(h, timeout, cold))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
         try:
-            return await asyncio.shield(task)
-        except Exception:
+            return await asyncio.wait_for(asyncio.shield(task), max(timeout, 0.001))
+        except Exception as exc:
             if hit is not None:
                 return hit[1]
+            if isinstance(exc, TimeoutError) and not isinstance(exc, OperationTimeout):
+                raise OperationTimeout(
+                    f"The key store did not answer within {timeout:.3g} s."
+                ) from exc
             raise
 
-    async def _fetch(self, h: str) -> KeyInfo | None:
+    def _admit_cold(self, now: float) -> None:
+        self._tokens = min(self.rate, self._tokens + (now - self._refilled) * self.rate)
+        self._refilled = now
+        if self._tokens < 1 or self._cold >= self.concurrency:
+            self.counted("refused")
+            raise Overloaded(
+                "Too many lookups of API keys not seen before (BUCKETQ_KEY_LOOKUPS_PER_S)",
+                self.retry_after,
+                status=429,
+            )
+        self._tokens -= 1
+
+    async def _fetch(self, h: str, timeout: float, cold: bool) -> KeyInfo | None:
+        from pymongo import timeout as mongo_timeout
+
         now = self.clock()
+        self._cold += cold
         try:
-            doc = await self.col.find_one({"_id": h}, {"project": 1, "prefix": 1, "revoked_at": 1})
+            # pymongo's own deadline as well as the caller's: the connection is then not
+            # left waiting on a server that does not answer.
+            with mongo_timeout(max(timeout, 0.001)):
+                doc = await self.col.find_one(
+                    {"_id": h}, {"project": 1, "prefix": 1, "revoked_at": 1}
+                )
+        except Exception:
+            self.counted("failed")
+            raise
         finally:
+            self._cold -= cold
             self._inflight.pop(h, None)
-        info = (
-            None
-            if doc is None
-            else KeyInfo(doc["project"], doc.get("prefix", ""), doc.get("revoked_at") is not None)
-        )
-        if len(self._cache) > DEFAULT_CACHE_SIZE:
-            self._cache.clear()
-        self._cache[h] = (now, info)  # kept even with ttl 0: the last known state
+        if doc is None:
+            self.counted("unknown")
+            self._known.pop(h, None)
+            self._remember(self._unknown, h, now)
+            return None
+        self.counted("found")
+        info = KeyInfo(doc["project"], doc.get("prefix", ""), doc.get("revoked_at") is not None)
+        self._unknown.pop(h, None)
+        self._remember(self._known, h, (now, info))  # kept even with ttl 0: the last known state
         return info
+
+    def _remember(self, lru: OrderedDict[str, Any], h: str, value: Any) -> None:
+        lru[h] = value
+        lru.move_to_end(h)
+        while len(lru) > self.size:
+            lru.popitem(last=False)
 
 
 # -- admin (synchronous pymongo, for the command line) ------------------------------------

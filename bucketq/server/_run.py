@@ -1,15 +1,23 @@
 """``bucketq serve``: storage (a MongoDB URI, or the embedded server started for it),
 then the app under uvicorn on one bound socket. uvicorn handles SIGTERM/SIGINT: it
 stops accepting, lets in-flight requests finish, then the app's lifespan stops the
-buffer within ``RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS`` and logs its report."""
+buffer within ``RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS`` and logs its report.
+
+``--workers N``: N processes (uvicorn's supervisor, spawned) serve the one socket; each
+builds its app with :func:`worker_app` from the environment the parent set (the storage
+URI, the database). Metrics are kept in prometheus_client's multiprocess mode (a
+directory of the parent's, removed at the end), so ``/metrics`` from any worker counts
+every worker's requests. SIGTERM reaches the parent, which stops each worker gracefully."""
 
 from __future__ import annotations
 
 import gc
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +31,12 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 URI_FILE = "serve.uri"
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: prometheus_client's multiprocess directory (read when it is first imported).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: What a worker logs at, and the URL it logs (set by the parent).
+_WORKER_LOG_LEVEL_ENV = "BUCKETQ_SERVE_WORKER_LOG_LEVEL"
+#: Listen backlog: connections the kernel holds until a worker accepts them.
+BACKLOG = 2048
 
 
 def state_dir() -> Path:
@@ -65,10 +79,12 @@ def serve(
     config: ServerConfig | None = None,
     data: str | None = None,
     log_level: str = "info",
+    workers: int = 1,
 ) -> int:
     """Run the service until SIGTERM/SIGINT; returns the exit code."""
     import uvicorn
 
+    from ._admission import configure as configure_protocol
     from ._app import create_app
 
     cfg = config or from_env()
@@ -100,6 +116,8 @@ def serve(
                     path.unlink(missing_ok=True)
 
             AT_FORCED_EXIT.append(cleanup)
+        if workers > 1:
+            return _serve_workers(cfg, bcfg.graceful_shutdown_ms, sock, host, workers, log_level)
         app = create_app(cfg, buffer_config=bcfg)
         # Everything loaded so far (the HTTP stack, the driver, the app) lives as long as
         # the process: frozen, a full collection no longer walks it on the event loop,
@@ -117,6 +135,7 @@ def serve(
             log_level=log_level,
             timeout_graceful_shutdown=max(1, bcfg.graceful_shutdown_ms // 1000),
             lifespan="on",
+            http=configure_protocol(cfg),
         )
         server = uvicorn.Server(uv)
         # uvicorn restores these handlers after its graceful shutdown and re-raises the
@@ -141,3 +160,89 @@ def serve(
             embedded.stop(keep_data=True)
             if uri_file is not None:
                 uri_file.unlink(missing_ok=True)
+
+
+def _serve_workers(
+    cfg: ServerConfig, graceful_ms: int, sock: socket.socket, host: str, workers: int,
+    log_level: str,
+) -> int:  # fmt: skip
+    """``workers`` processes on ``sock`` until SIGTERM/SIGINT; 0 when every one ended so."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from ._admission import configure as configure_protocol
+
+    metrics_dir = tempfile.mkdtemp(prefix="bucketq-metrics-")
+    # What the workers read (spawned: a fresh interpreter each, with this environment).
+    os.environ[MULTIPROC_ENV] = metrics_dir
+    os.environ["BUCKETQ_MONGODB_URI"] = cfg.mongodb_uri
+    os.environ["BUCKETQ_DATABASE"] = cfg.database
+    os.environ[_WORKER_LOG_LEVEL_ENV] = log_level
+    try:
+        uv: Any = uvicorn.Config(
+            "bucketq.server._run:worker_app",
+            factory=True,
+            workers=workers,
+            log_config=None,
+            access_log=False,
+            log_level=log_level,
+            timeout_graceful_shutdown=max(1, graceful_ms // 1000),
+            lifespan="on",
+            http=configure_protocol(cfg),
+        )
+        # Listening now: a connection made before a worker is up waits in the backlog.
+        sock.listen(BACKLOG)
+        supervisor = Multiprocess(uv, sockets=[sock])
+        log.info("bucketq serve listening on http://%s:%d (%d workers)",
+                 host, sock.getsockname()[1], workers)  # fmt: skip
+        supervisor.run()
+        codes = [p.exitcode for p in supervisor.processes]
+        log.info("workers stopped (exit codes %s)", codes)
+        # A worker ends by the signal it was stopped with (uvicorn re-raises it) after a
+        # graceful stop; one whose buffer stop was incomplete exits 1 (_ExitIncomplete).
+        return 0 if all(c in _STOPPED_BY_SIGNAL for c in codes) else 1
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def worker_app() -> Any:
+    """The app of one ``--workers`` process (uvicorn calls it in the worker)."""
+    from ._admission import configure as configure_protocol
+    from ._app import create_app
+
+    level = os.environ.get(_WORKER_LOG_LEVEL_ENV, "info")
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")  # fmt: skip
+    cfg = from_env()
+    configure_protocol(cfg)
+    app = create_app(cfg, buffer_config=buffer_from_env())
+    gc.collect()
+    gc.freeze()  # as in serve(): the long-lived objects out of every collection
+    return _ExitIncomplete(app)
+
+
+#: A worker's exit codes after a graceful stop: 0, or killed by the re-raised signal.
+_STOPPED_BY_SIGNAL = (0, -signal.SIGTERM, -signal.SIGINT)
+
+
+class _ExitIncomplete:
+    """A worker whose buffer stop did not finish exits 1 as soon as the app's shutdown
+    is over (uvicorn would end it by the re-raised SIGTERM, hiding it from the parent)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def watching_send(message: Any) -> None:
+            await send(message)
+            svc = getattr(self.app.state, "svc", None)
+            if message["type"] == "lifespan.shutdown.complete" and svc is not None:
+                if svc.stop_incomplete:
+                    logging.shutdown()
+                    os._exit(1)
+
+        await self.app(scope, receive, watching_send)

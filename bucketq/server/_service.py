@@ -12,8 +12,9 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from ..errors import BucketQError
+from ..errors import BucketQError, Overloaded
 from ..reservoir import BufferConfig, BufferedReservoir, MongoReservoir, wrap_reservoir
+from ._admission import AdmissionMetrics, RecordGate, remaining
 from ._config import DEFAULT_DATABASE, ServerConfig
 from ._http_errors import ApiError
 from ._keys import KeyCache
@@ -28,8 +29,17 @@ DEFAULT_STOP_MARGIN = 5.0
 class Service:
     """What the routes use: the storage, the (maybe buffered) reservoir, the keys, the tee."""
 
-    def __init__(self, config: ServerConfig, buffer_config: BufferConfig, registry: Any) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        buffer_config: BufferConfig,
+        registry: Any,
+        admission: AdmissionMetrics | None = None,
+    ) -> None:
         self.config = config
+        self.admission = admission if admission is not None else AdmissionMetrics(registry)
+        #: Records handed to the reservoir and not answered yet, within their limit.
+        self.records = RecordGate(config.max_records_in_flight, config.retry_after_s)
         self.buffer_config = buffer_config
         self.registry = registry
         self.client: Any = None
@@ -68,7 +78,13 @@ class Service:
         )
         if isinstance(self.reservoir, BufferedReservoir):
             await self.reservoir.start()
-        self.keys = KeyCache(self.db, ttl=cfg.key_cache_ms / 1000)
+        self.keys = KeyCache(
+            self.db,
+            ttl=cfg.key_cache_ms / 1000,
+            size=cfg.key_cache_size,
+            lookups_per_s=cfg.key_lookups_per_s,
+            counted=self.admission.key_lookup,
+        )
         if cfg.tee_stream:
             from ..stream import AsyncStreamQueue
 
@@ -148,11 +164,16 @@ class Service:
             for i, r in enumerate(records):
                 r["_id"] = record_id(project, kind, idempotency_key, i)
         method = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_metrics"}[kind]
-        budget = self.config.ingest_timeout_ms / 1000
+        # What is left of the request's deadline (its key lookup came out of it too).
+        budget = remaining(self.config.ingest_timeout_ms / 1000)
         try:
-            call = getattr(self.reservoir, method)
-            aw = call(records, origin=origin) if self.buffered else call(records)
-            res = await asyncio.wait_for(aw, budget)
+            with self.records.admit(len(records)):
+                call = getattr(self.reservoir, method)
+                aw = call(records, origin=origin) if self.buffered else call(records)
+                res = await asyncio.wait_for(aw, budget)
+        except Overloaded:
+            self.admission.refused("records")
+            raise
         except TimeoutError as exc:
             log.warning("%d %s records not accepted within %.1f s", len(records), kind, budget)
             raise self.unavailable(
@@ -173,7 +194,7 @@ class Service:
             try:
                 await asyncio.wait_for(
                     self.tee.push_many([tee_item(project, r) for r in records], durable=True),
-                    budget,
+                    remaining(budget),
                 )
             except Exception as exc:
                 log.warning(

@@ -18,6 +18,16 @@ from ._run import DEFAULT_HOST, DEFAULT_PORT
 EXTRA = "bucketq[server]"
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1; got {text!r}")
+    return n
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
@@ -27,12 +37,13 @@ def _setup_logging(level: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .._deps import require_all
-
     try:
-        require_all(("fastapi", "google.rpc", "opentelemetry.proto", "uvicorn"), "server")
-    except BucketQError as exc:
-        print(f"bucketq serve: {exc}", file=sys.stderr)
+        import fastapi  # noqa: F401
+        import google.rpc  # noqa: F401
+        import opentelemetry.proto  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(f"bucketq serve needs {exc.name}: pip install '{EXTRA}'", file=sys.stderr)
         return 2
     from ._config import from_env
     from ._run import serve
@@ -41,7 +52,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         cfg = from_env(mongodb_uri=args.mongodb_uri, database=args.database)
         return serve(host=args.host, port=args.port, config=cfg, data=args.data,
-                     log_level=args.log_level)  # fmt: skip
+                     log_level=args.log_level, workers=args.workers)  # fmt: skip
     except (BucketQError, OSError) as exc:
         print(f"bucketq serve: {exc}", file=sys.stderr)
         return 1
@@ -125,6 +136,8 @@ def add_parsers(sub: Any) -> None:
         "--data",
         help="embedded server's data directory (default: ~/.local/share/bucketq/serve-data)",
     )
+    s.add_argument("--workers", type=_positive, default=1,
+                   help="processes serving the one port (default 1); metrics count all of them")  # fmt: skip
     s.add_argument("--log-level", default=os.environ.get("BUCKETQ_LOG_LEVEL", "info"),
                    choices=("debug", "info", "warning", "error"))  # fmt: skip
     s.set_defaults(func=_serve)

@@ -12,11 +12,12 @@ from typing import Any
 import bson
 import pytest
 
-from bucketq.bucket.codec import decode_items
 from bucketq.embedded import EmbeddedServer
-from fast_settings import FAST_FAULTS
+from bucketq.queue._codec import decode_items
 
 WORKERS = str(Path(__file__).resolve().parent.parent / "workers.py")
+#: Short periods so every scenario but the soak runs in seconds.
+FAST = {"lease": 2.0, "state_flush_period": 0.1, "poll_interval": 0.2, "bucket_max_wait": 0.05}
 
 
 def run_worker(mode: str, uri: str, db: str, queue: str, out: Path, *args: str, options: dict | None = None,
@@ -31,7 +32,7 @@ def run_worker(mode: str, uri: str, db: str, queue: str, out: Path, *args: str, 
             queue,
             str(out),
             "--options",
-            json.dumps(options or FAST_FAULTS),
+            json.dumps(options or FAST),
             *args,
         ],
         stdout=subprocess.PIPE,

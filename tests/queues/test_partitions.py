@@ -14,12 +14,13 @@ import pytest
 from pymongo import MongoClient, monitoring
 
 from bucketq import AsyncElementQueue, AsyncQueue, Queue
-from bucketq.bucket import partition_of
 from bucketq.errors import ConfigurationError
+from bucketq.queue._core.claims import partition_of
 from bucketq.queue._core.counts import DRAIN_REPORT
 from bucketq.queue._core.held import HeldBucket
 from bucketq.stream import AsyncStreamQueue, StreamQueue
-from fast_settings import FAST
+
+FAST = {"state_flush_period": 0.1, "poll_interval": 0.2, "drain_timeout": 0.5}
 
 
 class Claims(monitoring.CommandListener):

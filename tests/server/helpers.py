@@ -7,8 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,8 @@ _LISTENING = re.compile(r"listening on (http://[0-9.]+:\d+)")
 class Serve:
     """``python -m bucketq serve --port 0`` with ``env`` added; its log goes to ``log``."""
 
-    def __init__(self, mongo_uri: str, database: str, log: Path, **env: str) -> None:
+    def __init__(self, mongo_uri: str, database: str, log: Path, *args: str, **env: str) -> None:
+        self.args = list(args)  # more `bucketq serve` arguments (e.g. --workers 2)
         self.mongo_uri = mongo_uri
         self.database = database
         self.log = log
@@ -42,7 +41,7 @@ class Serve:
         self._offset = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bucketq", "serve", "--port", "0"],
+                [sys.executable, "-m", "bucketq", "serve", "--port", "0", *self.args],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -80,18 +79,6 @@ class Serve:
             code = self.proc.wait()
         self.proc = None
         return code
-
-    @contextmanager
-    def stops_cleanly(self) -> Iterator[Serve]:
-        """Run the body, then SIGTERM the process: it must exit 0. A failure in the body
-        is reported as itself (the process is stopped all the same)."""
-        try:
-            yield self
-        except BaseException:
-            self.terminate()
-            raise
-        code = self.terminate()
-        assert code == 0, f"bucketq serve exited {code}:\n{self.output()[-3000:]}"
 
 
 def create_key(serve: Serve, project: str) -> str:

@@ -8,6 +8,10 @@ from typing import Any
 
 log = logging.getLogger("bucketq.server")
 
+#: The ``method`` label's values; any other method a client sends is counted as ``other``
+#: (label values come from a fixed set: invented methods must not grow ``/metrics``).
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 
 class HttpMetrics:
     """HTTP request counts and a latency histogram by route, method and status, in
@@ -29,6 +33,7 @@ class HttpMetrics:
         )
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        method = method if method in KNOWN_METHODS else "other"
         try:
             self.requests.labels(route, method, str(status)).inc()
             self.latency.labels(route, method, str(status)).observe(seconds)

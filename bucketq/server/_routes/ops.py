@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from typing import Any
 
 from fastapi import APIRouter
@@ -31,7 +33,7 @@ async def ready(svc: Svc) -> Response:
     ok = True
     try:
         with mongo_timeout(DEFAULT_READY_TIMEOUT):
-            await svc.db.command("ping")
+            await asyncio.wait_for(svc.db.command("ping"), DEFAULT_READY_TIMEOUT)
         detail["storage"] = "ok"
     except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
         ok = False
@@ -55,4 +57,12 @@ async def metrics(svc: Svc) -> Response:
         if svc.buffered
         else prom.generate_latest(svc.registry)
     )
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # `bucketq serve --workers N`: every worker's metrics from prometheus_client's
+        # files (this worker's buffer gauges were brought up to date just above).
+        from prometheus_client import multiprocess
+
+        every = prom.CollectorRegistry()
+        multiprocess.MultiProcessCollector(every)
+        text = prom.generate_latest(every)
     return Response(text, media_type=prom.CONTENT_TYPE_LATEST)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from .. import _query
+from .._admission import remaining
 from .._auth import Project
 from .._config import DEFAULT_QUERY_MAX_LIMIT
 from .._http_errors import ApiError, documented
@@ -38,11 +40,19 @@ async def read_logs(
         raise ApiError(400, "Bad cursor", str(exc)) from None
     flt = _query.logs_filter(project, service=service, level=level, since=from_, until=to,
                              q=q, cursor=after)  # fmt: skip
+    from pymongo import timeout as mongo_timeout
+
+    budget = remaining(svc.config.read_timeout_ms / 1000)  # BUCKETQ_READ_TIMEOUT_MS
     try:
-        docs = await svc.storage.logs.find(flt).sort(_query.SORT).limit(limit + 1).to_list()  # type: ignore[union-attr]
+        # pymongo's deadline (the server gives up on the query too) and the event loop's.
+        with mongo_timeout(budget):
+            cursor_ = svc.storage.logs.find(flt).sort(_query.SORT).limit(limit + 1)  # type: ignore[union-attr]
+            docs = await asyncio.wait_for(cursor_.to_list(), budget)
     except Exception as exc:
-        log.warning("reading logs failed: %s", exc)
-        raise svc.unavailable("Storage is unavailable.") from exc
+        log.warning("reading logs failed: %s: %s", type(exc).__name__, exc)
+        raise svc.unavailable(
+            f"Storage did not answer the read within {budget:g} s (BUCKETQ_READ_TIMEOUT_MS)."
+        ) from exc
     page = docs[:limit]
     nxt = _query.encode_cursor(page[-1]) if len(docs) > limit else None
     return {"logs": [_query.log_out(d) for d in page], "next_cursor": nxt}

@@ -1,0 +1,283 @@
+"""Admission control: what the service takes on at once, and how long it waits for it.
+
+Three layers, outermost first:
+
+- :class:`GuardedH11Protocol`, uvicorn's HTTP/1.1 protocol with two bounds uvicorn does
+  not have: a connection that has not sent a whole request head within
+  ``BUCKETQ_HEADER_TIMEOUT_MS`` is closed (uvicorn waits for a head forever: silent
+  sockets and slow-header clients held connections open without end), and a request on a
+  connection past ``BUCKETQ_MAX_CONNECTIONS`` is answered 503 + ``Retry-After`` and closed.
+- :class:`Admission`, an ASGI middleware: ingest and read requests past
+  ``BUCKETQ_MAX_REQUESTS_IN_FLIGHT`` are answered 503 + ``Retry-After`` at once (the
+  operations routes are never refused, so ``/health`` answers throughout); each request
+  gets a deadline (:func:`remaining`) every store call it makes is bounded by; a body not
+  received whole within ``BUCKETQ_BODY_TIMEOUT_MS`` is a 408; and an answer given before
+  the body was read whole closes the connection (a 413 does not read the rest).
+- :class:`RecordGate`: records handed to the reservoir and not yet answered stay within
+  ``BUCKETQ_MAX_RECORDS_IN_FLIGHT``; a request that would pass it is refused at once
+  instead of queueing behind a storage that cannot keep up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import h11
+from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ..errors import Overloaded
+from ._config import ServerConfig
+
+#: Routes never refused nor given a deadline: liveness, readiness, metrics, the docs.
+EXEMPT = frozenset({"/health", "/ready", "/metrics", "/docs", "/openapi.json"})
+READ_PATH = "/api/v1/logs"
+_CLOSE = (b"connection", b"close")
+
+#: The deadline (event loop time) of the request being served in this context.
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "bucketq_request_deadline", default=None
+)
+
+
+def remaining(budget: float) -> float:
+    """Seconds left to the current request's deadline, at most ``budget`` (``budget``
+    itself outside a request). At least a millisecond: a call past its deadline then
+    fails at once instead of having no bound."""
+    deadline = _deadline.get()
+    if deadline is None:
+        return budget
+    return max(0.001, min(budget, deadline - asyncio.get_running_loop().time()))
+
+
+def refusal(status: int, error: str, message: str, retry_after: float) -> tuple[bytes, list[Any]]:
+    """The body and headers of an answer the service gives without the app."""
+    body = json.dumps({"error": error, "message": message}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(max(1, round(retry_after))).encode()),
+        _CLOSE,
+    ]
+    return body, headers
+
+
+async def _send_refusal(send: Any, status: int, error: str, message: str, retry: float) -> None:
+    body, headers = refusal(status, error, message, retry)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _has_body(scope: dict[str, Any]) -> bool:
+    for k, v in scope.get("headers") or ():
+        if k == b"content-length":
+            return v.strip() not in (b"", b"0")
+        if k == b"transfer-encoding":
+            return True
+    return False
+
+
+class BodyTimeout(HTTPException):
+    """The request's body did not arrive within ``BUCKETQ_BODY_TIMEOUT_MS`` (an HTTP
+    exception: FastAPI turns any other exception raised while it reads a body into a 400)."""
+
+    def __init__(self, ms: int) -> None:
+        super().__init__(408, f"The body did not arrive within {ms} ms (BUCKETQ_BODY_TIMEOUT_MS).")
+
+
+class Admission:
+    """The ASGI middleware (see the module's text). ``on_refused(reason)`` counts refusals."""
+
+    def __init__(self, app: Any, *, config: ServerConfig, on_refused: Any = None) -> None:
+        self.app = app
+        self.config = config
+        self.in_flight = 0
+        self.on_refused = on_refused or (lambda _reason: None)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cfg = self.config
+        path = scope.get("path", "")
+        bounded = path not in EXEMPT
+        loop = asyncio.get_running_loop()
+        if bounded and self.in_flight >= cfg.max_requests_in_flight:
+            self.on_refused("requests")
+            await _send_refusal(send, 503, "Service unavailable",
+                                f"{self.in_flight} requests are being served, the most at once "
+                                "(BUCKETQ_MAX_REQUESTS_IN_FLIGHT); nothing was acknowledged. "
+                                "Retry after the Retry-After delay.", cfg.retry_after_s)  # fmt: skip
+            return
+        budget = (cfg.read_timeout_ms if path == READ_PATH else cfg.ingest_timeout_ms) / 1000
+        token = _deadline.set(loop.time() + budget) if bounded else None
+        body_whole = not _has_body(scope)
+        body_by = loop.time() + cfg.body_timeout_ms / 1000
+
+        async def timed_receive() -> Any:
+            nonlocal body_whole
+            if body_whole:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, body_by - loop.time()))
+            except TimeoutError:
+                self.on_refused("body_timeout")
+                raise BodyTimeout(cfg.body_timeout_ms) from None
+            if message.get("type") == "http.request" and not message.get("more_body", False):
+                body_whole = True
+            return message
+
+        async def closing_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                if not body_whole:
+                    # Answered before the body was read whole (413, 401, a refusal): close
+                    # the connection rather than read and discard the rest of it.
+                    message["headers"] = [*message.get("headers", ()), _CLOSE]
+            await send(message)
+
+        if bounded:
+            self.in_flight += 1
+        try:
+            # A BodyTimeout raised in the app is answered by its handler (a 408).
+            await self.app(scope, timed_receive, closing_send)
+        finally:
+            if bounded:
+                self.in_flight -= 1
+            if token is not None:
+                _deadline.reset(token)
+
+
+class AdmissionMetrics:
+    """Counters of admission control and key lookups, in ``registry``; never raise."""
+
+    def __init__(self, registry: Any) -> None:
+        import prometheus_client as prom
+
+        self.lookups = prom.Counter(
+            "bucketq_key_lookups",
+            "API key lookups by result: found, unknown, failed (the store did not answer in "
+            "time), refused (over BUCKETQ_KEY_LOOKUPS_PER_S: no database call).",
+            ("result",),
+            registry=registry,
+        )
+        self.refusals = prom.Counter(
+            "bucketq_admission_refused",
+            "Requests refused by admission control, by reason: requests, records (in "
+            "flight), body_timeout.",
+            ("reason",),
+            registry=registry,
+        )
+
+    def key_lookup(self, result: str) -> None:
+        self._inc(self.lookups, result)
+
+    def refused(self, reason: str) -> None:
+        self._inc(self.refusals, reason)
+
+    @staticmethod
+    def _inc(counter: Any, label: str) -> None:
+        try:
+            counter.labels(label).inc()
+        except Exception:  # noqa: BLE001 - a metric never fails a request
+            pass
+
+
+class RecordGate:
+    """Records in flight (handed to the reservoir, not yet answered) within ``limit``."""
+
+    def __init__(self, limit: int, retry_after: float) -> None:
+        self.limit = limit
+        self.retry_after = retry_after
+        self.in_flight = 0
+
+    @contextmanager
+    def admit(self, n: int) -> Iterator[None]:
+        """Hold ``n`` records' places while the block runs; ``Overloaded`` at once when
+        they would pass the limit (a request alone over it is still let through when
+        nothing else is in flight: ``BUCKETQ_MAX_RECORDS`` bounds one request)."""
+        if self.in_flight and self.in_flight + n > self.limit:
+            raise Overloaded(
+                f"{self.in_flight} records are waiting for storage, the most at once "
+                "(BUCKETQ_MAX_RECORDS_IN_FLIGHT)",
+                self.retry_after,
+            )
+        self.in_flight += n
+        try:
+            yield
+        finally:
+            self.in_flight -= n
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a request-head timeout and a connection cap.
+
+    The limits are class attributes, set by :func:`configure` in each process before it
+    serves (uvicorn builds one protocol object per connection from its class)."""
+
+    header_timeout: ClassVar[float] = 10.0
+    max_connections: ClassVar[int] = 512
+    retry_after: ClassVar[float] = 5.0
+    #: Connections closed for want of a whole head, and requests refused over the cap.
+    closed_slow: ClassVar[int] = 0
+    refused_over_cap: ClassVar[int] = 0
+
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        over = len(self.connections) >= self.max_connections
+        super().connection_made(transport)
+        if over:
+            # Its request is answered 503 and the connection closed (answering before the
+            # request would make clients see a reset instead).
+            self.app = _over_capacity
+            GuardedH11Protocol.refused_over_cap += 1
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            # (part of) a head, not whole yet: it must be whole within the timeout of its
+            # first byte; more bytes do not extend it.
+            if self._head_timer is None:
+                self._arm()
+        else:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_expired)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            GuardedH11Protocol.closed_slow += 1
+            self.transport.close()
+
+
+async def _over_capacity(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await _send_refusal(send, 503, "Service unavailable",
+                        f"The service has {GuardedH11Protocol.max_connections} connections open, the "
+                        "most it keeps (BUCKETQ_MAX_CONNECTIONS); retry after the Retry-After delay.",
+                        GuardedH11Protocol.retry_after)  # fmt: skip
+
+
+def configure(config: ServerConfig) -> type[GuardedH11Protocol]:
+    """Set the protocol's limits from ``config`` in this process; returns the class."""
+    GuardedH11Protocol.header_timeout = config.header_timeout_ms / 1000
+    GuardedH11Protocol.max_connections = config.max_connections
+    GuardedH11Protocol.retry_after = config.retry_after_s
+    return GuardedH11Protocol
