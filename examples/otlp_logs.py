@@ -4,8 +4,8 @@ exporter, unchanged: the exporter reads its endpoint and headers from the enviro
     OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:8080 \
     OTEL_EXPORTER_OTLP_HEADERS="x-api-key=$KEY" python examples/otlp_logs.py
 
-Needs ``pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http`` (the
-test extra has both). The record arrives as service ``checkout``, level ``warn``,
+Needs OpenTelemetry's SDK and OTLP/HTTP exporter: ``pip install -e ".[otel]"`` in a
+checkout (the test extra has them too). The record arrives as service ``checkout``, level ``warn``,
 message ``cart abandoned``, metadata ``{"cart": 42, ...}``.
 """
 

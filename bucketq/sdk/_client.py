@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -11,6 +12,11 @@ from ._processor import Processor, acquire, release, sdk_thread
 from ._record import capture, from_fields, from_log_record, needs_item
 
 _SDK_PREFIX = LOGGER_NAME + "."
+_log = logging.getLogger(LOGGER_NAME)
+
+#: Seconds after a handler is made before it looks, once, at the loggers it was attached
+#: to (dictConfig and ``addHandler`` attach it right after it is made).
+LEVEL_CHECK_DELAY = 1.0
 
 
 class _Shared:
@@ -90,6 +96,31 @@ class IngestHandler(_Shared, logging.Handler):
                  **options: Any) -> None:  # fmt: skip
         super().__init__(level)
         self._acquire(url, api_key, options)
+        self._level_check = threading.Timer(LEVEL_CHECK_DELAY, self._check_level)
+        self._level_check.daemon = True
+        self._level_check.start()
+
+    def _check_level(self) -> None:
+        """Warn once when a logger this handler is attached to drops what the handler
+        would send: the root logger's level is WARNING unless set, so
+        ``getLogger().addHandler(IngestHandler(...))`` alone sends no ``info()`` record.
+        Give the handler ``level=logging.WARNING`` when that is what is meant."""
+        wanted = self.level or logging.INFO
+        loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+        for lg in loggers:
+            if not isinstance(lg, logging.Logger) or self not in lg.handlers:
+                continue
+            effective = lg.getEffectiveLevel()
+            if effective > wanted:
+                name = "root" if lg is logging.getLogger() else repr(lg.name)
+                _log.warning(
+                    "IngestHandler is attached to the %s logger, whose level is %s: records "
+                    "below %s never reach it. Set the logger's level (for example "
+                    "logger.setLevel(logging.INFO)), or give the handler level=%s if that "
+                    "is meant.",
+                    name, logging.getLevelName(effective), logging.getLevelName(effective),
+                    logging.getLevelName(effective),
+                )  # fmt: skip
 
     def handle(self, record: logging.LogRecord) -> Any:
         # emit is thread-safe on its own: skip Handler.handle's lock (one less wait), and
@@ -124,5 +155,6 @@ class IngestHandler(_Shared, logging.Handler):
         self._processor.flush()
 
     def close(self) -> None:
+        self._level_check.cancel()
         self._release()
         super().close()

@@ -156,17 +156,25 @@ class Config:
         return tuple(getattr(self, f.name) for f in fields(self))
 
     def spill_path(self) -> Path:
-        """This configuration's own spill directory: ``spill_dir/<hash of the configuration>``
-        (the API keys enter the hash only through their SHA-256)."""
+        """This destination's spill directory: ``spill_dir/<hash of url, api_key,
+        fallback_url, fallback_api_key>`` (the API keys enter the hash only through their
+        SHA-256). Only where records go decides it: each spilled line is a whole record (its
+        own ``service``), so any later process sending to the same server with the same key
+        replays what an exited one left, whatever its program or its other options. Two
+        configurations sharing a directory is safe: each writer appends to its own locked
+        segment."""
         parts = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("api_key", "fallback_api_key") and value is not None:
+        for name in SPILL_KEY_FIELDS:
+            value = getattr(self, name)
+            if name in ("api_key", "fallback_api_key") and value is not None:
                 value = hashlib.sha256(value.encode()).hexdigest()
-            parts.append(f"{f.name}={value!r}")
+            parts.append(f"{name}={value!r}")
         digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
         return Path(self.spill_dir) / digest
 
+
+#: The fields that name a spill directory: where its records go (see ``Config.spill_path``).
+SPILL_KEY_FIELDS = ("url", "api_key", "fallback_url", "fallback_api_key")
 
 OPTION_NAMES = (
     "fallback_url",

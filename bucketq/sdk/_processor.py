@@ -128,7 +128,7 @@ class Processor:
             cfg.spill_path(),
             max_bytes=cfg.spill_max_bytes,
             segment_bytes=cfg.spill_segment_bytes,
-            meta={"url": cfg.url, "fallback_url": cfg.fallback_url, "service": cfg.service},
+            meta={"url": cfg.url, "fallback_url": cfg.fallback_url},
         )
         self.primary = Endpoint("primary", cfg.ingest_url, cfg.base_url, cfg.api_key,
                                 self._health_wake)  # fmt: skip
@@ -564,7 +564,10 @@ class Processor:
         threads. True when everything was sent (nothing spilled by the close). Idempotent."""
         if self._closed:
             return True
+        timeout = self.cfg.shutdown_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         done = self.flush(timeout)
+        self._finish_replay(deadline)
         self._accepting = False
         self._stop.set()
         self._health_wake.set()
@@ -592,7 +595,28 @@ class Processor:
         self.spill.close()
         self._closed = True
         _forget(self)
+        if self.spill.has_segments():
+            log.warning(
+                "records stay in the spill in %s: the next process sending to %s with the same "
+                "API key replays them once the server answers; to send them now: "
+                "bucketq sdk replay %s --url %s --api-key KEY",
+                self.spill.directory, self.cfg.base_url, self.spill.directory, self.cfg.base_url,
+            )  # fmt: skip
         return done and not left and not inflight
+
+    def _finish_replay(self, deadline: float) -> None:
+        """At close, while the primary answers: one replay pass of what is spilled (this
+        process's records, or those an exited process left) within the shutdown deadline,
+        so a program that lives less than a monitor tick still sends an earlier spill."""
+        t = self._replay_thread
+        wanted = self._replay_wanted or self._spill_gen != self._replayed_gen
+        if (t is None or not t.is_alive()) and wanted:
+            if not self.primary.available(time.monotonic()):
+                return
+            self._replay_wanted = False
+            t = self._replay_thread = self._spawn(self._replay, "replay")
+        if t is not None and t.is_alive():
+            t.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def closed(self) -> bool:

@@ -179,9 +179,10 @@ _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its 
 
 
 def iso_time(created: float) -> str:
-    """``created`` (seconds since the epoch) as ISO 8601 UTC with microseconds. The text of
-    the whole second is kept and reused: the senders format a batch of records from the
-    same second at a fraction of ``datetime``'s cost."""
+    """``created`` (seconds since the epoch) as ISO 8601 UTC with milliseconds, the
+    precision the server stores (a MongoDB date), cut like ``datetime.isoformat``. The
+    text of the whole second is kept and reused: the senders format a batch of records
+    from the same second at a fraction of ``datetime``'s cost."""
     global _second
     sec = int(created // 1)
     us = round((created - sec) * 1e6)
@@ -190,7 +191,7 @@ def iso_time(created: float) -> str:
     cached = _second  # one tuple, replaced whole: a thread never sees half of an update
     if cached[0] != sec:
         cached = _second = (sec, datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
-    return f"{cached[1]}.{us:06d}+00:00"
+    return f"{cached[1]}.{us // 1000:03d}+00:00"
 
 
 def to_wire(item: Item) -> dict[str, Any]:

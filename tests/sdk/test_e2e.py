@@ -362,3 +362,48 @@ def test_exit_flush_delivers_the_last_records(primary, pkey, svc, tmp_path):
                    check=True, timeout=120, cwd=ROOT, env=primary.env)  # fmt: skip
     assert messages(primary, pkey, svc) == Counter(f"last-{i}" for i in range(200))
     assert spilled(tmp_path) == []
+
+
+SPILL_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from bucketq.sdk import Client
+    url, key, svc, spill, n = sys.argv[1:6]
+    c = Client(url, key, service=svc, spill_dir=spill, shutdown_timeout=0.3)
+    for i in range(int(n)):
+        c.log("info", f"{svc}-{i}")
+    # no close: the exit hook spills or sends, and replays what an earlier program left
+    """
+)
+
+
+def test_a_spill_left_by_an_exited_program_is_sent_by_the_next_short_lived_one(
+    mongo_uri, mongo_client, databases, svc, tmp_path
+):
+    late = Serve(mongo_uri, databases[2], tmp_path / "late.log")
+    key = _keys.create_key(mongo_client[databases[2]], "late")
+    url = f"http://127.0.0.1:{dead_port()}"
+    spill = tmp_path / "spill"
+
+    def run(service: str, n: int) -> str:
+        out = subprocess.run([sys.executable, "-c", SPILL_SCRIPT, url, key, service, str(spill),
+                              str(n)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                             env=late.env)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stderr
+
+    try:
+        # A program exits while nothing listens: its records stay on disk, and it says
+        # where and how to send them.
+        said = run(svc, 30)
+        assert len(spilled(spill)) == 30
+        assert "records stay in the spill" in said and "bucketq sdk replay" in said
+        late.start(int(url.rsplit(":", 1)[1]))
+        # Another program (another service name) sending to the same server with the same
+        # key, alive for less than a monitor tick, sends them on its way out.
+        run(svc + "-b", 1)
+        assert messages(late, key, svc) == Counter(f"{svc}-{i}" for i in range(30))
+        assert messages(late, key, svc + "-b") == Counter([f"{svc}-b-0"])
+        assert spilled(spill) == []
+    finally:
+        late.kill()

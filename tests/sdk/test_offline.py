@@ -128,3 +128,27 @@ def test_a_forked_child_sends_through_threads_of_its_own(tmp_path):
     msgs = sorted(r["log"]["message"] for r in spilled(tmp_path))
     assert msgs == ["child-0", "child-1", "child-2", "child-3", "child-4", "parent"]
     assert c.stats()["spilled"] == 1  # the parent's counters are its own
+
+
+def test_a_handler_on_a_logger_that_drops_its_records_says_so_once(tmp_path, caplog):
+    url = f"http://127.0.0.1:{dead_port()}"
+    quiet = logging.getLogger(f"quiet-{tmp_path.name}")
+    quiet.setLevel(logging.WARNING)  # what the root logger is until told otherwise
+    meant = logging.getLogger(f"meant-{tmp_path.name}")
+    meant.setLevel(logging.WARNING)
+    h = IngestHandler(url, "k", spill_dir=tmp_path)
+    ok = IngestHandler(url, "k", spill_dir=tmp_path, level=logging.WARNING)  # warnings are meant
+    quiet.addHandler(h)
+    meant.addHandler(ok)
+    try:
+        with caplog.at_level(logging.WARNING, logger="bucketq.sdk"):
+            h._level_check.join(10)
+            ok._level_check.join(10)
+    finally:
+        quiet.removeHandler(h)
+        meant.removeHandler(ok)
+        h.close()
+        ok.close()
+    said = [r.getMessage() for r in caplog.records if "IngestHandler is attached" in r.getMessage()]
+    assert len(said) == 1
+    assert repr(quiet.name) in said[0] and "whose level is WARNING" in said[0]
