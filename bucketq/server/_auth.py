@@ -41,6 +41,8 @@ async def project_of(
         raise ApiError(401, "Unauthorized", "Unknown API key.")
     if info.revoked:
         raise ApiError(401, "Unauthorized", f"API key {info.prefix}... was revoked.")
+    if info.operator:
+        raise ApiError(403, "Forbidden", "An operator key opens the console; send a project's key.")
     return info.project
 
 

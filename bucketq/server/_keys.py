@@ -56,15 +56,24 @@ def check_project(project: str) -> str:
     return project
 
 
-def key_document(key: str, project: str, name: str = "") -> dict[str, Any]:
-    return {
+#: The ``project`` of an operator key: it opens the console and writes to no project.
+OPERATOR = "*operator*"
+
+
+def key_document(
+    key: str, project: str, name: str = "", *, operator: bool = False
+) -> dict[str, Any]:
+    doc = {
         "_id": hash_key(key),
         "prefix": key[:SHOWN],
-        "project": check_project(project),
+        "project": OPERATOR if operator else check_project(project),
         "name": name,
         "created_at": datetime.now(UTC),
         "revoked_at": None,
     }
+    if operator:
+        doc["operator"] = True
+    return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,7 @@ class KeyInfo:
     project: str
     prefix: str
     revoked: bool
+    operator: bool = False
 
 
 #: What a lookup ended as (the ``result`` label of ``bucketq_key_lookups_total``).
@@ -187,7 +197,7 @@ class KeyCache:
             # left waiting on a server that does not answer.
             with mongo_timeout(max(timeout, 0.001)):
                 doc = await self.col.find_one(
-                    {"_id": h}, {"project": 1, "prefix": 1, "revoked_at": 1}
+                    {"_id": h}, {"project": 1, "prefix": 1, "revoked_at": 1, "operator": 1}
                 )
         except Exception:
             self.counted("failed")
@@ -201,7 +211,12 @@ class KeyCache:
             self._remember(self._unknown, h, now)
             return None
         self.counted("found")
-        info = KeyInfo(doc["project"], doc.get("prefix", ""), doc.get("revoked_at") is not None)
+        info = KeyInfo(
+            doc["project"],
+            doc.get("prefix", ""),
+            doc.get("revoked_at") is not None,
+            bool(doc.get("operator")),
+        )
         self._unknown.pop(h, None)
         self._remember(self._known, h, (now, info))  # kept even with ttl 0: the last known state
         return info
@@ -216,10 +231,13 @@ class KeyCache:
 # -- admin (synchronous pymongo, for the command line) ------------------------------------
 
 
-def create_key(db: Any, project: str, name: str = "") -> str:
-    """Store a new key for ``project`` and return it (the only time it is seen in clear)."""
+def create_key(db: Any, project: str, name: str = "", *, operator: bool = False) -> str:
+    """Store a new key for ``project`` (or, ``operator``, a console key) and return it
+    (the only time it is seen in clear)."""
     key = new_key()
-    db.get_collection(KEYS_COLLECTION).insert_one(key_document(key, project, name))
+    db.get_collection(KEYS_COLLECTION).insert_one(
+        key_document(key, project, name, operator=operator)
+    )
     return key
 
 

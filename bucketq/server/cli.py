@@ -85,8 +85,15 @@ def _keys(args: argparse.Namespace) -> int:
         client, db = _keys_db(args)
         try:
             if args.keys_command == "create":
-                key = keys.create_key(db, args.project, args.name or "")
-                print(f"created a key for project {args.project!r} (database {db.name!r}); "
+                if args.operator == bool(args.project):
+                    raise BucketQError(
+                        "Give --project NAME (an ingest key) or --operator (a console key)."
+                    )
+                key = keys.create_key(
+                    db, args.project or "", args.name or "", operator=args.operator
+                )
+                whose = "an operator" if args.operator else f"project {args.project!r}"
+                print(f"created a key for {whose} (database {db.name!r}); "
                       "it is shown only now:", file=sys.stderr)  # fmt: skip
                 print(key, flush=True)
             elif args.keys_command == "list":
@@ -145,7 +152,9 @@ def add_parsers(sub: Any) -> None:
     k = sub.add_parser("keys", help="create, list or revoke ingest API keys")
     ks = k.add_subparsers(dest="keys_command", required=True, metavar="{create,list,revoke}")
     c = ks.add_parser("create", help="create a key for a project; prints it alone on the last line")
-    c.add_argument("--project", required=True, help="the project the key reads and writes")
+    c.add_argument("--project", help="the project the key reads and writes")
+    c.add_argument("--operator", action="store_true",
+                   help="a key for the console at /console instead (no project)")  # fmt: skip
     c.add_argument("--name", help="a label shown by `keys list`")
     _db_options(c)
     c.set_defaults(func=_keys)
