@@ -97,6 +97,7 @@ LONGEST_FIRST = (
     "tests/stream/test_stream.py",
     "tests/misuse/test_cli_and_config.py",
     "serve",
+    "console",
     "sdk-e2e",
     "tests/test_benchmark.py",
     "tests/test_bench_ingest.py",

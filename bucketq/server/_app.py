@@ -95,6 +95,8 @@ def create_app(
     app.add_middleware(LastResort)
     app.add_middleware(Observe, metrics=HttpMetrics(reg))
     app.add_middleware(RequestId)
-    for r in (ingest.router, otlp.router, query.router, ops.router):
+    from ..console import router as console
+
+    for r in (ingest.router, otlp.router, query.router, ops.router, console):
         app.include_router(r)
     return app

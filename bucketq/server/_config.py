@@ -74,6 +74,23 @@ def _name(text: str) -> str:
     return value
 
 
+def _names(text: str) -> str:
+    value = text.strip()
+    if value != "*":
+        for n in value.split(","):
+            _name(n)
+    return value
+
+
+def _secret(text: str) -> str:
+    value = text.strip()
+    if value and len(value) < 32:
+        raise ValueError(
+            "must be at least 32 characters (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)"
+        )
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     env: str
@@ -125,6 +142,10 @@ SETTINGS: tuple[Setting, ...] = (
             "429 + `Retry-After` without a lookup.", _int(1)),
     Setting("BUCKETQ_TEE_STREAM", "tee_stream", "",
             "Also append every accepted log record to this stream-mode queue (for `bucketq pipeline`).", _name),
+    Setting("BUCKETQ_WATCH_QUEUES", "watch_queues", "",
+            "Queues and streams (of this database) whose sizes `/metrics` exports: comma-separated names, `*` for every one.", _names),
+    Setting("BUCKETQ_OPERATOR_KEY", "operator_key", "",
+            "A key that opens the console at `/console` (at least 32 characters), besides `bucketq keys create --operator` keys.", _secret),
 )  # fmt: skip
 
 
@@ -149,6 +170,8 @@ class ServerConfig:
     key_cache_size: int = DEFAULT_KEY_CACHE_SIZE
     key_lookups_per_s: int = DEFAULT_KEY_LOOKUPS_PER_S
     tee_stream: str = ""
+    watch_queues: str = ""
+    operator_key: str = ""
 
     def __post_init__(self) -> None:
         by_field = {s.field: s for s in SETTINGS}

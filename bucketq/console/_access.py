@@ -1,0 +1,86 @@
+"""Who may use the console: an operator key (``bucketq keys create --operator``, or
+``BUCKETQ_OPERATOR_KEY``), checked on every page and action.
+
+The login form puts the key in an HttpOnly, SameSite=Strict cookie scoped to
+``/console``; a script may send it in ``X-API-Key`` or ``Authorization: Bearer`` instead.
+Each request looks the key up again (through the service's key cache: a revoked key
+stops working within ``BUCKETQ_KEY_CACHE_MS``). A project's key gets 403.
+
+Actions are POSTs that carry a CSRF token: an HMAC of a fixed label under the key's
+SHA-256, so every worker process computes the same token without shared state, and a
+page from another origin, which cannot read the HttpOnly cookie, cannot compute it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+COOKIE = "bq_console"
+CSRF_FIELD = "csrf"
+CSRF_HEADER = "x-csrf-token"
+_LABEL = b"bucketq console csrf v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    """The operator of a request: which key (its shown prefix) and its CSRF token."""
+
+    prefix: str
+    csrf: str
+
+
+class Denied(Exception):
+    """The request may not use the console: ``status`` 401 (no or bad key) or 403."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def csrf_token(key: str) -> str:
+    return hmac.new(hashlib.sha256(key.encode()).digest(), _LABEL, hashlib.sha256).hexdigest()
+
+
+def presented_key(request: Request) -> str | None:
+    key = request.headers.get("x-api-key")
+    if not key:
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            key = auth[7:]
+    if not key:
+        key = request.cookies.get(COOKIE)
+    return key.strip() if key else None
+
+
+async def check_key(svc: Any, key: str | None) -> Operator:
+    """The operator behind ``key``; raises :class:`Denied`."""
+    if not key:
+        raise Denied(401, "Sign in with an operator key (bucketq keys create --operator).")
+    configured = svc.config.operator_key
+    if configured and hmac.compare_digest(key.encode(), configured.encode()):
+        return Operator("BUCKETQ_OPERATOR_KEY", csrf_token(key))
+    try:
+        info = await svc.keys.lookup(key)
+    except Exception as exc:  # the key store is down: say so, as the API does
+        raise Denied(503, "The key store is unavailable; try again shortly.") from exc
+    if info is None:
+        raise Denied(401, "Unknown key.")
+    if info.revoked:
+        raise Denied(401, f"Key {info.prefix}... was revoked.")
+    if not info.operator:
+        raise Denied(
+            403,
+            f"Key {info.prefix}... belongs to project {info.project!r}: the console needs an "
+            "operator key (bucketq keys create --operator).",
+        )
+    return Operator(info.prefix, csrf_token(key))
+
+
+def csrf_ok(op: Operator, given: str | None) -> bool:
+    return bool(given) and hmac.compare_digest(op.csrf.encode(), str(given).encode())

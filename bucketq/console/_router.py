@@ -1,0 +1,559 @@
+"""The console's routes under ``/console``: logs, queues and streams, ingest.
+
+Pages are rendered on the server from ``templates/`` (Jinja2); ``static/`` holds the
+stylesheet and the little JavaScript (the live tail, the charts' refresh, confirmations
+are server pages). Every route checks the operator (``_access``); every action is a POST
+with the CSRF token and asks for confirmation on a page of its own first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from ..admin import AsyncInspector
+from ..admin.watch import QueueWatch, parse_watch
+from ..errors import BucketQError
+from ..server import _query
+from ..server._keys import KEYS_COLLECTION, OPERATOR
+from ..server._models import LEVELS
+from . import _access as access
+
+log = logging.getLogger("bucketq.console")
+
+PREFIX = "/console"
+#: Records one logs page shows.
+PAGE = 50
+#: Records one tail poll returns at most, and how far before the newest seen it looks
+#: again (records stamped a little earlier than the last one shown still appear).
+TAIL_LIMIT = 100
+TAIL_SLACK = timedelta(seconds=10)
+#: Longest a console read may take before the page says storage is slow.
+READ_TIMEOUT = 5.0
+#: Largest form body an action reads.
+MAX_FORM = 64 * 1024
+STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """After the service opened (the app's own lifespan runs first): the queue watch and
+    its metrics in the service's registry."""
+    from ..metrics import QueueCollector
+
+    svc = app.state.svc
+    watch = QueueWatch(svc.db, parse_watch(svc.config.watch_queues)).start()
+    objects = [svc.tee] if svc.tee is not None else []
+    collector = QueueCollector(snapshot=watch.metric_rows, objects=objects)
+    svc.registry.register(collector)
+    app.state.console = watch
+    try:
+        yield
+    finally:
+        svc.registry.unregister(collector)
+        await watch.stop()
+
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False, lifespan=lifespan)
+
+
+def _templates() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("bucketq.console", "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = _when
+    return env
+
+
+_ENV: Any = None
+
+
+def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+    global _ENV
+    if _ENV is None:
+        _ENV = _templates()
+    html = _ENV.get_template(template).render(prefix=PREFIX, path=request.url.path, **ctx)
+    return HTMLResponse(html, status_code=status, headers={
+        "Cache-Control": "no-store",
+        "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                                   "style-src 'self'; script-src 'self'; frame-ancestors 'none'",
+        "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin"})  # fmt: skip
+
+
+def _when(t: Any) -> str:
+    if not isinstance(t, datetime):
+        return "-" if t is None else str(t)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _svc(request: Request) -> Any:
+    return request.app.state.svc
+
+
+def _watch(request: Request) -> QueueWatch:
+    watch: QueueWatch = request.app.state.console
+    return watch
+
+
+def _wants_json(request: Request) -> bool:
+    return request.url.path.startswith(PREFIX + "/api/")
+
+
+async def operator(request: Request) -> access.Operator | Response:
+    """The operator, or the answer to give instead (login page, 401/403/503)."""
+    try:
+        op = await access.check_key(_svc(request), access.presented_key(request))
+    except access.Denied as d:
+        if _wants_json(request) or request.method != "GET":
+            return JSONResponse({"error": "Forbidden" if d.status == 403 else "Unauthorized",
+                                 "message": d.message}, status_code=d.status)  # fmt: skip
+        if d.status == 401 and not request.cookies.get(access.COOKIE):
+            return RedirectResponse(f"{PREFIX}/login?next={request.url.path}", status_code=303)
+        return render(request, "denied.html", d.status, message=d.message, op=None)
+    _watch(request).viewed()
+    return op
+
+
+async def form(request: Request) -> dict[str, str]:
+    """A urlencoded form body of at most :data:`MAX_FORM` bytes (read no further)."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            raise BucketQError(f"The form is larger than {MAX_FORM} bytes.")
+    fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {k: v[-1] for k, v in fields.items()} | {
+        k + "[]": ",".join(v) for k, v in fields.items() if len(v) > 1
+    }
+
+
+async def action(request: Request) -> tuple[access.Operator, dict[str, str]] | Response:
+    """The operator and form of a POST whose CSRF token is right, or the refusal."""
+    op = await operator(request)
+    if isinstance(op, Response):
+        return op
+    try:
+        data = await form(request)
+    except BucketQError as exc:
+        return JSONResponse({"error": "Payload too large", "message": str(exc)}, status_code=413)
+    given = data.get(access.CSRF_FIELD) or request.headers.get(access.CSRF_HEADER)
+    if not access.csrf_ok(op, given):
+        return render(request, "denied.html", 403, op=op,
+                      message="The form's CSRF token is missing or wrong: reload the page and try again.")  # fmt: skip
+    return op, data
+
+
+# -- sign in -----------------------------------------------------------------------------------
+
+
+@router.get("/static/{name}")
+async def static(name: str) -> Response:
+    if name not in STATIC:
+        return Response(status_code=404)
+    body = resources.files("bucketq.console").joinpath("static", name).read_bytes()
+    return Response(body, media_type=STATIC[name], headers={"Cache-Control": "max-age=300"})
+
+
+@router.get("/login")
+async def login_page(request: Request, next: str = PREFIX + "/logs") -> Response:
+    return render(request, "login.html", op=None, next=_safe_next(next), error=None)
+
+
+def _safe_next(target: str) -> str:
+    return target if target.startswith(PREFIX + "/") and "//" not in target else PREFIX + "/logs"
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    try:
+        data = await form(request)
+    except BucketQError as exc:
+        return render(request, "login.html", 413, op=None, next=PREFIX, error=str(exc))
+    key = (data.get("key") or "").strip()
+    nxt = _safe_next(data.get("next") or "")
+    try:
+        await access.check_key(_svc(request), key)
+    except access.Denied as d:
+        return render(request, "login.html", d.status, op=None, next=nxt, error=d.message)
+    resp = RedirectResponse(nxt, status_code=303)
+    resp.set_cookie(access.COOKIE, key, httponly=True, samesite="strict", path=PREFIX,
+                    secure=request.url.scheme == "https")  # fmt: skip
+    return resp
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    got = await action(request)
+    if isinstance(got, Response):
+        return got
+    resp = RedirectResponse(PREFIX + "/login", status_code=303)
+    resp.delete_cookie(access.COOKIE, path=PREFIX)
+    return resp
+
+
+@router.get("")
+@router.get("/")
+async def home() -> Response:
+    return RedirectResponse(PREFIX + "/logs", status_code=303)
+
+
+# -- logs --------------------------------------------------------------------------------------
+
+
+async def _projects(svc: Any) -> list[str]:
+    col = svc.db.get_collection(KEYS_COLLECTION)
+    names = await col.distinct("project", {"project": {"$ne": OPERATOR}})
+    return sorted(str(n) for n in names)
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def _filters(params: Any, projects: list[str]) -> dict[str, Any]:
+    level = (params.get("level") or "").lower()
+    return {
+        "project": params.get("project") or (projects[0] if projects else ""),
+        "service": (params.get("service") or "")[:100],
+        "level": level if level in LEVELS else "",
+        "from": params.get("from") or "",
+        "to": params.get("to") or "",
+        "q": (params.get("q") or "")[:200],
+    }
+
+
+def _logs_filter(
+    f: dict[str, Any], cursor: Any = None, since: datetime | None = None
+) -> dict[str, Any]:
+    frm = _parse_time(f["from"])
+    if since is not None:
+        frm = max(frm, since) if frm else since
+    return _query.logs_filter(f["project"], service=f["service"] or None, level=f["level"] or None,
+                              since=frm, until=_parse_time(f["to"]), q=f["q"] or None,
+                              cursor=cursor)  # fmt: skip
+
+
+async def _find_logs(svc: Any, flt: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+    from pymongo import timeout as mongo_timeout
+
+    with mongo_timeout(READ_TIMEOUT):
+        return await svc.storage.logs.find(flt).sort(_query.SORT).limit(limit).to_list()
+
+
+def _out(doc: dict[str, Any]) -> dict[str, Any]:
+    out = _query.log_out(doc)
+    out["time_text"] = _when(out["time"])
+    out["time"] = out["time"].isoformat() if out["time"] else None
+    return out
+
+
+@router.get("/logs")
+async def logs_page(request: Request) -> Response:
+    op = await operator(request)
+    if isinstance(op, Response):
+        return op
+    svc = _svc(request)
+    projects = await _projects(svc)
+    f = _filters(request.query_params, projects)
+    error = None
+    rows: list[dict[str, Any]] = []
+    nxt = None
+    cursor_text = request.query_params.get("cursor")
+    try:
+        cursor = _query.decode_cursor(cursor_text) if cursor_text else None
+        if f["project"]:
+            docs = await _find_logs(svc, _logs_filter(f, cursor), PAGE + 1)
+            rows = [_out(d) for d in docs[:PAGE]]
+            if len(docs) > PAGE:
+                nxt = urlencode({**f, "cursor": _query.encode_cursor(docs[PAGE - 1])})
+    except _query.CursorError as exc:
+        error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - the page says storage failed instead of a 500
+        log.warning("console: reading logs failed: %s", exc)
+        error = f"Reading the logs failed ({type(exc).__name__}); try again."
+    return render(request, "logs.html", op=op, projects=projects, f=f, rows=rows, next=nxt,
+                  levels=LEVELS, error=error, tail_since=(datetime.now(UTC) - TAIL_SLACK).isoformat())  # fmt: skip
+
+
+@router.get("/api/tail")
+async def tail(request: Request) -> Response:
+    op = await operator(request)
+    if isinstance(op, Response):
+        return op
+    svc = _svc(request)
+    f = _filters(request.query_params, [])
+    since = _parse_time(request.query_params.get("since")) or datetime.now(UTC) - TAIL_SLACK
+    if not f["project"]:
+        return JSONResponse({"logs": [], "since": since.isoformat()})
+    try:
+        docs = await _find_logs(svc, _logs_filter(f, since=since), TAIL_LIMIT)
+    except Exception as exc:  # noqa: BLE001 - the tail shows the failure and polls on
+        return JSONResponse({"error": f"Reading the logs failed ({type(exc).__name__})."},
+                            status_code=503, headers={"Retry-After": "2"})  # fmt: skip
+    rows = [_out(d) for d in docs]
+    newest = max((d["time"] for d in docs), default=None)
+    nxt_since = (newest.replace(tzinfo=newest.tzinfo or UTC) - TAIL_SLACK) if newest else since
+    return JSONResponse({"logs": rows, "since": max(nxt_since, since).isoformat()})
+
+
+@router.get("/logs/{rid}")
+async def log_detail(request: Request, rid: str) -> Response:
+    op = await operator(request)
+    if isinstance(op, Response):
+        return op
+    svc = _svc(request)
+    from bson import ObjectId
+    from bson.errors import InvalidId
+
+    ids: list[Any] = [rid[:200]]
+    try:
+        ids.append(ObjectId(rid))
+    except (InvalidId, TypeError):
+        pass
+    doc = await svc.storage.logs.find_one({"_id": {"$in": ids}})
+    if doc is None:
+        return render(request, "denied.html", 404, op=op, message=f"No log record {rid!r}.")
+    import json
+
+    rec = _out(doc)
+    extra = {k: doc.get(k) for k in ("project_id", "session_id", "hostname") if doc.get(k)}
+    meta = json.dumps(doc.get("metadata"), indent=2, default=str) if doc.get("metadata") else None
+    return render(request, "log.html", op=op, rec=rec, extra=extra, meta=meta)
+
+
+# -- queues ------------------------------------------------------------------------------------
+
+
+def _spark(samples: list[Any], attr: str, w: int = 120, h: int = 28) -> str:
+    """An SVG polyline's points for the last samples of ``attr`` (empty with fewer than two)."""
+    vals = [getattr(s, attr) for s in samples]
+    if len(vals) < 2:
+        return ""
+    lo, hi = min(vals), max(vals)
+    span = (hi - lo) or 1
+    step = w / (len(vals) - 1)
+    return " ".join(
+        f"{i * step:.1f},{h - 2 - (v - lo) / span * (h - 4):.1f}" for i, v in enumerate(vals)
+    )
+
+
+def _queue_rows(request: Request) -> list[dict[str, Any]]:
+    watch = _watch(request)
+    out = []
+    for r in sorted(watch.rows.values(), key=lambda r: r.name):
+        hist = list(watch.history.get(r.name, ()))
+        out.append({**r.to_json(), "rate": vars(watch.rates(r.name)),
+                    "spark_total": _spark(hist, "total"), "spark_ready": _spark(hist, "ready")})  # fmt: skip
+    return out
+
+
+@router.get("/queues")
+async def queues_page(request: Request) -> Response:
+    op = await operator(request)
+    if isinstance(op, Response):
+        return op
+    watch = _watch(request)
+    if watch.ok is None or not watch.rows:
+        await watch.sample()  # the first view: read now rather than show an empty table
+    return render(request, "queues.html", op=op, rows=_queue_rows(request), ok=watch.ok)
+
+
+@router.get("/api/queues")
+async def queues_json(request: Request) -> Response:
+    op = await operator(request)
+    if isinstance(op, Response):
+        return op
+    return JSONResponse({"ok": _watch(request).ok, "queues": _queue_rows(request)})
+
+
+@router.get("/queues/{name}")
+async def queue_page(request: Request, name: str) -> Response:
+    op = await operator(request)
+    if isinstance(op, Response):
+        return op
+    svc = _svc(request)
+    ins = AsyncInspector(svc.db)
+    try:
+        stream = await ins.is_stream(name)
+        items = await ins.peek(name, 20)
+        dead = [] if stream else await ins.dead(name, 100)
+        quarantined = await _quarantined(svc.db, name)
+        error = None
+    except BucketQError as exc:
+        items, dead, quarantined, stream, error = [], [], [], False, str(exc)
+    return render(request, "queue.html", op=op, name=name, stream=stream, items=items,
+                  dead=dead, quarantined=quarantined, error=error,
+                  done=request.query_params.get("done"))  # fmt: skip
+
+
+async def _quarantined(db: Any, name: str) -> list[dict[str, Any]]:
+    from ..queue._codec import collection
+    from ..queue._damage import quarantine_name, summary
+
+    col = collection(db, quarantine_name(name))
+    return [summary(r) async for r in col.find({}).sort("at", 1).limit(100)]
+
+
+ACTIONS = {
+    "dead/requeue": "Requeue dead letters",
+    "dead/purge": "Delete dead letters for good",
+    "quarantine/requeue": "Requeue what can be recovered of quarantined buckets",
+    "quarantine/remove": "Delete quarantined buckets for good",
+}
+
+
+@router.post("/queues/{name}/{kind}/{verb}")
+async def queue_action(request: Request, name: str, kind: str, verb: str) -> Response:
+    got = await action(request)
+    if isinstance(got, Response):
+        return got
+    op, data = got
+    what = f"{kind}/{verb}"
+    if what not in ACTIONS:
+        return Response(status_code=404)
+    ids = [i for i in (data.get("ids[]") or data.get("ids") or "").split(",") if i]
+    if data.get("confirmed") != "yes":
+        return render(request, "confirm.html", op=op, title=ACTIONS[what], name=name,
+                      action=f"{PREFIX}/queues/{name}/{what}", ids=ids,
+                      back=f"{PREFIX}/queues/{name}")  # fmt: skip
+    svc = _svc(request)
+    try:
+        done = await _act(svc.db, name, what, ids or None)
+    except BucketQError as exc:
+        return render(request, "denied.html", 400, op=op, message=str(exc))
+    log.warning("console: %s on %s by operator key %s: %s", what, name, op.prefix, done)
+    await _watch(request).sample()
+    return RedirectResponse(f"{PREFIX}/queues/{name}?{urlencode({'done': done})}", status_code=303)
+
+
+async def _act(db: Any, name: str, what: str, ids: list[str] | None) -> str:
+    ins = AsyncInspector(db)
+    if what == "dead/requeue":
+        rep = await ins.requeue_dead(name, ids)
+        return f"requeued {rep['items']} dead letters" + _busy(rep)
+    if what == "dead/purge":
+        rep = await ins.purge_dead(name, ids)
+        return f"deleted {rep['items']} dead letters" + _busy(rep)
+    from ..queue import AsyncQueue
+    from ..stream import AsyncStreamQueue
+
+    stream = await ins.is_stream(name)
+    q: Any = (AsyncStreamQueue if stream else AsyncQueue)(db, name)
+    try:
+        one = ids[0] if ids else None
+        if what == "quarantine/requeue":
+            r = await q.requeue_quarantined(one)
+            return f"requeued {r['items']} items of {r['buckets']} quarantined buckets ({r['lost']} lost)"
+        return f"removed {await q.remove_quarantined(one)} quarantined buckets"
+    finally:
+        await q.close()
+
+
+def _busy(rep: dict[str, int]) -> str:
+    more = ""
+    if rep.get("busy"):
+        more += f"; {rep['busy']} buckets skipped (a consumer of the dead-letter queue holds them)"
+    if rep.get("missing"):
+        more += f"; {rep['missing']} not found"
+    return more
+
+
+# -- ingest ------------------------------------------------------------------------------------
+
+
+def _counter(registry: Any, name: str) -> float:
+    total = 0.0
+    for metric in registry.collect():
+        if metric.name == name:
+            total += sum(s.value for s in metric.samples if s.name.endswith("_total"))
+    return total
+
+
+async def _ingest_state(svc: Any) -> dict[str, Any]:
+    state: dict[str, Any] = {"buffered": svc.buffered, "at": time.time(),
+                             "requests": _counter(svc.registry, "bucketq_http_requests")}  # fmt: skip
+    if not svc.buffered:
+        return state
+    res = svc.reservoir
+    stats = res.stats()
+    state.update({k: stats.get(k) for k in ("state", "transport", "shards", "pending", "breaker",
+                                            "breaker_reason", "enqueued", "stored", "dead_lettered",
+                                            "retried", "bypassed")})  # fmt: skip
+    state["records"] = int(stats.get("enqueued", 0)) + int(stats.get("bypassed", 0))
+    health = res.buffer_health()
+    dead = set(health.get("dead_consumers") or [])
+    try:
+        pend = await res.transport.pending()
+        state["dlq"] = await res.dlq_size()
+    except Exception as exc:  # noqa: BLE001 - the page shows the transport is not answering
+        pend, state["dlq"], state["error"] = (
+            {},
+            None,
+            f"The transport did not answer ({type(exc).__name__}).",
+        )
+    state["per_shard"] = [
+        {"shard": s, "pending": pend.get(s), "consumer": "stopped" if s in dead else "running",
+         "breaker": stats.get("breaker")}
+        for s in range(int(stats.get("shards") or 0))
+    ]  # fmt: skip
+    state["seconds_since_progress"] = health.get("seconds_since_progress")
+    return state
+
+
+@router.get("/ingest")
+async def ingest_page(request: Request) -> Response:
+    op = await operator(request)
+    if isinstance(op, Response):
+        return op
+    return render(request, "ingest.html", op=op, s=await _ingest_state(_svc(request)),
+                  done=request.query_params.get("done"))  # fmt: skip
+
+
+@router.get("/api/ingest")
+async def ingest_json(request: Request) -> Response:
+    op = await operator(request)
+    if isinstance(op, Response):
+        return op
+    return JSONResponse(await _ingest_state(_svc(request)))
+
+
+@router.post("/ingest/dlq/replay")
+async def dlq_replay(request: Request) -> Response:
+    got = await action(request)
+    if isinstance(got, Response):
+        return got
+    op, data = got
+    svc = _svc(request)
+    if not svc.buffered:
+        return render(
+            request, "denied.html", 400, op=op, message="The buffer is off: there is no DLQ."
+        )
+    if data.get("confirmed") != "yes":
+        return render(request, "confirm.html", op=op, title="Replay the buffer's dead-letter queue",
+                      name="", action=f"{PREFIX}/ingest/dlq/replay", ids=[], back=f"{PREFIX}/ingest")  # fmt: skip
+    n = await svc.reservoir.dlq_replay()
+    log.warning("console: DLQ replay of %d records by operator key %s", n, op.prefix)
+    return RedirectResponse(f"{PREFIX}/ingest?{urlencode({'done': f'replayed {n} records'})}",
+                            status_code=303)  # fmt: skip

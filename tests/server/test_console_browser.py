@@ -1,0 +1,269 @@
+"""The console in a real browser: Playwright driving Debian's Chromium against one
+``bucketq serve`` (buffer on, passthrough transport: a 200 means stored). Each test is
+what an operator does: find a record just ingested, watch the live tail, requeue a dead
+letter; and the refusals: a project's key, an action without its CSRF token.
+
+The pages' screenshots (1,280 and 390 pixels wide) go to docs/console/, which
+docs/console.md shows. Chromium is ``/usr/bin/chromium`` (``apt-get install chromium``;
+never ``playwright install``): without it these tests skip locally and fail in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from bucketq.admin import Inspector
+from bucketq.queue import Queue
+from waiting import eventually
+
+from .helpers import ROOT, Serve, create_key
+
+pytestmark = pytest.mark.xdist_group("console")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+SHOTS = ROOT / "docs" / "console"
+WIDE = {"width": 1280, "height": 800}
+NARROW = {"width": 390, "height": 844}
+#: The live tail must show a new record within this long (the console polls every 0.5 s).
+TAIL_MS = 2000
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _missing(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: .ci/run installs chromium; the browser tests must run)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def console(mongo_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One ``bucketq serve`` for these tests, its database, an operator key and a project key."""
+    database = f"bqc_{uuid.uuid4().hex[:10]}"
+    s = Serve(mongo_uri, database, Path(tmp_path_factory.mktemp("console")) / "serve.log",
+              RESERVOIR_BUFFER_ENABLED="true", RESERVOIR_BUFFER_TRANSPORT="passthrough",
+              RESERVOIR_BUFFER_SHARDS="2", BUCKETQ_WATCH_QUEUES="*").start()  # fmt: skip
+    client: MongoClient = MongoClient(mongo_uri, tz_aware=True)
+    try:
+        operator = _key(s, "--operator")
+        project = create_key(s, "shop")
+        yield {"serve": s, "db": client[database], "operator": operator, "project": project}
+    finally:
+        s.terminate()
+        client.drop_database(database)
+        client.close()
+
+
+def _key(s: Serve, *args: str) -> str:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "bucketq", "keys", "create", *args], env=s.env,
+                         capture_output=True, text=True, timeout=60, check=True, cwd=ROOT)  # fmt: skip
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright is not installed: pip install -e '.[test]'")
+    if not shutil.which(CHROMIUM):
+        _missing(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _signed_in(browser: Any, console: dict[str, Any], viewport: dict[str, int] = WIDE) -> Any:
+    ctx = browser.new_context(viewport=viewport)
+    page = ctx.new_page()
+    page.goto(console["serve"].url + "/console/logs")
+    page.fill("#key", console["operator"])
+    page.click("button[type=submit]")
+    page.wait_for_url("**/console/logs**")
+    return page
+
+
+def _shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for label, vp in (("wide", WIDE), ("narrow", NARROW)):
+        page.set_viewport_size(vp)
+        page.screenshot(path=str(SHOTS / f"{name}-{label}.png"), full_page=True)
+    page.set_viewport_size(WIDE)
+
+
+def _ingest(console: dict[str, Any], message: str, level: str = "error", service: str = "checkout",
+            **extra: Any) -> None:  # fmt: skip
+    from datetime import UTC, datetime
+
+    rec = {"time": datetime.now(UTC).isoformat(), "service": service, "level": level,
+           "message": message, **extra}  # fmt: skip
+    with console["serve"].client(console["project"]) as c:
+        r = c.post("/api/v1/ingest", json={"logs": [rec]})
+    assert r.status_code == 200, r.text
+
+
+def test_a_record_just_ingested_is_found_by_search(browser, console):
+    from playwright.sync_api import expect
+
+    for i, (level, service) in enumerate(
+        [
+            ("info", "api"),
+            ("warn", "checkout"),
+            ("info", "worker"),
+            ("debug", "api"),
+            ("error", "checkout"),
+            ("info", "api"),
+        ]
+    ):
+        _ingest(console, f"order-{i}: payment step {level}", level, service, metadata={"order": i})
+    word = f"declined-{uuid.uuid4().hex[:8]}"
+    _ingest(console, f"card {word} for cart 42", trace_id="ab" * 16, metadata={"cart": 42})
+    page = _signed_in(browser, console)
+    page.fill("input[name=q]", word)
+    page.select_option("select[name=level]", "error")
+    page.click("form#log-filters button[type=submit]")
+    rows = page.locator("#logs tbody tr[data-id]")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text(word)
+    page.goto(console["serve"].url + "/console/logs?project=shop")
+    _shot(page, "logs")
+    page.goto(console["serve"].url + "/console/logs?project=shop&q=" + word)
+    page.locator("#logs tbody tr[data-id] a").first.click()
+    expect(page.locator("dl.detail")).to_contain_text("ab" * 16)
+    expect(page.locator("pre.json")).to_contain_text('"cart": 42')
+    _shot(page, "log-detail")
+    page.context.close()
+
+
+def test_the_live_tail_shows_a_new_record_within_two_seconds(browser, console):
+    from playwright.sync_api import expect
+
+    page = _signed_in(browser, console)
+    page.check("#tail-toggle")
+    expect(page.locator("#tail-status")).to_contain_text("Live")
+    word = f"tail-{uuid.uuid4().hex[:8]}"
+    _ingest(console, f"new order {word}")
+    expect(page.locator("#logs tbody tr", has_text=word)).to_be_visible(timeout=TAIL_MS)
+    page.context.close()
+
+
+def test_requeue_of_a_dead_letter_puts_it_back(browser, console):
+    from playwright.sync_api import expect
+
+    db = console["db"]
+    make_dead(db, "emails", [{"to": "a@example.com"}, {"to": "b@example.com"}])
+    with Queue(db, "jobs") as jobs:
+        jobs.push_many(range(5), durable=True)
+    dead = Inspector(db).dead("emails")
+    assert len(dead) == 2
+    page = _signed_in(browser, console)
+    page.goto(console["serve"].url + "/console/queues")
+    expect(page.locator('#queues tr[data-name="emails"] td[data-k="dead"]')).to_have_text("2")
+    # The chart fills from the samples the service takes every 2 s (refreshed by the page).
+    expect(page.locator('#queues tr[data-name="jobs"] polyline')).to_have_attribute(
+        "points", re.compile(r"\d"), timeout=15_000
+    )
+    _shot(page, "queues")
+    page.click('#queues a:text-is("emails")')
+    expect(page.locator("#dead tbody tr")).to_have_count(2)
+    _shot(page, "queue")
+    page.check(f'input[value="{dead[0].id}"]')
+    page.click('#dead-form button:text-is("Requeue")')
+    expect(page.locator("h1")).to_contain_text("Requeue dead letters?")  # asks first
+    assert len(Inspector(db).dead("emails")) == 2
+    page.click("#confirm")
+    expect(page.locator("p.ok")).to_contain_text("requeued 1 dead letters")
+    # In MongoDB: one dead letter left; the other back in emails with its own headers.
+    assert [x.id for x in Inspector(db).dead("emails")] == [dead[1].id]
+    back = Inspector(db).peek("emails")
+    assert [(x.payload, x.headers, x.tries) for x in back] == [
+        ('{"to": "a@example.com"}', {"tenant": "t1"}, 0)
+    ]
+    page.context.close()
+
+
+def test_the_ingest_page_shows_the_buffer(browser, console):
+    from playwright.sync_api import expect
+
+    page = _signed_in(browser, console)
+    page.goto(console["serve"].url + "/console/ingest")
+    expect(page.locator("#shards tbody tr")).to_have_count(2)
+    expect(page.locator("dl.detail")).to_contain_text("closed")
+    _ingest(console, "one more for the rate")
+    expect(page.locator("#rate-requests")).not_to_have_text("–", timeout=10_000)
+    _shot(page, "ingest")
+    page.context.close()
+
+
+def test_a_project_key_gets_403(browser, console):
+    from playwright.sync_api import expect
+
+    ctx = browser.new_context(viewport=WIDE)
+    page = ctx.new_page()
+    page.goto(console["serve"].url + "/console/login")
+    _shot(page, "login")
+    page.fill("#key", console["project"])
+    with page.expect_response(lambda r: r.url.endswith("/console/login")) as resp:
+        page.click("button[type=submit]")
+    assert resp.value.status == 403
+    expect(page.locator("p.error")).to_contain_text("operator key")
+    # The key in a header is refused the same way, on a page and on the API.
+    for path in ("/console/queues", "/console/api/queues"):
+        r = page.request.get(console["serve"].url + path, headers={"X-API-Key": console["project"]})
+        assert r.status == 403, path
+    # And an operator key writes to no project: the ingest API refuses it.
+    with console["serve"].client(console["operator"]) as c:
+        assert c.post("/api/v1/ingest", json={"logs": []}).status_code == 403
+    ctx.close()
+
+
+def test_an_action_without_the_csrf_token_is_refused(browser, console):
+    from playwright.sync_api import expect
+
+    db = console["db"]
+    make_dead(db, "refunds", [{"refund": 1}])
+    page = _signed_in(browser, console)  # the cookie is sent: only the token is missing
+    url = console["serve"].url + "/console/queues/refunds/dead/purge"
+    for form in ({"confirmed": "yes"}, {"confirmed": "yes", "csrf": "0" * 64}):
+        r = page.request.post(url, form=form)
+        assert r.status == 403 and "CSRF" in r.text()
+    assert len(Inspector(db).dead("refunds")) == 1
+    # The same POST from the page's own form (with its token) is done.
+    page.goto(console["serve"].url + "/console/queues/refunds")
+    page.click('#dead-form button:text-is("Delete")')
+    page.click("#confirm")
+    expect(page.locator("p.ok")).to_contain_text("deleted 1 dead letters")
+    assert Inspector(db).dead("refunds") == []
+    page.context.close()
+
+
+def make_dead(db: Any, name: str, payloads: list[Any]) -> None:
+    """Items of queue ``name`` moved to its dead-letter queue (max_tries=1, rolled back)."""
+    q = Queue(db, name, max_tries=1, state_flush_period=0.1, bucket_max_wait=0.05)
+    try:
+        q.push_many(payloads, headers={"tenant": "t1"})
+        q.flush()
+        for _ in payloads:
+            m = q.reserve(timeout=10)
+            assert m is not None
+            q.rollback(m)
+        eventually(lambda: q.stats()["dead_lettered"] == len(payloads), 30, what="dead letters")
+        q.flush()
+    finally:
+        q.close()
