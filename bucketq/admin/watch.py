@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from pymongo import timeout as mongo_timeout
 from pymongo.errors import PyMongoError
 
 from .._guard import LoopGuard
@@ -29,6 +30,8 @@ log = logging.getLogger("bucketq.admin")
 DEFAULT_INTERVAL = 2.0
 #: Samples kept per queue (two minutes at the default interval).
 DEFAULT_HISTORY = 60
+#: Longest one sample may take (a server that does not answer is "down", not waited on).
+READ_TIMEOUT = 10.0
 #: Seconds after the console's last page during which every queue is sampled.
 VIEWED_FOR = 60.0
 
@@ -87,7 +90,8 @@ class QueueWatch:
         if names is False:
             return
         try:
-            rows = await self.inspector.queues(names if isinstance(names, list) else None)
+            with mongo_timeout(max(READ_TIMEOUT, self.interval)):
+                rows = await self.inspector.queues(names if isinstance(names, list) else None)
         except (PyMongoError, BucketQError) as exc:
             if self.ok is not False:
                 log.warning("reading queue sizes failed: %s", exc)

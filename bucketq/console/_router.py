@@ -19,7 +19,10 @@ from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from pymongo import timeout as mongo_timeout
+from pymongo.errors import PyMongoError
 
+from .._validate import one_line
 from ..admin import AsyncInspector
 from ..admin.watch import QueueWatch, parse_watch
 from ..errors import BucketQError
@@ -39,6 +42,8 @@ TAIL_LIMIT = 100
 TAIL_SLACK = timedelta(seconds=10)
 #: Longest a console read may take before the page says storage is slow.
 READ_TIMEOUT = 5.0
+#: Longest an action (requeue, delete) may take; what it did by then stays done.
+ACTION_TIMEOUT = 30.0
 #: Largest form body an action reads.
 MAX_FORM = 64 * 1024
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
@@ -218,7 +223,8 @@ async def home() -> Response:
 
 async def _projects(svc: Any) -> list[str]:
     col = svc.db.get_collection(KEYS_COLLECTION)
-    names = await col.distinct("project", {"project": {"$ne": OPERATOR}})
+    with mongo_timeout(READ_TIMEOUT):
+        names = await col.distinct("project", {"project": {"$ne": OPERATOR}})
     return sorted(str(n) for n in names)
 
 
@@ -256,8 +262,6 @@ def _logs_filter(
 
 
 async def _find_logs(svc: Any, flt: dict[str, Any], limit: int) -> list[dict[str, Any]]:
-    from pymongo import timeout as mongo_timeout
-
     with mongo_timeout(READ_TIMEOUT):
         return await svc.storage.logs.find(flt).sort(_query.SORT).limit(limit).to_list()
 
@@ -275,13 +279,15 @@ async def logs_page(request: Request) -> Response:
     if isinstance(op, Response):
         return op
     svc = _svc(request)
-    projects = await _projects(svc)
-    f = _filters(request.query_params, projects)
     error = None
     rows: list[dict[str, Any]] = []
     nxt = None
+    projects: list[str] = []
     cursor_text = request.query_params.get("cursor")
+    f = _filters(request.query_params, projects)
     try:
+        projects = await _projects(svc)
+        f = _filters(request.query_params, projects)
         cursor = _query.decode_cursor(cursor_text) if cursor_text else None
         if f["project"]:
             docs = await _find_logs(svc, _logs_filter(f, cursor), PAGE + 1)
@@ -332,7 +338,17 @@ async def log_detail(request: Request, rid: str) -> Response:
         ids.append(ObjectId(rid))
     except (InvalidId, TypeError):
         pass
-    doc = await svc.storage.logs.find_one({"_id": {"$in": ids}})
+    try:
+        with mongo_timeout(READ_TIMEOUT):
+            doc = await svc.storage.logs.find_one({"_id": {"$in": ids}})
+    except PyMongoError as exc:
+        return render(
+            request,
+            "denied.html",
+            503,
+            op=op,
+            message=f"Reading the record failed: {one_line(exc)}",
+        )
     if doc is None:
         return render(request, "denied.html", 404, op=op, message=f"No log record {rid!r}.")
     import json
@@ -396,13 +412,14 @@ async def queue_page(request: Request, name: str) -> Response:
     svc = _svc(request)
     ins = AsyncInspector(svc.db)
     try:
-        stream = await ins.is_stream(name)
-        items = await ins.peek(name, 20)
-        dead = [] if stream else await ins.dead(name, 100)
-        quarantined = await _quarantined(svc.db, name)
+        with mongo_timeout(READ_TIMEOUT):
+            stream = await ins.is_stream(name)
+            items = await ins.peek(name, 20)
+            dead = [] if stream else await ins.dead(name, 100)
+            quarantined = await _quarantined(svc.db, name)
         error = None
-    except BucketQError as exc:
-        items, dead, quarantined, stream, error = [], [], [], False, str(exc)
+    except (BucketQError, PyMongoError) as exc:
+        items, dead, quarantined, stream, error = [], [], [], False, one_line(exc)
     return render(request, "queue.html", op=op, name=name, stream=stream, items=items,
                   dead=dead, quarantined=quarantined, error=error,
                   done=request.query_params.get("done"))  # fmt: skip
@@ -440,9 +457,10 @@ async def queue_action(request: Request, name: str, kind: str, verb: str) -> Res
                       back=f"{PREFIX}/queues/{name}")  # fmt: skip
     svc = _svc(request)
     try:
-        done = await _act(svc.db, name, what, ids or None)
-    except BucketQError as exc:
-        return render(request, "denied.html", 400, op=op, message=str(exc))
+        with mongo_timeout(ACTION_TIMEOUT):
+            done = await _act(svc.db, name, what, ids or None)
+    except (BucketQError, PyMongoError) as exc:
+        return render(request, "denied.html", 400, op=op, message=one_line(exc))
     log.warning("console: %s on %s by operator key %s: %s", what, name, op.prefix, done)
     await _watch(request).sample()
     return RedirectResponse(f"{PREFIX}/queues/{name}?{urlencode({'done': done})}", status_code=303)

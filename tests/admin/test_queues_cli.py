@@ -174,3 +174,34 @@ async def test_the_async_inspector_agrees(adb):
         assert datetime.now(UTC) >= (await AsyncInspector(adb).peek("jobs", 1))[0].mature  # type: ignore[operator]
     finally:
         await q.close()
+
+
+def test_watch_prints_a_table_per_refresh_with_rates(db, mongo_uri, capsys):
+    with Queue(db, "jobs", **FAST) as q:
+        q.push_many(range(3), durable=True)
+    code, out = cli(capsys, mongo_uri, db, "watch", "--json", "--count", "2", "--interval", "0.2")
+    assert code == 0
+    frames = [json.loads(line) for line in out.splitlines()]
+    assert len(frames) == 2
+    assert [(r["name"], r["ready"], r["rates"]["total"]) for r in frames[1]["queues"]] == [
+        ("jobs", 3, 0.0)
+    ]
+
+
+def test_rates_and_watch_settings():
+    from bucketq.admin import QueueRow, Rates
+    from bucketq.admin._core import classify
+    from bucketq.admin.watch import parse_watch
+
+    old, new = QueueRow("q", "queue", ready=10), QueueRow("q", "queue", ready=4, leased=2)
+    assert Rates.between(old, new, 2.0) == Rates(total=-2.0, ready=-3.0, dead=0.0)
+    assert Rates.between(None, new, 1.0) == Rates()
+    assert (
+        parse_watch("*") is None and parse_watch("") == [] and parse_watch(" a, b ,") == ["a", "b"]
+    )
+    assert classify(
+        ["jobs", "jobs.dlq", "jobs.quarantine", "ev", "ev.meta", "orphan.dlq", "system.x"]
+    ) == (
+        ["jobs", "orphan.dlq"],
+        ["ev"],
+    )

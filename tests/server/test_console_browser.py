@@ -243,6 +243,9 @@ def test_an_action_without_the_csrf_token_is_refused(browser, console):
     for form in ({"confirmed": "yes"}, {"confirmed": "yes", "csrf": "0" * 64}):
         r = page.request.post(url, form=form)
         assert r.status == 403 and "CSRF" in r.text()
+    # A form larger than the console reads is refused before it is parsed.
+    r = page.request.post(url, form={"confirmed": "yes", "ids": "x" * 100_000})
+    assert r.status == 413
     assert len(Inspector(db).dead("refunds")) == 1
     # The same POST from the page's own form (with its token) is done.
     page.goto(console["serve"].url + "/console/queues/refunds")
