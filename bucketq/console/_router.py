@@ -362,12 +362,11 @@ async def log_detail(request: Request, rid: str) -> Response:
 # -- queues ------------------------------------------------------------------------------------
 
 
-def _spark(samples: list[Any], attr: str, w: int = 120, h: int = 28) -> str:
-    """An SVG polyline's points for the last samples of ``attr`` (empty with fewer than two)."""
-    vals = [getattr(s, attr) for s in samples]
+def _spark(vals: list[float], w: int = 120, h: int = 28) -> str:
+    """An SVG polyline's points for ``vals`` (empty with fewer than two)."""
     if len(vals) < 2:
         return ""
-    lo, hi = min(vals), max(vals)
+    lo, hi = min(0.0, *vals), max(0.0, *vals)
     span = (hi - lo) or 1
     step = w / (len(vals) - 1)
     return " ".join(
@@ -375,13 +374,20 @@ def _spark(samples: list[Any], attr: str, w: int = 120, h: int = 28) -> str:
     )
 
 
+def rate_series(samples: list[Any]) -> list[float]:
+    """The change of a queue's items per second between consecutive samples."""
+    return [
+        round((b.total - a.total) / (b.t - a.t), 2) if b.t > a.t else 0.0
+        for a, b in zip(samples, samples[1:], strict=False)
+    ]
+
+
 def _queue_rows(request: Request) -> list[dict[str, Any]]:
     watch = _watch(request)
     out = []
     for r in sorted(watch.rows.values(), key=lambda r: r.name):
-        hist = list(watch.history.get(r.name, ()))
-        out.append({**r.to_json(), "rate": vars(watch.rates(r.name)),
-                    "spark_total": _spark(hist, "total"), "spark_ready": _spark(hist, "ready")})  # fmt: skip
+        rates = rate_series(list(watch.history.get(r.name, ())))
+        out.append({**r.to_json(), "rate": vars(watch.rates(r.name)), "spark": _spark(rates)})
     return out
 
 

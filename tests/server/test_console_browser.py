@@ -175,7 +175,13 @@ def test_requeue_of_a_dead_letter_puts_it_back(browser, console):
     page = _signed_in(browser, console)
     page.goto(console["serve"].url + "/console/queues")
     expect(page.locator('#queues tr[data-name="emails"] td[data-k="dead"]')).to_have_text("2")
-    # The chart fills from the samples the service takes every 2 s (refreshed by the page).
+    # Items pushed now show in the chart and the change per second at the next samples
+    # (the service samples every 2 s, the page refreshes every 2 s).
+    with Queue(db, "jobs") as jobs:
+        jobs.push_many(range(40), durable=True)
+    expect(page.locator('#queues tr[data-name="jobs"] td[data-k="ready"]')).to_have_text(
+        "45", timeout=15_000
+    )
     expect(page.locator('#queues tr[data-name="jobs"] polyline')).to_have_attribute(
         "points", re.compile(r"\d"), timeout=15_000
     )

@@ -90,7 +90,7 @@ function refreshQueues() {
           else td.textContent = q[k] === null ? "-" : q[k];
         }
         const pl = tr.querySelector("svg.spark polyline");
-        if (pl) pl.setAttribute("points", q.spark_total);
+        if (pl) pl.setAttribute("points", q.spark);
       }
     } catch (err) { /* the next refresh tries again */ }
   }, 2000);
