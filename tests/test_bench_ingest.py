@@ -8,12 +8,14 @@ import io
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from pymongo import MongoClient
 from rich.console import Console
 
+from bucketq.benchmark.ingest import _hostile, _limits
 from bucketq.benchmark.ingest._load import LoadProcess, LoadSpec, run_load
 from bucketq.benchmark.ingest._runner import run, settings_for
 from bucketq.benchmark.ingest._serve import free_port
@@ -243,3 +245,91 @@ def test_bench_ingest_runs_real_servers_and_counts_what_storage_holds(mongo_uri,
     # the run's databases are gone
     with MongoClient(mongo_uri) as client:
         assert not [d for d in client.list_database_names() if d.startswith("bqbench_")]
+
+
+# -- --limits: capacity, overload, hostile neighbour ---------------------------------------
+
+
+def test_hostile_bodies_are_what_they_say():
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    huge = _hostile.huge_body(1000)
+    assert len(huge) <= 1000 and set(json.loads(huge)["logs"]) == {0}
+    assert len(_hostile.huge_body()) <= _hostile.BODY_LIMIT
+    deep = json.loads(_hostile.deep_body(50))["logs"][0]["metadata"]
+    for _ in range(49):
+        deep = deep["a"]
+    assert deep == {"a": 1}
+    msg = ExportLogsServiceRequest.FromString(_hostile.otlp_body(3))
+    assert len(msg.resource_logs[0].scope_logs[0].log_records) == 3
+    assert len(_hostile.otlp_body()) <= _hostile.BODY_LIMIT  # 2.6M records, under 5 MiB
+
+
+def _fake_run(capacity_rate: float):
+    """A stand-in for run_mode: sustained up to ``capacity_rate``; overload refused."""
+    calls = []
+
+    def run_one(mode, rate, duration, batch, side=None, **kw):
+        calls.append((mode, rate, batch))
+        ok = rate <= capacity_rate
+        lat = {"n": 10, "p50_ms": 5.0, "p95_ms": 20.0 if ok else 900.0, "p99_ms": 30.0,
+               "max_ms": 40.0}  # fmt: skip
+        errors = {} if ok or batch != 100 else {"HTTP 503": 3}
+        load = {"requests": 10, "ok": 10 - sum(errors.values()), "errors": sum(errors.values()),
+                "errors_by_kind": errors, "records_accepted": batch * 10, "latency": lat,
+                "kept_schedule": True}  # fmt: skip
+        side_value = None
+        if side is _hostile.HealthProbe:
+            side_value = {"n": 5, "max_ms": 3.0, "p99_ms": 3.0, "failures": {}}
+        elif side is _hostile.Hostile:
+            side_value = {"huge": {"413": 2}}
+        return {"rate": rate, "batch": batch, "load": load, "stored_ok": True,
+                "api_cpu_s": 0.5, "records_stored": load["records_accepted"], "side": side_value,
+                "refused_without_retry_after": 0}  # fmt: skip
+
+    return run_one, calls
+
+
+def test_limits_double_the_rate_then_bisect_and_judge_each_figure():
+    run_one, calls = _fake_run(capacity_rate=50)
+    st = _limits.LimitSettings(("off",), start_rate=10, max_rate=1000)
+    lines: list[str] = []
+    out = _limits.run_limits(run_one, st, lines.append)
+    c = out["capacity"]["off"]
+    # 10, 20, 40 sustained, 80 not, then 60 (halfway) not: 40 requests/s x 100 records
+    assert [s["rate"] for s in c["steps"]] == [10, 20, 40, 80, 60]
+    assert c["records_per_s"] == 4000 and c["api_cpu_us_per_record"] == 1e6 * 0.5 / 1000
+    o = out["overload"]["off"]
+    assert o["rate"] == 80 and o["refused"] == 3 and o["answered_in_time"] and o["health_in_time"]
+    assert out["hostile"]["ratio"] == 1.0 and out["hostile"]["hostile_answers"] == {
+        "huge": {"413": 2}
+    }
+    assert any(line.startswith("capacity off: 4,000 records/s") for line in lines)
+    assert any("overload off at 80 req/s" in line and "✓" in line for line in lines)
+    assert ("off", 50.0, 10) in calls  # the good traffic: 50 requests/s of 10 records
+
+
+def test_hostile_clients_and_the_health_probe_against_a_real_server(mongo_uri):
+    from bucketq.benchmark.ingest._runner import mode_env
+    from bucketq.benchmark.ingest._serve import ServeProcess
+
+    db = f"bqbench_hostile_{uuid.uuid4().hex[:8]}"
+    serve = ServeProcess(mode_env("off", uri=mongo_uri, database=db, prefix="x", redis_url=""))
+    try:
+        serve.start()
+        key = serve.create_key("bench")
+        hostile = _hostile.Hostile(serve.url, key, scale=0.001)  # small bodies: brief
+        with _hostile.HealthProbe(serve.url) as health, hostile as report:
+
+            def answered() -> dict | None:
+                r = report()
+                got = r.get("silent", {}).get("opened") and r.get("slow", {}).get("opened")
+                return r if got and all(r.get(k) for k in ("huge", "deep", "otlp")) else None
+
+            eventually(answered, timeout=120, what="the hostile clients to reach the server")
+        assert health()["n"] > 0
+    finally:
+        serve.stop()
+        serve.close()
+        with MongoClient(mongo_uri) as client:
+            client.drop_database(db)

@@ -153,8 +153,9 @@ class _Closed(Exception):
 
 async def _exchange(
     conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], head: bytes, payload: bytes
-) -> tuple[int, bool, bytes]:
-    """Send one request, read its answer: (status, keep the connection, body)."""
+) -> tuple[int, bool, bytes, bool]:
+    """Send one request, read its answer: (status, keep the connection, body, whether it
+    carried ``Retry-After``)."""
     reader, writer = conn
     writer.write(head + payload)
     await writer.drain()
@@ -170,6 +171,7 @@ async def _exchange(
     length = 0
     keep = parts[0] == b"HTTP/1.1"
     chunked = False
+    retry_after = False
     for h in lines[1:]:
         name, _, value = h.partition(b":")
         name = name.strip().lower()
@@ -179,6 +181,8 @@ async def _exchange(
             keep = value.strip().lower() != b"close"
         elif name == b"transfer-encoding" and b"chunked" in value.lower():
             chunked = True
+        elif name == b"retry-after":
+            retry_after = bool(value.strip())
     if chunked:
         data = b""
         while True:
@@ -189,7 +193,7 @@ async def _exchange(
             data += chunk[:-2]
     else:
         data = await reader.readexactly(length) if length else b""
-    return status, keep, data
+    return status, keep, data, retry_after
 
 
 async def run_load(
@@ -211,6 +215,8 @@ async def run_load(
     pool = _Pool(u.hostname, port, spec.max_connections)
     samples: list[Sample | None] = [None] * len(times)
     done_count = 0
+    # 429/503 answers without a Retry-After (admission control must always give one)
+    refused_bare = 0
     wall0 = datetime.now(UTC)
     template = body_template(spec)
 
@@ -221,7 +227,7 @@ async def run_load(
         ).encode()
 
     async def one(seq: int, scheduled: float, payload: bytes) -> None:
-        nonlocal done_count
+        nonlocal done_count, refused_bare
         sent = time.monotonic() - t0
         status, error, done = 0, None, None
         try:
@@ -229,7 +235,8 @@ async def run_load(
                 for attempt in (0, 1):
                     conn, reused = await pool.get(fresh=attempt > 0)
                     try:
-                        status, keep, _ = await _exchange(conn, head(len(payload)), payload)
+                        status, keep, _, retry = await _exchange(conn, head(len(payload)), payload)
+                        refused_bare += status in (429, 503) and not retry
                     except (_Closed, ConnectionError) as exc:
                         pool.drop(conn)
                         # A kept-alive connection the server closed as it went idle: once
@@ -277,6 +284,7 @@ async def run_load(
         "t0": t0,
         "samples": [s for s in samples if s is not None],
         "connections": pool.opened_total,
+        "refused_without_retry_after": refused_bare,
         "cpu_s": time.process_time() - cpu0,
         "wall_s": time.monotonic() - t0,
     }

@@ -12,6 +12,7 @@ assembled by the pure functions of ``_stats``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -24,7 +25,7 @@ from typing import Any
 
 from ... import _validate as v
 from ...errors import ConfigurationError
-from ._load import LoadProcess, LoadSpec
+from ._load import DEFAULT_MAX_CONNECTIONS, LoadProcess, LoadSpec
 from ._observe import LOGS_COLLECTION, Observer, StorageWatcher, counters_delta
 from ._serve import ServeProcess, cpu_seconds
 from ._stats import (
@@ -59,6 +60,8 @@ DEFAULT_PLOTS_DIR = "bench-results"
 SCHEMA = "bucketq-bench-ingest/1"
 
 _BUFFER = "RESERVOIR_BUFFER_"
+#: The modes ``--limits`` measures unless ``--mode`` says otherwise.
+LIMIT_MODES = ("off", "memory", "redis", "bucketq")
 
 
 def mode_env(mode: str, *, uri: str, database: str, prefix: str, redis_url: str) -> dict[str, str]:
@@ -90,6 +93,7 @@ class Settings:
     sweep_max_rate: float
     drain_timeout: float
     redis_url: str
+    limits: bool = False
 
 
 def _redis_problem(url: str) -> str | None:
@@ -125,6 +129,8 @@ _SHUTDOWN = re.compile(r"buffer stopped: .*")
 
 #: ``progress(requests done, requests scheduled, records seen in storage)``.
 Progress = Callable[[int, int, int], None]
+#: ``side(server url, key)``: a context manager run beside the load (see :func:`run_mode`).
+Side = Callable[[str, str], Any]
 
 
 def run_mode(
@@ -139,15 +145,23 @@ def run_mode(
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
     mongo_pid: int | None = None,
     progress: Progress | None = None,
+    extra_env: dict[str, str] | None = None,
+    side: Side | None = None,
+    max_connections: int | None = None,
 ) -> dict[str, Any]:
-    """One mode at one rate, from a fresh database to the count of what storage holds."""
+    """One mode at one rate, from a fresh database to the count of what storage holds.
+    ``extra_env``: more of the server's environment; ``side(url, key)``: a context
+    manager that runs beside the load (its value, once it ended, is the result's
+    ``"side"``); ``max_connections``: the generator's."""
     run_id = uuid.uuid4().hex[:10]
     database = f"bqbench_{mode}_{run_id}"
     prefix = f"bqbench:{run_id}"
     env = mode_env(mode, uri=uri, database=database, prefix=prefix, redis_url=redis_url)
+    env.update(extra_env or {})
     serve = ServeProcess(env)
     watcher = StorageWatcher(observer.client, database, run_id)
     load: LoadProcess | None = None
+    beside: Any = None
     try:
         watcher.start()
         serve.start()
@@ -159,8 +173,11 @@ def run_mode(
             batch=batch,
             run_id=run_id,
             headers={"X-API-Key": key},
+            max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
         )
         load = LoadProcess(spec).start()
+        beside = side(serve.url, key) if side is not None else contextlib.nullcontext(None)
+        side_value = beside.__enter__()
         n_requests = len(schedule(rate, duration))
         before = observer.server_counters()
         cpu0, mcpu0 = serve.cpu(), cpu_seconds(mongo_pid) if mongo_pid else None
@@ -170,6 +187,8 @@ def run_mode(
                 progress(load.progress.value, n_requests, len(watcher.seen))
             time.sleep(0.1)
         result = load.result(timeout=60)
+        beside, ending = None, beside
+        ending.__exit__(None, None, None)
         t_load_end = time.monotonic()
         samples = result["samples"]
         summary = load_summary(samples, batch)
@@ -201,6 +220,8 @@ def run_mode(
             "batch": batch,
             "database": database,
             "load": summary,
+            "side": side_value() if callable(side_value) else side_value,
+            "refused_without_retry_after": result.get("refused_without_retry_after", 0),
             "generator": {
                 "connections_opened": result["connections"],
                 "cpu_s": result["cpu_s"],
@@ -245,6 +266,8 @@ def run_mode(
             log.warning("bucketq serve (%s) log ends with:\n%s", mode, tail)
         raise
     finally:
+        if beside is not None:
+            beside.__exit__(None, None, None)
         if load is not None:
             load.stop()
         watcher.stop()
@@ -277,6 +300,7 @@ def settings_for(
     sweep_max_rate: float = DEFAULT_SWEEP_MAX_RATE,
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
     redis_url: str | None = None,
+    limits: bool = False,
 ) -> Settings:
     """The run's settings from the options, checked (a bad one names itself)."""
     rate = DEFAULT_RATE if rate is None else rate
@@ -293,7 +317,7 @@ def settings_for(
                               ("drain_timeout", drain_timeout, "seconds")):  # fmt: skip
         v.number(name, value, lo=0, hi=None, open_lo=True, unit=unit)
     v.count("batch", batch, lo=1, hi=1000, unit="records per request")
-    chosen = tuple(dict.fromkeys(modes or MODES))
+    chosen = tuple(dict.fromkeys(modes or (LIMIT_MODES if limits else MODES)))
     unknown = [m for m in chosen if m not in MODES]
     if unknown:
         raise ConfigurationError(f"Unknown mode(s) {unknown}; choose from {list(MODES)}.")
@@ -308,6 +332,7 @@ def settings_for(
         sweep_max_rate=sweep_max_rate,
         drain_timeout=drain_timeout,
         redis_url=os.environ.get("REDIS_URL", "") if redis_url is None else redis_url,
+        limits=limits,
     )
 
 
@@ -371,6 +396,12 @@ def run(
                                 drain_timeout=st.drain_timeout, mongo_pid=mongo_pid,
                                 progress=progress)  # fmt: skip
 
+        if st.limits:
+            return _run_limits(ui, st, tuple(modes_run), env, json_path, t_start,
+                               lambda mode, rate, duration, batch, **kw: run_mode(
+                                   server_uri, observer, mode, rate=rate, duration=duration,
+                                   batch=batch, redis_url=st.redis_url,
+                                   drain_timeout=st.drain_timeout, mongo_pid=mongo_pid, **kw))  # fmt: skip
         with ui.runs():
             for mode in modes_run:
                 try:
@@ -443,6 +474,42 @@ def run(
             f"{len(failed)} mode(s) failed: "
             + "; ".join(f"{m}: {e.splitlines()[0]}" for m, e in failed.items())
         )
+    return doc
+
+
+def _run_limits(
+    ui: Any, st: Settings, modes: tuple[str, ...], env: dict[str, Any], json_path: str | None,
+    t_start: float, run_one: Callable[..., dict[str, Any]],
+) -> dict[str, Any]:  # fmt: skip
+    """``--limits``: capacity, overload and hostile neighbour (``_limits``), printed as
+    they come; the JSON has them under ``"limits"``."""
+    import json
+    import sys
+
+    from ._limits import LimitSettings, run_limits
+
+    def one(mode: str, rate: float, duration: float, batch: int, **kw: Any) -> dict[str, Any]:
+        with ui.mode_running(mode, rate) as progress:
+            r = run_one(mode, rate, duration, batch, progress=progress, **kw)
+        ui.result(r)
+        return r
+
+    lst = LimitSettings.for_run(modes, st.quick)
+    ui.headline(f"[bold]bucketq bench ingest --limits[/]: capacity, overload and hostile "
+                f"neighbour; modes {', '.join(modes)}; on {env['server']['description']}")  # fmt: skip
+    with ui.runs():
+        limits = run_limits(one, lst, ui.say)
+    doc = {
+        "schema": SCHEMA + "+limits",
+        "environment": env,
+        "settings": {**st.__dict__, **lst.__dict__, "argv": sys.argv},
+        "seconds": time.monotonic() - t_start,
+        "limits": limits,
+    }
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=2, default=str)
+        ui.console.print(f"every figure: {json_path}")
     return doc
 
 

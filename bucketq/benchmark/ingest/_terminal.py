@@ -64,6 +64,12 @@ class IngestTerminal:
     def result(self, r: dict[str, Any], prefix: str = "") -> None:
         self._print(prefix + _line(r))
 
+    def say(self, text: str) -> None:
+        """A line of plain text (no markup) above the bars."""
+        from rich.markup import escape
+
+        self._print(escape(text))
+
     def _print(self, text: str) -> None:
         (self._bar.console if self._bar is not None else self.console).print(text)
 

@@ -39,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--sweep-duration", type=float, help="seconds per sweep step (default 20, --quick 10)"
     )
+    p.add_argument(
+        "--limits",
+        action="store_true",
+        help="instead: capacity (100 records per request, p95 < 250 ms), overload at twice it, "
+        "and the hostile neighbour run; default modes off, memory, redis, bucketq",
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     p.add_argument("--plots", metavar="DIR", help="the PNG goes here (default: bench-results/)")
     p.add_argument("--no-plots", action="store_true", help="write no plot")
@@ -57,7 +63,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     def body() -> None:
         settings = settings_for(quick=args.quick, rate=args.rate, duration=args.duration,
                                 batch=args.batch, modes=args.mode, sweep=args.sweep,
-                                sweep_duration=args.sweep_duration, redis_url=args.redis_url)  # fmt: skip
+                                sweep_duration=args.sweep_duration, redis_url=args.redis_url,
+                                limits=args.limits)  # fmt: skip
         run(args.mongodb_uri, settings, json_path=args.json,
             plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR))  # fmt: skip
 

@@ -1,0 +1,241 @@
+"""The hostile clients of the hostile-neighbour run, each a thread beside the good load.
+
+- ``huge``: a body of the largest size made of tiny records (``{"logs":[0,0,...]}``);
+- ``deep``: a record whose ``metadata`` nests 100,000 levels;
+- ``otlp``: an OTLP protobuf body of 2.6 million empty ``log_records`` (5.2 MB);
+- ``silent``: 200 connections that send nothing (reopened as the server closes them);
+- ``slow``: 5 connections sending a request head one byte every half second.
+
+Each request case is sent again as soon as its answer came (after a short pause); the
+answers are counted by status. Nothing here asserts anything: the runner compares the
+good traffic's latency with and without them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.client
+import selectors
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+#: The service's default body limit (BUCKETQ_MAX_BODY_BYTES).
+BODY_LIMIT = 5 * 1024 * 1024
+OTLP_RECORDS = 2_600_000
+DEPTH = 100_000
+SILENT_SOCKETS = 200
+SLOW_CLIENTS = 5
+#: Seconds between two requests of one case (its answer came first).
+PAUSE = 0.5
+SLOW_BYTE_EVERY = 0.5
+
+
+def huge_body(limit: int = BODY_LIMIT) -> bytes:
+    """``{"logs":[0,0,...]}`` just under ``limit`` bytes."""
+    n = (limit - len(b'{"logs":[0]}')) // 2
+    return b'{"logs":[' + b"0," * n + b"0]}"
+
+
+def deep_body(depth: int = DEPTH) -> bytes:
+    rec = (b'{"time":"2024-05-01T10:00:00Z","service":"s","level":"info","message":"m",'
+           b'"metadata":' + b'{"a":' * depth + b"1" + b"}" * depth + b"}")  # fmt: skip
+    return b'{"logs":[' + rec + b"]}"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def otlp_body(records: int = OTLP_RECORDS) -> bytes:
+    """ExportLogsServiceRequest{resource_logs: [{scope_logs: [{log_records: [{} x n]}]}]},
+    written by hand (field 2 of ScopeLogs and of ResourceLogs, field 1 of the request)."""
+    scope = b"\x12\x00" * records  # ScopeLogs.log_records (2): empty LogRecord
+    resource = b"\x12" + _varint(len(scope)) + scope  # ResourceLogs.scope_logs (2)
+    return b"\x0a" + _varint(len(resource)) + resource  # request.resource_logs (1)
+
+
+class Hostile:
+    """The hostile clients against ``url`` with ``key``, as a context manager: started on
+    enter, stopped on exit; :meth:`report` says what each case sent and got. ``scale``
+    below 1 makes every case smaller (the bodies, the numbers of connections): a brief
+    exercise of the machinery, not the benchmark's cases."""
+
+    def __init__(self, url: str, key: str, *, scale: float = 1.0) -> None:
+        self.scale = scale
+        u = urlsplit(url)
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
+        self.key = key
+        self.stop = threading.Event()
+        self.answers: dict[str, Counter[str]] = {}
+        self.threads: list[threading.Thread] = []
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> Callable[[], dict[str, Any]]:
+        json_type = "application/json"
+        k = self.scale
+        cases: list[tuple[str, str, str, bytes]] = [
+            ("huge", "/api/v1/ingest", json_type, huge_body(int(BODY_LIMIT * k))),
+            ("deep", "/api/v1/ingest", json_type, deep_body(max(1, int(DEPTH * k)))),
+            ("otlp", "/v1/logs", "application/x-protobuf", otlp_body(int(OTLP_RECORDS * k))),
+        ]
+        for name, path, ctype, payload in cases:
+            self._thread(name, functools.partial(self._post, name, path, ctype, payload))
+        self._thread("silent", self._silent)
+        for i in range(max(1, int(SLOW_CLIENTS * k))):
+            self._thread(f"slow{i}", self._slow)
+        return self.report
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def report(self) -> dict[str, Any]:
+        with self.lock:
+            return {k: dict(v) for k, v in self.answers.items()}
+
+    def _thread(self, name: str, fn: Callable[[], None]) -> None:
+        t = threading.Thread(target=fn, name=f"hostile-{name}", daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _count(self, case: str, what: str) -> None:
+        with self.lock:
+            self.answers.setdefault(case, Counter())[what] += 1
+
+    def _post(self, case: str, path: str, ctype: str, payload: bytes) -> None:
+        while not self.stop.is_set():
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+            try:
+                conn.request("POST", path, body=payload,
+                             headers={"Content-Type": ctype, "X-API-Key": self.key})  # fmt: skip
+                r = conn.getresponse()
+                r.read()
+                self._count(case, str(r.status))
+            except (OSError, http.client.HTTPException) as exc:
+                self._count(case, type(exc).__name__)
+            finally:
+                conn.close()
+            self.stop.wait(PAUSE)
+
+    def _silent(self) -> None:
+        """Keep :data:`SILENT_SOCKETS` connections open that send nothing."""
+        sel = selectors.DefaultSelector()
+        silent = max(1, int(SILENT_SOCKETS * self.scale))
+        try:
+            while not self.stop.is_set():
+                while len(sel.get_map()) < silent and not self.stop.is_set():
+                    try:
+                        s = socket.create_connection((self.host, self.port), timeout=5)
+                    except OSError as exc:
+                        self._count("silent", type(exc).__name__)
+                        break
+                    s.setblocking(False)
+                    sel.register(s, selectors.EVENT_READ)
+                    self._count("silent", "opened")
+                for key, _ in sel.select(timeout=0.5):
+                    held = key.fileobj
+                    if not isinstance(held, socket.socket):
+                        continue
+                    with contextlib.suppress(OSError):
+                        if held.recv(4096):
+                            continue  # an answer (a 503 over the cap), closed next
+                    sel.unregister(held)
+                    held.close()
+                    self._count("silent", "closed by the server")
+        finally:
+            for key in list(sel.get_map().values()):
+                key.fileobj.close()  # type: ignore[union-attr]
+            sel.close()
+
+    def _slow(self) -> None:
+        """A request head, one byte every :data:`SLOW_BYTE_EVERY` seconds, forever."""
+        line = b"GET /health HTTP/1.1\r\nX-Slow: " + b"a" * 100_000
+        while not self.stop.is_set():
+            try:
+                s = socket.create_connection((self.host, self.port), timeout=5)
+            except OSError as exc:
+                self._count("slow", type(exc).__name__)
+                self.stop.wait(PAUSE)
+                continue
+            self._count("slow", "opened")
+            try:
+                for b in _bytes(line):
+                    if self.stop.is_set():
+                        return
+                    s.sendall(b)
+                    self.stop.wait(SLOW_BYTE_EVERY)
+            except OSError:
+                self._count("slow", "closed by the server")
+            finally:
+                s.close()
+
+
+def _bytes(data: bytes) -> Iterator[bytes]:
+    for i in range(len(data)):
+        yield data[i : i + 1]
+
+
+class HealthProbe:
+    """``GET /health`` every ``every`` seconds on one kept-alive connection beside a
+    load; :meth:`report`: the latencies (ms) and the failures."""
+
+    def __init__(self, url: str, _key: str = "", every: float = 0.05) -> None:
+        u = urlsplit(url)
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
+        self.every = every
+        self.stop = threading.Event()
+        self.latencies: list[float] = []
+        self.failures: Counter[str] = Counter()
+        self.thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
+
+    def __enter__(self) -> Callable[[], dict[str, Any]]:
+        self.thread.start()
+        return self.report
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+    def report(self) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+        return {
+            "n": len(lat),
+            "max_ms": lat[-1] if lat else None,
+            "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
+            "failures": dict(self.failures),
+        }
+
+    def _run(self) -> None:
+        conn: http.client.HTTPConnection | None = None
+        while not self.stop.is_set():
+            t = time.perf_counter()
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+                conn.request("GET", "/health")
+                r = conn.getresponse()
+                r.read()
+                if r.status != 200:
+                    self.failures[f"HTTP {r.status}"] += 1
+                self.latencies.append((time.perf_counter() - t) * 1000)
+            except (OSError, http.client.HTTPException) as exc:
+                self.failures[type(exc).__name__] += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+            self.stop.wait(self.every)
+        if conn is not None:
+            conn.close()
