@@ -205,3 +205,20 @@ def test_rates_and_watch_settings():
         ["jobs", "orphan.dlq"],
         ["ev"],
     )
+
+
+def test_a_damaged_bucket_is_shown_not_fatal(db, mongo_uri, capsys):
+    with Queue(db, "jobs", **FAST) as q:
+        q.push_many(range(2), durable=True)
+    from bson import ObjectId
+
+    from bucketq.queue._core.times import to_datetime
+
+    db.jobs.insert_one({"_id": ObjectId(), "mature": to_datetime(0), "n": 3, "live": 3,
+                        "items": b"\x05\x00\x00\x00garbage", "leases": 0, "lease": None})  # fmt: skip
+    code, out = cli(capsys, mongo_uri, db, "peek", "jobs", "--json")
+    assert code == 0
+    views = json.loads(out)
+    assert views[0]["payload"].startswith("<damaged bucket") and len(views) == 3
+    code, out = cli(capsys, mongo_uri, db, "list", "--json")
+    assert code == 0 and json.loads(out)[0]["ready"] == 5  # counted as stored, per bucket

@@ -124,6 +124,7 @@ class AsyncInspector:
             flt: dict[str, Any] = {
                 "_id": {"$gt": int(meta.get("acked", 0))},
                 "hole": {"$exists": False},
+                "stg": {"$exists": False},  # staged (Spark) buckets: not in the stream yet
             }
             sort: list[tuple[str, int]] = [("_id", 1)]
         else:
