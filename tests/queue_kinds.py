@@ -18,15 +18,8 @@ from pymongo import AsyncMongoClient
 
 from bucketq import AsyncElementQueue, AsyncQueue, ElementQueue, Queue
 from bucketq.stream import AsyncStreamQueue, StreamQueue
+from fast_settings import FAST
 
-# Short periods keep the suites fast; the semantics do not depend on them.
-FAST = {
-    "bucket_max_wait": 0.05,
-    "state_flush_period": 0.1,
-    "poll_interval": 0.2,
-    "lease": 5.0,
-    "drain_timeout": 0.5,  # close() at teardown: a message left reserved is not waited on for 5 s
-}
 CLASSES = {
     "bucket-sync": Queue,
     "bucket-async": AsyncQueue,

@@ -14,10 +14,9 @@ import pytest
 
 from bucketq.embedded import EmbeddedServer
 from bucketq.queue._codec import decode_items
+from fast_settings import FAST_FAULTS
 
 WORKERS = str(Path(__file__).resolve().parent.parent / "workers.py")
-#: Short periods so every scenario but the soak runs in seconds.
-FAST = {"lease": 2.0, "state_flush_period": 0.1, "poll_interval": 0.2, "bucket_max_wait": 0.05}
 
 
 def run_worker(mode: str, uri: str, db: str, queue: str, out: Path, *args: str, options: dict | None = None,
@@ -32,7 +31,7 @@ def run_worker(mode: str, uri: str, db: str, queue: str, out: Path, *args: str, 
             queue,
             str(out),
             "--options",
-            json.dumps(options or FAST),
+            json.dumps(options or FAST_FAULTS),
             *args,
         ],
         stdout=subprocess.PIPE,

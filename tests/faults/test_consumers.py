@@ -10,9 +10,10 @@ from datetime import UTC, datetime
 
 from bucketq import Queue
 from bucketq.queue._codec import decode_items
+from fast_settings import FAST_FAULTS
 from waiting import eventually
 
-from .conftest import FAST, read_lines, run_worker
+from .conftest import read_lines, run_worker
 
 
 def _fill(db, n, size, **kw):
@@ -27,7 +28,7 @@ def test_zombie_consumer_is_fenced(db, mongo_uri, tmp_path, request):
     of its writes lands on B's lease, it counts a lease loss, it serves nothing again."""
     _fill(db, 10, 10)
     out = tmp_path / "zombie.txt"
-    opts = {**FAST, "lease": 1.5, "prefetch": 0}
+    opts = {**FAST_FAULTS, "lease": 1.5, "prefetch": 0}
     z = run_worker("zombie", mongo_uri, db.name, "q", out, "--reserve", "5", "--commit", "2", "--idle", "1.5",
                    options=opts, stdin=True)  # fmt: skip
     assert z.stdout.readline().strip() == "READY"
@@ -35,7 +36,7 @@ def test_zombie_consumer_is_fenced(db, mongo_uri, tmp_path, request):
     try:
         # B can claim the bucket only once the zombie's 1.5 s lease has run out: its
         # first reserve waits for exactly that.
-        b = Queue(db, "q", **{**FAST, "lease": 20.0})
+        b = Queue(db, "q", **{**FAST_FAULTS, "lease": 20.0})
         request.addfinalizer(b.close)
         got = []
         while len(got) < 8 and (m := b.reserve(timeout=10)) is not None:
@@ -71,7 +72,7 @@ def test_poison_item_goes_to_the_dead_letter_queue(db, mongo_uri, tmp_path):
     out = tmp_path / "poison.txt"
     t0 = time.time()
     p = run_worker("poison", mongo_uri, db.name, "q", out, "--delay", "0.5", "--idle", "3",
-                   options={**FAST, "max_tries": 3})  # fmt: skip
+                   options={**FAST_FAULTS, "max_tries": 3})  # fmt: skip
     assert p.wait(60) == 0
     rows = [(float(t), int(i), int(tries), ev) for t, i, tries, ev in read_lines(out)]
     commits = [r for r in rows if r[3] == "commit"]
@@ -101,7 +102,7 @@ def test_drain_on_sigterm_releases_at_once_and_writes_open_pushes(db, mongo_uri,
     ahead) at once, and writes its open push bucket."""
     _fill(db, 20, 10)
     out = tmp_path / "drain.txt"
-    opts = {**FAST, "lease": 30.0, "prefetch": 1, "bucket_max_wait": 60.0}
+    opts = {**FAST_FAULTS, "lease": 30.0, "prefetch": 1, "bucket_max_wait": 60.0}
     d = run_worker("drain", mongo_uri, db.name, "q", out, "--reserve", "3", "--commit", "2",
                    "--count", "5", "--start", "100", options=opts)  # fmt: skip
     assert d.stdout.readline().strip() == "READY"
@@ -110,23 +111,22 @@ def test_drain_on_sigterm_releases_at_once_and_writes_open_pushes(db, mongo_uri,
         return db["q"].count_documents({"lease.until": {"$gt": datetime.now(UTC)}}) == 2
 
     eventually(both_leased, timeout=30, what="the read-ahead claim of the second bucket")
-    t0 = time.monotonic()
     d.send_signal(signal.SIGTERM)
     report = json.loads(d.stdout.readline())
     assert d.wait(30) == 0
-    c = Queue(db, "q", **{**FAST, "lease": 30.0})
+    # Released at once: no lease is left for the next consumer to wait out (30 s).
+    assert db["q"].count_documents({"lease": {"$ne": None}}) == 0
+    c = Queue(db, "q", **{**FAST_FAULTS, "lease": 30.0})
     got = []
-    while len(got) < 23 and (m := c.reserve(timeout=5)) is not None:
+    while len(got) < 23 and (m := c.reserve(timeout=10)) is not None:
         got.append((m.payload["i"], m.tries))
         c.commit(m)
-    elapsed = time.monotonic() - t0
     c.close()
     committed = {int(r[0]) for r in read_lines(out)}
-    print(f"\ndrain: report={report} others got {len(got)} in {elapsed:.2f}s")
+    print(f"\ndrain: report={report} others got {len(got)}")
     assert report["buckets_written"] == 1 and report["released_buckets"] == 2
     expect = sorted(
         [(i, 0) for i in range(20) if i not in committed] + [(i, 0) for i in range(100, 105)]
     )
     assert sorted(got) == expect
-    assert elapsed < 10, "released items waited for the 30 s lease"
     assert db["q"].count_documents({}) == 0

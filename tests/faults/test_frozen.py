@@ -26,15 +26,16 @@ from pymongo import AsyncMongoClient, MongoClient
 from bucketq import OperationTimeout, PushFailed, Queue, ServerUnavailable, StreamQueue
 from bucketq.embedded import EmbeddedServer
 from bucketq.queue._deadline import MIN_ATTEMPT_TIMEOUT
+from fast_settings import FAST_FAULTS
 
-from .conftest import FAST, stored_items
+from .conftest import stored_items
 
 BUDGET = 2.0  # retry_budget
 OP = 2.0  # op_timeout
 #: Added to every bound: a loaded CI machine, a thread's wake-up, a backoff step.
 MARGIN = 10.0
 FREEZE = 6.0  # how long each test keeps the server frozen: past the budgets and the lease
-OPTS = {**FAST, "retry_budget": BUDGET, "op_timeout": OP}
+OPTS = {**FAST_FAULTS, "retry_budget": BUDGET, "op_timeout": OP}
 #: What a public call raises when the server did not answer: its deadline passed, or
 #: (once pymongo's monitor has marked the server unknown) no server could be selected.
 UNANSWERED = (OperationTimeout, ServerUnavailable)

@@ -8,14 +8,13 @@ import pytest
 from bucketq import Queue
 from bucketq.errors import BucketQError, PayloadTooLarge
 from bucketq.queue._codec import decode_items
-
-from .conftest import FAST
+from fast_settings import FAST_FAULTS
 
 LIMIT = 1024 * 1024
 
 
 def test_big_items_fill_buckets_within_max_bytes_and_bad_items_harm_nothing(db):
-    q = Queue(db, "q", **{**FAST, "bucket_max_bytes": LIMIT, "bucket_max_wait": 30.0})
+    q = Queue(db, "q", **{**FAST_FAULTS, "bucket_max_bytes": LIMIT, "bucket_max_wait": 30.0})
     receipts = []
     for i in range(1024):
         receipts.append(q.push({"i": i, "blob": "x" * 20_000}))

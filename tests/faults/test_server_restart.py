@@ -10,9 +10,10 @@ import pytest
 from pymongo import MongoClient
 
 from bucketq import Queue
+from fast_settings import FAST_FAULTS
 from waiting import eventually
 
-from .conftest import FAST, ids, read_lines, run_worker, stored_items
+from .conftest import ids, read_lines, run_worker, stored_items
 
 N = 3000
 
@@ -37,7 +38,7 @@ def test_producer_and_consumer_survive_a_server_restart(local_server, tmp_path, 
         tmp_path / "consumed.txt",
         tmp_path / "begun.txt",
     )
-    opts = {**FAST, "bucket_max_size": 50, "write_concern": JOURNALED}
+    opts = {**FAST_FAULTS, "bucket_max_size": 50, "write_concern": JOURNALED}
     prod = run_worker("push", uri, "bq", "q", acked_f, "--count", str(N), "--batch", "50", "--pause", "0.05",
                       "--begun", str(begun_f), options=opts)  # fmt: skip
     cons = run_worker("consume", uri, "bq", "q", consumed_f, "--idle", "8", options=opts)
@@ -107,7 +108,7 @@ def test_consumer_keeps_its_commits_across_an_outage_longer_than_its_lease(local
             client["bq"],
             "q",
             **{
-                **FAST,
+                **FAST_FAULTS,
                 "bucket_max_size": 10,
                 "lease": 1.5,
                 "prefetch": 0,

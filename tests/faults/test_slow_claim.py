@@ -12,9 +12,8 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from bucketq import Queue
+from fast_settings import FAST_FAULTS
 from waiting import eventually
-
-from .conftest import FAST
 
 LEASE = 1.0
 BLOCK_MS = 1500  # the slow consumer's claim waits this long at the server: past its lease
@@ -25,7 +24,7 @@ def _slow_consumer(db, mongo_uri, mongo_client, request, app: str, *, block_ms: 
     """10 items in one bucket, and a consumer whose first ``times`` (default: one per name)
     commands named in ``commands`` wait ``block_ms`` at the server: a failCommand
     failpoint on its client's appName."""
-    q = Queue(db, "q", bucket_max_size=10, **FAST)
+    q = Queue(db, "q", bucket_max_size=10, **FAST_FAULTS)
     for i in range(10):
         q.push({"i": i})
     q.close()
@@ -45,7 +44,7 @@ def _slow_consumer(db, mongo_uri, mongo_client, request, app: str, *, block_ms: 
         )
     except OperationFailure as exc:  # a server given by URI, started without test commands
         pytest.skip(f"the server has no failpoints (start it with enableTestCommands): {exc}")
-    slow = Queue(client[db.name], "q", **{**FAST, "lease": LEASE, "prefetch": 0})
+    slow = Queue(client[db.name], "q", **{**FAST_FAULTS, "lease": LEASE, "prefetch": 0})
     request.addfinalizer(slow.close)
     return slow
 
@@ -62,7 +61,7 @@ def test_a_claim_that_outlives_its_lease_serves_nothing_another_consumer_holds(
 
     # The slow consumer now holds the bucket in memory, but the lease it wrote ran out
     # while its claim waited: another consumer takes the bucket over.
-    other = Queue(db, "q", **{**FAST, "lease": 30.0, "prefetch": 0})
+    other = Queue(db, "q", **{**FAST_FAULTS, "lease": 30.0, "prefetch": 0})
     request.addfinalizer(other.close)
     got = other.reserve_many(10, timeout=5)
     assert sorted(m.payload["i"] for m in got) == list(range(10))
@@ -118,7 +117,7 @@ def test_a_claim_that_comes_back_with_little_lease_left_renews_before_serving(
     # The claim was sent ~block ago, so its lease runs out in ~LEASE - block; the
     # renewal, held up for block, lands after that. Claim in between.
     time.sleep((LEASE - block) + (block - (LEASE - block)) / 3)
-    other = Queue(db, "q", **{**FAST, "lease": 30.0, "prefetch": 0})
+    other = Queue(db, "q", **{**FAST_FAULTS, "lease": 30.0, "prefetch": 0})
     request.addfinalizer(other.close)
     got = other.reserve_many(10, timeout=5)
     t.join()

@@ -13,8 +13,7 @@ import pytest
 
 from bucketq import ElementQueue, Queue, QueueClosed
 from bucketq.stream import StreamQueue
-
-FAST = {"bucket_max_wait": 0.05, "state_flush_period": 0.1, "poll_interval": 0.2, "lease": 5.0}
+from fast_settings import FAST
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -39,9 +38,7 @@ def _in_child(q) -> dict[str, str]:
             out[name] = "QueueClosed: " + str(exc)
         except Exception as exc:  # noqa: BLE001 - reported to the parent
             out[name] = f"{type(exc).__name__}: {exc}"
-    t0 = time.monotonic()
-    out["close"] = repr(q.close())
-    out["close_seconds"] = str(round(time.monotonic() - t0, 3))
+    out["close"] = json.dumps(q.close())  # waiting on the parent's writer would hang
     return out
 
 
@@ -89,7 +86,10 @@ def test_a_forked_child_is_told_to_open_its_own_queue(db, cls):
     for call in ("push", "push_many", "flush", "reserve"):
         assert report[call].startswith("QueueClosed"), (call, report[call])
         assert "os.fork()" in report[call] and "new queue in the child" in report[call]
-    assert float(report["close_seconds"]) < 30  # returned, did not wait on the parent's writer
+    # close() returned (a child that waits on the parent's writer hangs: _fork_and_ask
+    # fails it) and touched nothing: the parent writes, serves and releases.
+    closed = json.loads(report["close"])
+    assert closed and not any(closed.values()), closed
     # The parent goes on: every item exactly once, nothing written by the child.
     assert q.commit(first)
     got = [first.payload]

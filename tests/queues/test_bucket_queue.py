@@ -123,18 +123,19 @@ async def test_read_ahead_and_rest_released_by_drain(bucket_flavour):
     await eventually_async(  # the prefetcher claims the second bucket
         lambda: a.stats()["held_buckets"] == 2, what="the read-ahead claim"
     )
-    t0 = time.time()
     report = await resolve(a.drain(timeout=0))
     assert report["released_buckets"] == 2
+    # Released at once: no lease is left for another consumer to wait out.
+    leases = [d["lease"] for d in bucket_flavour.sync_db[a.name].find({}, {"lease": 1})]
+    assert leases == [None, None]
     b = bucket_flavour.open(lease=30)
     got = []
     while len(got) < 9:
-        m = await resolve(b.reserve(timeout=3))
+        m = await resolve(b.reserve(timeout=10))
         assert m is not None, f"only {len(got)} items came back"
         got.append((m.payload["i"], m.tries))
         await resolve(b.commit(m))
-    # All released at once (not after the 30 s lease), with no extra try counted.
-    assert time.time() - t0 < 10
+    # With no extra try counted.
     assert sorted(got) == [(i, 0) for i in range(1, 10)]
 
 
@@ -227,8 +228,9 @@ def test_killed_consumer_items_come_back_with_a_try_counted(db, mongo_uri, tmp_p
     assert committed == {0, 1, 2, 3}
     c = Queue(db, "q", lease=2.0, state_flush_period=0.1, poll_interval=0.2)
     got = []
-    t0 = time.time()
-    while (m := c.reserve(timeout=6)) is not None:
+    # Each wait covers the dead consumer's 2 s lease running out, with room for a busy
+    # machine; the loop ends as soon as the six are back.
+    while (m := c.reserve(timeout=30)) is not None:
         got.append((m.payload["i"], m.tries))
         c.commit(m)
         if len(got) == 6:
@@ -236,7 +238,6 @@ def test_killed_consumer_items_come_back_with_a_try_counted(db, mongo_uri, tmp_p
     c.close()
     assert sorted(i for i, _ in got) == [4, 5, 6, 7, 8, 9]  # flushed commits never come back
     assert all(t == 1 for _, t in got)
-    assert time.time() - t0 < 8
 
 
 def test_four_consumer_processes_deliver_every_item_once(db, mongo_uri, tmp_path):

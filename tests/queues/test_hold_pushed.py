@@ -14,9 +14,8 @@ import sys
 import textwrap
 
 from bucketq import AsyncQueue
+from fast_settings import FAST
 from waiting import eventually_async
-
-FAST = {"state_flush_period": 0.1, "poll_interval": 0.2, "drain_timeout": 0.5}
 
 
 async def test_a_consuming_queue_serves_what_it_pushes_without_a_claim(adb):
@@ -61,7 +60,8 @@ async def test_close_gives_back_what_was_held_and_not_handed_out(adb):
 
 
 async def test_a_queue_that_does_not_consume_pushes_unleased(adb):
-    producer = AsyncQueue(adb, "q", hold_pushed=True, lease=3.0, **FAST)
+    # A 3 s lease: its third, the idle time after which pushes go unleased, is 1 s.
+    producer = AsyncQueue(adb, "q", hold_pushed=True, **{**FAST, "lease": 3.0})
     consumer = AsyncQueue(adb, "q", **FAST)
     try:
         await producer.push("x", durable=True)

@@ -19,8 +19,7 @@ from bucketq.queue._core.claims import partition_of
 from bucketq.queue._core.counts import DRAIN_REPORT
 from bucketq.queue._core.held import HeldBucket
 from bucketq.stream import AsyncStreamQueue, StreamQueue
-
-FAST = {"state_flush_period": 0.1, "poll_interval": 0.2, "drain_timeout": 0.5}
+from fast_settings import FAST
 
 
 class Claims(monitoring.CommandListener):

@@ -5,23 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bucketq.reservoir import BufferConfig
 from waiting import eventually_async
-
-#: A buffer tuned for tests: few shards, small and young batches, short retry delays,
-#: a breaker that stays out of the way unless a test wants it.
-FAST = BufferConfig(
-    enabled=True,
-    shards=2,
-    max_batch_size=50,
-    max_batch_age_ms=100,
-    base_delay_ms=20,
-    max_delay_ms=200,
-    max_retry_attempts=3,
-    pending_threshold=1_000_000,
-    failure_threshold=1_000_000,
-    graceful_shutdown_ms=10_000,
-)
 
 
 def logs(

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from bucketq.errors import ConfigurationError
 from bucketq.reservoir import BufferedReservoir, MongoReservoir, from_env
 from bucketq.reservoir._policy import ProjectOverflow
+from fast_settings import FAST_BUFFER
 
 from .conftest import FakeClock
-from .helpers import FAST, eventually
+from .helpers import eventually
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -166,7 +167,7 @@ async def test_a_refused_project_moves_to_the_overflow_shard_and_comes_back(
     storage = Refusing(adb, {"noisy"})
     # One shard: without the overflow shard, noisy and calm share everything. The breaker
     # opens after 3 failed flushes in a row; noisy fails far more often than that.
-    cfg = FAST.with_(shards=1, auto_overflow_failures=2, auto_overflow_cooldown_ms=60_000,
+    cfg = FAST_BUFFER.with_(shards=1, auto_overflow_failures=2, auto_overflow_cooldown_ms=60_000,
                      max_retry_attempts=10_000, failure_threshold=3)  # fmt: skip
     buf = BufferedReservoir(storage, backends.transport(transport), cfg, clock=clock)
     calm_sent = 0

@@ -8,9 +8,10 @@ import asyncio
 import pytest
 
 from bucketq.reservoir import CLOSED, HALF_OPEN, OPEN, BufferedReservoir, CircuitBreaker
+from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage
-from .helpers import FAST, eventually, logs, settled
+from .helpers import eventually, logs, settled
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,7 +70,7 @@ async def test_a_flush_counts_once_and_refused_enqueues_do_not_count(backends):
                           mode="indexed")  # fmt: skip
     transport = backends.transport("memory")
     buf = BufferedReservoir(
-        storage, transport, FAST.with_(failure_threshold=3, max_retry_attempts=1)
+        storage, transport, FAST_BUFFER.with_(failure_threshold=3, max_retry_attempts=1)
     )
     async with buf:
         # One flush in which two kinds fail: one failed flush, not two.
@@ -120,7 +121,7 @@ def test_half_opens_after_cooldown_then_success_closes_and_failure_reopens(fake_
 
 async def test_buffer_trips_on_pending_bypasses_then_half_opens_and_closes(fake_clock, backends):
     storage = FakeStorage(gated=True)
-    cfg = FAST.with_(pending_threshold=5, cooldown_ms=30_000)
+    cfg = FAST_BUFFER.with_(pending_threshold=5, cooldown_ms=30_000)
     buf = BufferedReservoir(storage, backends.transport("memory"), cfg, clock=fake_clock)
     async with buf:
         res = await buf.ingest(logs(8))  # accepted into the buffer; the writes hang
@@ -151,7 +152,9 @@ async def test_buffer_trips_on_flush_failures_and_bypass_reports_storage_errors(
 ):
     storage = FakeStorage()
     storage.down = True
-    cfg = FAST.with_(failure_threshold=2, max_retry_attempts=10, base_delay_ms=1, max_delay_ms=5)
+    cfg = FAST_BUFFER.with_(
+        failure_threshold=2, max_retry_attempts=10, base_delay_ms=1, max_delay_ms=5
+    )
     buf = BufferedReservoir(storage, backends.transport("memory"), cfg, clock=fake_clock)
     async with buf:
         await buf.ingest(logs(4))

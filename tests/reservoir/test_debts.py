@@ -11,9 +11,10 @@ import pytest
 
 from bucketq.errors import ConfigurationError
 from bucketq.reservoir import BufferedReservoir, MongoReservoir
+from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage
-from .helpers import FAST, eventually, logs, settled
+from .helpers import eventually, logs, settled
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -31,7 +32,7 @@ async def test_memory_records_held_by_a_flush_that_failed_are_delivered_again(ba
         await inner_ack(shard, deliveries)
 
     transport.ack = ack
-    buf = BufferedReservoir(storage, transport, FAST)
+    buf = BufferedReservoir(storage, transport, FAST_BUFFER)
     async with buf:
         await buf.ingest([dict(r, project_id="one") for r in logs(20)])
         await settled(buf, timeout=20)  # nothing stays in flight forever
@@ -57,8 +58,8 @@ class SlowFirstWrite(FakeStorage):
 async def test_redis_a_storage_write_slower_than_claim_idle_is_not_taken_over(backends):
     # Two consumers of one group; the first one's write outlasts claim_idle five times.
     storage = SlowFirstWrite(3.0)
-    a = BufferedReservoir(storage, backends.transport("redis", claim_idle=0.6), FAST)
-    b = BufferedReservoir(storage, backends.transport("redis", claim_idle=0.6), FAST)
+    a = BufferedReservoir(storage, backends.transport("redis", claim_idle=0.6), FAST_BUFFER)
+    b = BufferedReservoir(storage, backends.transport("redis", claim_idle=0.6), FAST_BUFFER)
     async with a:
         await a.ingest([dict(r, project_id="one") for r in logs(30)])
         await storage.started.wait()
@@ -72,7 +73,7 @@ async def test_redis_a_storage_write_slower_than_claim_idle_is_not_taken_over(ba
 
 
 async def test_query_passes_through_to_the_storage_engine(adb):
-    buf = BufferedReservoir(MongoReservoir(adb), backends_memory(), FAST)
+    buf = BufferedReservoir(MongoReservoir(adb), backends_memory(), FAST_BUFFER)
     async with buf:
         await buf.ingest([dict(r, project_id="qp", level="error" if i % 2 else "info")
                           for i, r in enumerate(logs(6))])  # fmt: skip

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from bucketq.errors import ConfigurationError
 from bucketq.reservoir import BufferedReservoir, from_env
 from bucketq.reservoir._policy import DAY, DelayPolicy, in_window, parse_window
+from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage
-from .helpers import FAST, eventually, settled
+from .helpers import eventually, settled
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,7 +106,7 @@ def test_delay_configuration_from_the_environment():
         with pytest.raises(ConfigurationError, match="RESERVOIR_BUFFER_" + var):
             from_env({"RESERVOIR_BUFFER_" + var: bad})
     with pytest.raises(ConfigurationError, match="dispatch_delay_by_kind"):
-        FAST.with_(dispatch_delay_by_kind="span=x")
+        FAST_BUFFER.with_(dispatch_delay_by_kind="span=x")
 
 
 # -- through the transports ---------------------------------------------------------------------
@@ -133,7 +134,7 @@ async def test_a_delayed_kind_is_held_and_flushed_after_undelayed_records(backen
     """Spans wait 1 s; a span that came through OTLP and a log do not: both are stored
     before the delayed span although it was accepted first (same project, same shard)."""
     storage = Ordered()
-    cfg = FAST.with_(dispatch_delay_by_kind="span=1000")
+    cfg = FAST_BUFFER.with_(dispatch_delay_by_kind="span=1000")
     buf = BufferedReservoir(storage, backends.transport(transport), cfg)
     async with buf:
         assert (await buf.ingest_spans([_span("delayed")]))["ingested"] == 1
@@ -154,7 +155,7 @@ async def test_a_delayed_kind_is_held_and_flushed_after_undelayed_records(backen
 async def test_the_date_boundary_delay_follows_the_injected_utc_clock(backends, transport):
     storage = Ordered()
     now = {"t": at("23:50:00")}
-    cfg = FAST.with_(date_boundary_delay_ms=1000)
+    cfg = FAST_BUFFER.with_(date_boundary_delay_ms=1000)
     buf = BufferedReservoir(storage, backends.transport(transport), cfg,
                             wall_clock=lambda: now["t"])  # fmt: skip
     async with buf:
@@ -171,7 +172,7 @@ async def test_the_date_boundary_delay_follows_the_injected_utc_clock(backends, 
 async def test_a_delayed_record_is_durable_at_once(backends, transport):
     """Stopped before its delay ran out, the record is kept by the transport and a new
     buffer on it stores it."""
-    cfg = FAST.with_(dispatch_delay_by_kind="log=3000")
+    cfg = FAST_BUFFER.with_(dispatch_delay_by_kind="log=3000")
     first = FakeStorage()
     buf = BufferedReservoir(first, backends.transport(transport), cfg)
     async with buf:
@@ -190,7 +191,7 @@ async def test_stopping_the_memory_transport_flushes_delayed_records_at_once(bac
     """Memory holds them in this process only: stop() writes them instead of waiting out
     the delay (here an hour) or losing them."""
     storage = FakeStorage()
-    cfg = FAST.with_(dispatch_delay_by_kind="log=3600000")
+    cfg = FAST_BUFFER.with_(dispatch_delay_by_kind="log=3600000")
     buf = BufferedReservoir(storage, backends.transport("memory"), cfg)
     async with buf:
         await buf.ingest([{"project_id": "p", "message": "held"}])
@@ -203,7 +204,7 @@ async def test_stopping_the_memory_transport_flushes_delayed_records_at_once(bac
 async def test_passthrough_never_delays(backends):
     storage = FakeStorage()
     buf = BufferedReservoir(storage, backends.transport("passthrough"),
-                            FAST.with_(dispatch_delay_by_kind="log=3600000"))  # fmt: skip
+                            FAST_BUFFER.with_(dispatch_delay_by_kind="log=3600000"))  # fmt: skip
     async with buf:
         assert (await buf.ingest([{"project_id": "p", "message": "now"}]))["ingested"] == 1
         assert storage.messages() == ["now"]

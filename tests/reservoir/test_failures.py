@@ -9,9 +9,10 @@ from collections import Counter
 import pytest
 
 from bucketq.reservoir import BufferedReservoir
+from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage
-from .helpers import FAST, logs, settled
+from .helpers import logs, settled
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,7 +59,7 @@ async def test_poisoned_records_are_retried_then_dead_lettered_alone(
     )
     transport = backends.transport(transport_name)
     audit = AckAudit(transport, storage)
-    buf = BufferedReservoir(storage, transport, FAST)
+    buf = BufferedReservoir(storage, transport, FAST_BUFFER)
     async with buf:
         records = logs(N, poison=POISON)
         results = [await buf.ingest(records[i : i + 20]) for i in range(0, N, 20)]
@@ -93,7 +94,7 @@ async def test_poisoned_records_are_retried_then_dead_lettered_alone(
 async def test_outage_dead_letters_everything_with_its_reason_then_replay_stores_it(backends):
     storage = FakeStorage()
     storage.down = True
-    buf = BufferedReservoir(storage, backends.transport("memory"), FAST)
+    buf = BufferedReservoir(storage, backends.transport("memory"), FAST_BUFFER)
     async with buf:
         await buf.ingest(logs(30))
         await settled(buf)
@@ -113,7 +114,7 @@ async def test_outage_dead_letters_everything_with_its_reason_then_replay_stores
 
 async def test_only_the_failed_kind_is_retried(backends):
     storage = FakeStorage(poison=lambda r: r.get("name") == "bad", mode="indexed")
-    buf = BufferedReservoir(storage, backends.transport("memory"), FAST)
+    buf = BufferedReservoir(storage, backends.transport("memory"), FAST_BUFFER)
     async with buf:
         await buf.ingest([dict(r, project_id="a0") for r in logs(10)])  # one shard
         await buf.ingest_spans(
@@ -134,7 +135,7 @@ async def test_passthrough_returns_the_storage_outcome_to_the_caller(backends):
     storage = FakeStorage(
         poison=lambda r: str(r.get("message", "")).startswith("poison"), mode="indexed"
     )
-    buf = BufferedReservoir(storage, backends.transport("passthrough"), FAST)
+    buf = BufferedReservoir(storage, backends.transport("passthrough"), FAST_BUFFER)
     async with buf:
         res = await buf.ingest(logs(10, poison={3}))
     assert res["ingested"] == 9 and res["failed"] == 1
@@ -144,7 +145,7 @@ async def test_passthrough_returns_the_storage_outcome_to_the_caller(backends):
 
 async def test_records_without_a_project_fail_at_once(backends):
     storage = FakeStorage()
-    buf = BufferedReservoir(storage, backends.transport("memory"), FAST)
+    buf = BufferedReservoir(storage, backends.transport("memory"), FAST_BUFFER)
     async with buf:
         res = await buf.ingest([{"message": "x"}, {"project_id": "p", "message": "y"}])
         await settled(buf)

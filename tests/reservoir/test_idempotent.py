@@ -9,9 +9,10 @@ from collections import Counter
 import pytest
 
 from bucketq.reservoir import BufferedReservoir, MongoReservoir
+from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage
-from .helpers import FAST, logs, settled
+from .helpers import logs, settled
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,7 +52,7 @@ async def test_isolating_count_only_failures_stores_each_record_once(adb):
         dict(r, project_id="p", time=float("nan") if i in bad else 1.7e9)
         for i, r in enumerate(logs(40))
     ]
-    buf = BufferedReservoir(CountOnlyMongo(adb), _memory(), FAST)
+    buf = BufferedReservoir(CountOnlyMongo(adb), _memory(), FAST_BUFFER)
     async with buf:
         assert (await buf.ingest(records))["ingested"] == 40
         await settled(buf)
@@ -67,7 +68,7 @@ async def test_isolating_count_only_failures_stores_each_record_once(adb):
 @pytest.mark.parametrize("transport", ["memory", "redis", "bucketq"])
 async def test_a_replayed_dlq_record_that_was_stored_is_stored_once(backends, adb, transport):
     storage = StoresThenFails(adb)
-    buf = BufferedReservoir(storage, backends.transport(transport), FAST)
+    buf = BufferedReservoir(storage, backends.transport(transport), FAST_BUFFER)
     async with buf:
         await buf.ingest(logs(12))
         await settled(buf)
@@ -85,7 +86,7 @@ async def test_a_replayed_dlq_record_that_was_stored_is_stored_once(backends, ad
 
 
 async def test_a_record_s_own_id_is_its_stable_id_and_a_resent_record_is_stored_once(adb):
-    buf = BufferedReservoir(MongoReservoir(adb), _memory(), FAST)
+    buf = BufferedReservoir(MongoReservoir(adb), _memory(), FAST_BUFFER)
     recs = [dict(r, _id=f"key-{i}") for i, r in enumerate(logs(10))]
     async with buf:
         assert (await buf.ingest(recs))["ingested"] == 10
@@ -103,7 +104,7 @@ async def test_a_record_s_own_id_is_its_stable_id_and_a_resent_record_is_stored_
 async def test_a_storage_that_is_not_idempotent_gets_the_records_as_they_came():
     storage = FakeStorage()
     assert storage.idempotent is False
-    buf = BufferedReservoir(storage, _memory(), FAST)
+    buf = BufferedReservoir(storage, _memory(), FAST_BUFFER)
     async with buf:
         await buf.ingest(logs(5))
         await settled(buf)
@@ -120,7 +121,7 @@ def _memory():
 async def test_passthrough_answers_a_call_that_sends_one_id_twice(adb):
     from bucketq.reservoir import PassthroughTransport
 
-    buf = BufferedReservoir(MongoReservoir(adb), PassthroughTransport(), FAST)
+    buf = BufferedReservoir(MongoReservoir(adb), PassthroughTransport(), FAST_BUFFER)
     async with buf:
         rec = dict(logs(1)[0], _id="same")
         res = await buf.ingest([rec, rec, dict(rec, _id="other")])

@@ -7,9 +7,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from bucketq.reservoir import OPEN, BufferedReservoir, render_metrics
+from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage
-from .helpers import FAST, eventually, settled
+from .helpers import eventually, settled
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,7 +33,7 @@ def total(sm: dict, name: str, **labels: str) -> float:
 
 async def test_metrics_text_after_a_scripted_run(fake_clock, backends):
     storage = FakeStorage(poison=lambda r: r.get("name") == "bad", mode="indexed")
-    cfg = FAST.with_(shards=1, max_retry_attempts=2, failure_threshold=3)
+    cfg = FAST_BUFFER.with_(shards=1, max_retry_attempts=2, failure_threshold=3)
     buf = BufferedReservoir(storage, backends.transport("memory"), cfg, clock=fake_clock)
     async with buf:
         await buf.ingest([{"project_id": "p", "message": f"m{i}"} for i in range(10)])
@@ -80,10 +81,10 @@ async def test_metrics_text_after_a_scripted_run(fake_clock, backends):
 
 
 def test_each_buffer_has_its_own_registry_or_the_one_given(backends):
-    a = BufferedReservoir(FakeStorage(), backends.transport("memory"), FAST)
-    b = BufferedReservoir(FakeStorage(), backends.transport("memory"), FAST)
+    a = BufferedReservoir(FakeStorage(), backends.transport("memory"), FAST_BUFFER)
+    b = BufferedReservoir(FakeStorage(), backends.transport("memory"), FAST_BUFFER)
     assert a.metrics.registry is not b.metrics.registry
     reg = CollectorRegistry()
-    c = BufferedReservoir(FakeStorage(), backends.transport("memory"), FAST, registry=reg)
+    c = BufferedReservoir(FakeStorage(), backends.transport("memory"), FAST_BUFFER, registry=reg)
     assert c.metrics.registry is reg
     assert "reservoir_buffer_breaker_state 0.0" in render_metrics(reg)

@@ -7,9 +7,10 @@ import pytest
 
 from bucketq.errors import ConfigurationError
 from bucketq.reservoir import BufferedReservoir, from_env
+from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage
-from .helpers import FAST, eventually, settled
+from .helpers import eventually, settled
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,7 +38,7 @@ def test_retry_presets_from_the_environment():
 @pytest.mark.parametrize("transport", ["memory", "redis", "bucketq"])
 async def test_each_kind_is_retried_as_its_policy_says(backends, transport):
     storage = FakeStorage(poison=lambda r: r.get("bad") is True, mode="indexed")
-    cfg = FAST.with_(retry_by_kind="span=2:20,metric=4:20")  # logs: 3 attempts (FAST)
+    cfg = FAST_BUFFER.with_(retry_by_kind="span=2:20,metric=4:20")  # logs: 3 attempts (FAST_BUFFER)
     buf = BufferedReservoir(storage, backends.transport(transport), cfg)
     async with buf:
         await buf.ingest([{"project_id": "p", "message": "m", "bad": True}])
@@ -54,7 +55,7 @@ async def test_entity_shard_key_spreads_a_project_by_trace_and_keeps_each_trace_
     backends, transport
 ):
     storage = FakeStorage(gated=True)  # the writes wait: the transport's shards can be seen
-    cfg = FAST.with_(shards=4, shard_key="entity", max_batch_size=1000)
+    cfg = FAST_BUFFER.with_(shards=4, shard_key="entity", max_batch_size=1000)
     buf = BufferedReservoir(storage, backends.transport(transport), cfg)
     async with buf:
         for seq in range(5):  # five calls, each with one span of each of 12 traces
@@ -79,14 +80,16 @@ async def test_dlq_replay_after_the_shard_count_changed_stores_everything(backen
     storage.down = True
     t = backends.transport(transport)
     records = [{"project_id": f"p{i}", "message": f"rec-{i}"} for i in range(40)]
-    async with BufferedReservoir(storage, t, FAST.with_(shards=6, max_retry_attempts=1)) as buf:
+    async with BufferedReservoir(
+        storage, t, FAST_BUFFER.with_(shards=6, max_retry_attempts=1)
+    ) as buf:
         await buf.ingest(records)
         await settled(buf)
         dead = await buf.dlq_inspect(100)
     assert len(dead) == 40 and max(d["shard"] for d in dead) >= 2
     storage.down = False
     again = t if transport == "memory" else backends.transport(transport)
-    async with BufferedReservoir(storage, again, FAST.with_(shards=2)) as buf:
+    async with BufferedReservoir(storage, again, FAST_BUFFER.with_(shards=2)) as buf:
         assert await buf.dlq_replay() == 40
         await settled(buf)
         assert await buf.dlq_size() == 0
@@ -99,7 +102,7 @@ async def test_the_dlq_keeps_at_most_dlq_max_records_dropping_and_counting_the_o
 ):
     storage = FakeStorage()
     storage.down = True
-    cfg = FAST.with_(shards=1, max_retry_attempts=1, dlq_max=5)
+    cfg = FAST_BUFFER.with_(shards=1, max_retry_attempts=1, dlq_max=5)
     buf = BufferedReservoir(storage, backends.transport(transport), cfg)
     async with buf:
         for i in range(0, 12, 3):  # four rounds of three: each dead-lettered before the next

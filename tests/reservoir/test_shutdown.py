@@ -7,9 +7,10 @@ import asyncio
 import pytest
 
 from bucketq.reservoir import BufferConfig, BufferedReservoir, MemoryTransport, wrap_reservoir
+from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage
-from .helpers import FAST, logs
+from .helpers import logs
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,7 +23,7 @@ class SlowStorage(FakeStorage):
 
 async def test_memory_stop_drains_everything_including_retries(backends):
     storage = SlowStorage(poison=lambda r: r["message"] == "rec-3", mode="indexed")
-    buf = BufferedReservoir(storage, backends.transport("memory"), FAST)
+    buf = BufferedReservoir(storage, backends.transport("memory"), FAST_BUFFER)
     await buf.start()
     for i in range(0, 300, 30):
         await buf.ingest(logs(30, start=i))
@@ -37,7 +38,7 @@ async def test_memory_stop_drains_everything_including_retries(backends):
 async def test_memory_stop_at_the_deadline_reports_what_is_lost(backends):
     storage = FakeStorage()
     storage.down = True
-    cfg = FAST.with_(max_retry_attempts=100, base_delay_ms=200, max_delay_ms=1000)
+    cfg = FAST_BUFFER.with_(max_retry_attempts=100, base_delay_ms=200, max_delay_ms=1000)
     buf = BufferedReservoir(storage, backends.transport("memory"), cfg)
     await buf.start()
     await buf.ingest(logs(20))
@@ -70,7 +71,7 @@ async def test_a_signal_stops_the_http_server_first_then_drains_the_buffer(backe
     from bucketq.reservoir import install_signal_handlers
 
     storage = SlowStorage()
-    buf = BufferedReservoir(storage, backends.transport("memory"), FAST)
+    buf = BufferedReservoir(storage, backends.transport("memory"), FAST_BUFFER)
     await buf.start()
     await buf.ingest(logs(50))
     events: list[tuple[str, object]] = []

@@ -23,10 +23,9 @@ from pymongo import MongoClient
 from bucketq.embedded import EmbeddedServer
 from bucketq.sdk import Client, IngestHandler, replay
 from bucketq.server import _keys
+from fast_settings import FAST_SDK
 
 from .helpers import ROOT, Serve, dead_port, eventually, spilled
-
-FAST = {"batch_wait": 0.02, "health_interval": 0.2}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +112,7 @@ def slow_storage(database: str, tmp_path: Path) -> Iterator[tuple[Serve, str, Em
 
 
 def test_records_arrive_with_their_fields_from_a_library_logger(primary, pkey, svc, tmp_path):
-    h = IngestHandler(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST)
+    h = IngestHandler(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST_SDK)
     root = logging.getLogger()
     old = root.level
     root.addHandler(h)  # attached once, at the top: libraries' loggers propagate to it
@@ -133,7 +132,7 @@ def test_records_arrive_with_their_fields_from_a_library_logger(primary, pkey, s
     finally:
         root.removeHandler(h)
         root.setLevel(old)
-    c = Client(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST)
+    c = Client(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST_SDK)
     assert c.log("critical", "disk full", mount="/var", free=0)
     assert c.flush(30)
     got = {r["message"]: r for r in primary.logs(pkey, service=svc)}
@@ -155,7 +154,7 @@ def test_records_arrive_with_their_fields_from_a_library_logger(primary, pkey, s
 
 def test_primary_down_the_fallback_gets_them(fallback, fkey, pkey, svc, tmp_path):
     c = Client(f"http://127.0.0.1:{dead_port()}", pkey, fallback_url=fallback.url,
-               fallback_api_key=fkey, spill_dir=tmp_path, service=svc, **FAST)  # fmt: skip
+               fallback_api_key=fkey, spill_dir=tmp_path, service=svc, **FAST_SDK)  # fmt: skip
     for i in range(40):
         c.log("info", f"fb-{i}", i=i)
     assert c.flush(30)
@@ -166,7 +165,7 @@ def test_primary_down_the_fallback_gets_them(fallback, fkey, pkey, svc, tmp_path
 
 def test_both_down_spill_then_replay_delivers_every_record_exactly(primary, pkey, svc, tmp_path):
     c = Client(f"http://127.0.0.1:{dead_port()}", pkey, spill_dir=tmp_path, service=svc,
-               fallback_url=f"http://127.0.0.1:{dead_port()}", **FAST)  # fmt: skip
+               fallback_url=f"http://127.0.0.1:{dead_port()}", **FAST_SDK)  # fmt: skip
     sent = []
     for i in range(250):
         fields = {"i": i, "user": f"u{i % 7}", "nested": {"deep": [i, str(i)]}}
@@ -197,7 +196,7 @@ def test_primary_back_replays_its_own_spill(mongo_uri, mongo_client, databases, 
     key = _keys.create_key(mongo_client[databases[2]], "late")
     port = dead_port()
     c = Client(f"http://127.0.0.1:{port}", key, spill_dir=tmp_path / "spill", service=svc,
-               **FAST)  # fmt: skip
+               **FAST_SDK)  # fmt: skip
     try:
         for i in range(120):
             c.log("info", f"late-{i}", i=i)
@@ -218,10 +217,10 @@ def test_primary_back_replays_its_own_spill(mongo_uri, mongo_client, databases, 
 
 
 def test_a_refused_batch_goes_to_the_spill_with_the_servers_reason(primary, pkey, svc, tmp_path):
-    bad_key = Client(primary.url, "bq_" + "0" * 64, spill_dir=tmp_path, service=svc, **FAST)
+    bad_key = Client(primary.url, "bq_" + "0" * 64, spill_dir=tmp_path, service=svc, **FAST_SDK)
     bad_key.log("info", "who am I")
     assert bad_key.flush(30)
-    bad_field = Client(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST)
+    bad_field = Client(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST_SDK)
     bad_field.log("info", "bad trace", trace_id="not-hex")
     assert bad_field.flush(30)
     reasons = {r["log"]["message"]: r for r in spilled(tmp_path)}
@@ -239,7 +238,7 @@ def test_a_refused_batch_goes_to_the_spill_with_the_servers_reason(primary, pkey
 def test_queue_full_spills_add_returns_false_and_the_caller_never_waits(frozen, pkey, svc,
                                                                          tmp_path):  # fmt: skip
     c = Client(frozen.url, pkey, spill_dir=tmp_path, service=svc, queue_size=20, batch_size=10,
-               timeout=120, **FAST)  # fmt: skip
+               timeout=120, **FAST_SDK)  # fmt: skip
     results = [c.log("info", f"full-{i}") for i in range(500)]  # the server answers nothing
     st = c.stats()
     assert results.count(False) == st["queue_full"] > 0
@@ -256,7 +255,7 @@ def test_drain_worker_sends_to_the_fallback_from_90_percent(frozen, fallback, pk
                                                             tmp_path):  # fmt: skip
     c = Client(frozen.url, pkey, fallback_url=fallback.url, fallback_api_key=fkey,
                spill_dir=tmp_path, service=svc, queue_size=100, batch_size=5, timeout=120,
-               **FAST)  # fmt: skip
+               **FAST_SDK)  # fmt: skip
     for i in range(120):
         c.log("info", f"dr-{i}")
     eventually(lambda: c.stats()["drains"] >= 1 and c.stats()["fill_percentage"] <= 10, 60,
@@ -278,11 +277,11 @@ def test_a_drain_waits_for_a_fallback_that_asked_to_wait(frozen, pkey, svc, tmp_
     one not answering (a drain sent there hung for the whole timeout, and the fallback got
     nothing: the flake of the test above under load)."""
     with slow_storage("bqsdk_dw", tmp_path) as (fb, fkey, storage):
-        warm = Client(fb.url, fkey, spill_dir=tmp_path / "warm", service=svc, **FAST)
+        warm = Client(fb.url, fkey, spill_dir=tmp_path / "warm", service=svc, **FAST_SDK)
         assert warm.log("info", "before") and warm.flush(30)  # the server knows the key now
         c = Client(frozen.url, pkey, fallback_url=fb.url, fallback_api_key=fkey,
                    spill_dir=tmp_path / "spill", service=svc, queue_size=100, batch_size=5,
-                   timeout=120, **FAST)  # fmt: skip
+                   timeout=120, **FAST_SDK)  # fmt: skip
         with stopped(storage.pid):
             for i in range(120):
                 c.log("info", f"dw-{i}")
@@ -301,8 +300,8 @@ def test_a_drain_waits_for_a_fallback_that_asked_to_wait(frozen, pkey, svc, tmp_
 
 def test_two_configurations_are_isolated(frozen, fallback, fkey, pkey, svc, tmp_path):
     stuck = Client(frozen.url, pkey, spill_dir=tmp_path, service=svc, queue_size=50,
-                   timeout=120, **FAST)  # fmt: skip
-    fine = Client(fallback.url, fkey, spill_dir=tmp_path, service=svc, **FAST)
+                   timeout=120, **FAST_SDK)  # fmt: skip
+    fine = Client(fallback.url, fkey, spill_dir=tmp_path, service=svc, **FAST_SDK)
     assert stuck.processor is not fine.processor
     for i in range(300):
         stuck.log("info", f"stuck-{i}")
@@ -323,7 +322,7 @@ def test_503_with_retry_after_is_retried_not_spilled(svc, tmp_path):
     that long and sends the batch again, spills nothing, and every record arrives."""
     with slow_storage("bqsdk_ra", tmp_path) as (serve, key, storage):
         c = Client(serve.url, key, spill_dir=tmp_path / "spill", service=svc, timeout=120,
-                   **FAST)  # fmt: skip
+                   **FAST_SDK)  # fmt: skip
         c.log("info", "before")
         assert c.flush(30) and c.stats()["sent"] == 1  # the server knows the key now
         with stopped(storage.pid):

@@ -7,6 +7,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,18 @@ class Serve:
             code = self.proc.wait()
         self.proc = None
         return code
+
+    @contextmanager
+    def stops_cleanly(self) -> Iterator[Serve]:
+        """Run the body, then SIGTERM the process: it must exit 0. A failure in the body
+        is reported as itself (the process is stopped all the same)."""
+        try:
+            yield self
+        except BaseException:
+            self.terminate()
+            raise
+        code = self.terminate()
+        assert code == 0, f"bucketq serve exited {code}:\n{self.output()[-3000:]}"
 
 
 def create_key(serve: Serve, project: str) -> str:

@@ -40,7 +40,7 @@ def test_ready_and_503_follow_the_storage_server(storage: EmbeddedServer, tmp_pa
            "RESERVOIR_BUFFER_ENABLED": "true", "RESERVOIR_BUFFER_TRANSPORT": "bucketq",
            "RESERVOIR_BUFFER_SHARDS": "2", "RESERVOIR_BUFFER_MAX_BATCH_AGE_MS": "200"}  # fmt: skip
     serve = Serve(storage.uri, "readiness", tmp_path / "serve.log", **env).start()
-    try:
+    with serve.stops_cleanly():
         with MongoClient(storage.uri) as client:
             key = _keys.create_key(client["readiness"], "ready")
         with serve.client(key) as c:
@@ -79,8 +79,6 @@ def test_ready_and_503_follow_the_storage_server(storage: EmbeddedServer, tmp_pa
             want = {"before-0", "before-1", "after-0", "after-1"}
             eventually(lambda: want <= stored(), what="the acknowledged records in storage")
         assert "Traceback" not in serve.output()
-    finally:
-        assert serve.terminate() == 0
 
 
 def test_sigterm_with_the_storage_gone_exits_1_and_says_what_was_kept(
@@ -137,7 +135,7 @@ def test_open_breaker_writes_straight_to_storage(
     env = {"RESERVOIR_BUFFER_ENABLED": "true", "RESERVOIR_BUFFER_TRANSPORT": "memory",
            "RESERVOIR_BUFFER_PENDING_THRESHOLD": "1", "RESERVOIR_BUFFER_MAX_BATCH_AGE_MS": "3000"}  # fmt: skip
     serve = Serve(mongo_uri, database, tmp_path / "serve.log", **env).start()
-    try:
+    with serve.stops_cleanly():
         with serve.client(key) as c:
             assert c.post("/api/v1/ingest", json=log_batch(10, prefix="held")).status_code == 200
             assert c.post("/api/v1/ingest", json=log_batch(10, prefix="direct")).status_code == 200
@@ -149,8 +147,6 @@ def test_open_breaker_writes_straight_to_storage(
         ]
         assert sum(float(ln.rsplit(" ", 1)[1]) for ln in bypassed) == 10
         assert "reservoir_buffer_breaker_state 1.0" in text
-    finally:
-        assert serve.terminate() == 0
     assert "lost=0" in serve.output() and "timed_out=False" in serve.output()
     assert db["logs"].count_documents({}) == 20
     mongo_client.drop_database(database)

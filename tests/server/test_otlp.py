@@ -239,7 +239,7 @@ def test_records_that_came_through_otlp_get_no_dispatch_delay(
            "RESERVOIR_BUFFER_MAX_BATCH_AGE_MS": "100"}  # fmt: skip
     serve = Serve(mongo_uri, database, tmp_path / "serve.log", **env).start()
     pb = {"Content-Type": "application/x-protobuf"}
-    try:
+    with serve.stops_cleanly():
         with serve.client(key) as c:
             assert c.post("/api/v1/ingest", json=log_batch(3, prefix="api")).status_code == 200
             r = c.post("/v1/logs", content=_logs_request([b"\x01" * 16] * 2).SerializeToString(),
@@ -248,7 +248,5 @@ def test_records_that_came_through_otlp_get_no_dispatch_delay(
             text = c.get("/metrics").text
         assert _metric(text, "reservoir_buffer_enqueued_total") == 5
         assert _metric(text, "reservoir_buffer_delayed_total") == 3
-    finally:
-        assert serve.terminate() == 0
     assert db["logs"].count_documents({}) == 5  # the delayed ones too, by the drain at the latest
     mongo_client.drop_database(database)

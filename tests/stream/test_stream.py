@@ -17,10 +17,10 @@ import pytest
 from bucketq.errors import ConfigurationError, Fenced
 from bucketq.queue._codec import encode_item
 from bucketq.stream import AckOutOfOrder, AsyncStreamQueue, StreamQueue
+from fast_settings import FAST_STREAM
 from waiting import eventually
 
 WORKER = str(Path(__file__).with_name("stream_worker.py"))
-FAST = {"bucket_max_size": 10, "bucket_max_wait": 0.05, "poll_interval": 0.1}
 
 
 def worker(mode: str, uri: str, db_name: str) -> subprocess.Popen:
@@ -47,7 +47,7 @@ def drain(c, items, timeout=10.0):
 
 
 def test_buckets_come_in_order_with_gapless_seqs_and_acks_delete_them(db):
-    q = StreamQueue(db, "s", **FAST)
+    q = StreamQueue(db, "s", **FAST_STREAM)
     q.push_many([{"i": i} for i in range(45)])
     for i in range(45, 95):
         q.push({"i": i}, headers={"k": i} if i == 50 else None)
@@ -76,7 +76,7 @@ def test_buckets_come_in_order_with_gapless_seqs_and_acks_delete_them(db):
 
 
 def test_two_producers_share_one_gapless_sequence(db):
-    qa, qb = StreamQueue(db, "s", **FAST), StreamQueue(db, "s", **FAST)
+    qa, qb = StreamQueue(db, "s", **FAST_STREAM), StreamQueue(db, "s", **FAST_STREAM)
     for i in range(60):
         (qa if i % 2 else qb).push(i)
     qa.flush()
@@ -88,7 +88,7 @@ def test_two_producers_share_one_gapless_sequence(db):
 
 
 async def test_async_stream_order_and_ack(adb):
-    async with AsyncStreamQueue(adb, "s", **FAST) as q:
+    async with AsyncStreamQueue(adb, "s", **FAST_STREAM) as q:
         await q.push_many(list(range(25)), durable=True)
         c = await q.consumer()
         seen = []
@@ -104,7 +104,7 @@ async def test_async_stream_order_and_ack(adb):
 
 
 def test_a_zombie_consumer_in_another_process_is_fenced(db, mongo_uri, db_name):
-    q = StreamQueue(db, "s", **FAST)
+    q = StreamQueue(db, "s", **FAST_STREAM)
     q.push_many(list(range(30)), durable=True)
     p = worker("zombie", mongo_uri, db_name)
     try:
@@ -125,7 +125,7 @@ def test_a_zombie_consumer_in_another_process_is_fenced(db, mongo_uri, db_name):
 
 
 def test_resume_after_a_seq(db):
-    q = StreamQueue(db, "s", **FAST)
+    q = StreamQueue(db, "s", **FAST_STREAM)
     q.push_many(list(range(50)), durable=True)
     c = q.consumer(after=2)
     assert db.s.count_documents({}) == 3  # 1 and 2 acknowledged on open
@@ -145,21 +145,21 @@ def test_a_hole_from_a_killed_producer_is_closed_after_the_grace_period(db, mong
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
-    q = StreamQueue(db, "s", hole_grace=1.5, **FAST)
+    q = StreamQueue(db, "s", hole_grace=1.5, **FAST_STREAM)
     q.push_many(list(range(15)), durable=True)  # seqs 2 and 3, behind the hole at 1
     c = q.consumer()
     t0 = time.monotonic()
-    b = c.next_batch(timeout=10)
+    b = c.next_batch(timeout=30)
     waited = time.monotonic() - t0
     assert b is not None and b.seq == 2 and b.items == list(range(10))
-    assert 1.4 <= waited < 6, waited
+    assert waited >= 1.4, f"the hole was closed {waited:.2f} s after the read, before its grace"
     assert c.holes_closed == 1
     c.ack(2)
     assert c.next_batch(1).seq == 3
 
 
 def test_a_late_bucket_is_never_skipped_and_one_too_late_is_renumbered(db):
-    q = StreamQueue(db, "s", hole_grace=1.0, **FAST)
+    q = StreamQueue(db, "s", hole_grace=1.0, **FAST_STREAM)
     c = q.consumer()
     # Late, within the grace period: read in its place.
     seq = q._allocate(1)[0]
@@ -249,7 +249,7 @@ def test_exactly_once_into_a_sink_that_stores_the_seq_while_consumers_are_killed
 def test_close_hole_counts_only_a_number_it_closed(db):
     """A bucket that lands (or is published) between the read that found its number
     blocked and the close is read, and ``holes_closed`` does not count it."""
-    q = StreamQueue(db, "s", **FAST)
+    q = StreamQueue(db, "s", **FAST_STREAM)
     q.write_staged([[encode_item("a")]], {"j": "job", "t": "tok"})
     c = q.consumer()
     stale = db.s.find_one({"_id": 1})
@@ -267,7 +267,7 @@ def test_close_hole_counts_only_a_number_it_closed(db):
 def test_staged_buckets_meeting_a_tombstone_are_renumbered(db):
     """A staged write whose number was closed as a hole meanwhile takes the next one,
     as a pushed bucket does."""
-    q = StreamQueue(db, "s", **FAST)
+    q = StreamQueue(db, "s", **FAST_STREAM)
     q.push("first", durable=True)  # seq 1
     db.s.insert_one({"_id": 2, "hole": True, "at": None})  # closed before our insert
     q.write_staged([[encode_item(i) for i in range(3)]], {"j": "job", "t": "tok"})
@@ -277,7 +277,7 @@ def test_staged_buckets_meeting_a_tombstone_are_renumbered(db):
 
 
 def test_reachable_stops_at_a_hole_and_closes_it_after_its_grace(db):
-    q = StreamQueue(db, "s", hole_grace=0.5, **FAST)
+    q = StreamQueue(db, "s", hole_grace=0.5, **FAST_STREAM)
     q.push_many(list(range(20)), durable=True)  # seqs 1, 2
     q._allocate(1)  # seq 3: handed out, never written
     q.push_many(list(range(20, 30)), durable=True)  # seq 4

@@ -9,12 +9,11 @@ import pytest
 from bucketq import DamagedBucket
 from bucketq.errors import ConfigurationError
 from bucketq.stream import AsyncStreamQueue, StreamQueue
-
-FAST = {"bucket_max_size": 10, "bucket_max_wait": 0.05, "poll_interval": 0.1}
+from fast_settings import FAST_STREAM
 
 
 def test_a_damaged_stream_bucket_stops_in_order_until_quarantined(db):
-    q = StreamQueue(db, "s", **FAST)
+    q = StreamQueue(db, "s", **FAST_STREAM)
     q.push_many([{"i": i} for i in range(30)])
     q.flush()
     good = db.s.find_one({"_id": 2})
@@ -49,7 +48,7 @@ def test_a_damaged_stream_bucket_stops_in_order_until_quarantined(db):
 
 
 async def test_async_stream_consumer_meets_an_undecodable_bucket(adb, db):
-    async with AsyncStreamQueue(adb, "s", **FAST) as q:
+    async with AsyncStreamQueue(adb, "s", **FAST_STREAM) as q:
         await q.push_many(list(range(20)))
         await q.flush()
         db.s.update_one({"_id": 1}, {"$set": {"items": b"\x07\x00\x00\x00\x00"}})
