@@ -17,7 +17,7 @@ from bucketq.admin import AsyncInspector, Inspector
 from bucketq.cli import main
 from bucketq.queue import AsyncQueue, Queue
 from bucketq.stream import StreamQueue
-from queue_kinds import FAST
+from fast_settings import FAST
 from waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
