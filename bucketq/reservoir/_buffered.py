@@ -174,7 +174,7 @@ class BufferedReservoir(Reservoir):
 
     async def stop(self, timeout: float | None = None) -> dict[str, Any]:
         """Stop the buffer; call it after the HTTP server stopped accepting and its
-        in-flight requests returned (the seed's order: server first, then the drain).
+        in-flight requests returned (LogTide's order: server first, then the drain).
         Ingests that still arrive while it drains, or after, are not refused: they go
         straight to storage and return the storage's result.
 
@@ -677,7 +677,7 @@ def install_signal_handlers(
 ) -> Callable[[], None]:
     """On SIGTERM/SIGINT (once): call ``before_stop()`` and wait for it (stop the HTTP
     server: no new requests, in-flight ones finish into the buffer), then stop
-    ``buffer`` gracefully (drain), then call ``on_stopped(report)``. That is the seed's
+    ``buffer`` gracefully (drain), then call ``on_stopped(report)``. That is LogTide's
     order: server first, then the drain. Either callback may be a coroutine function.
     Call from the running loop; returns a function that removes the handlers."""
     loop = asyncio.get_running_loop()

@@ -162,7 +162,7 @@ class BufferConfig:
     redis_url: str = _env("", _url(*v.REDIS_SCHEMES), "Redis for the `redis` transport; when missing, the buffer falls back to `memory` with a warning.", env="REDIS_URL")
     max_delay_ms: int = _env(30000, _int(1), "Cap of the retry delay.", seed=False)
     breaker_rule: str = _env("consecutive", _rule,
-        "`consecutive` (the seed's: failed flushes in a row; a fully stored flush resets the count) "
+        "`consecutive` (LogTide's: failed flushes in a row; a fully stored flush resets the count) "
         "or `window` (failed flushes within `FAILURE_WINDOW_MS`; no reset). A flush is one batch of a shard; "
         "it failed when any of its records did not store.", seed=False)
     failure_window_ms: int = _env(60000, _int(1), "`BREAKER_RULE=window`: the rolling window in which flush failures are counted.", seed=False)
@@ -170,7 +170,7 @@ class BufferConfig:
         "`project`: shard by `project_id`; `entity`: by `{project_id}-{trace_id}` for spans and for logs "
         "that carry a `trace_id` (else the project), so one trace's records share a shard, in order.", seed=False)
     retry_preset: str = _env("seed", _preset,
-        "`seed`: `MAX_RETRY_ATTEMPTS` attempts from `BASE_DELAY_MS`; `langfuse`: 6 attempts, exponential from 5 s "
+        "`seed` (LogTide's): `MAX_RETRY_ATTEMPTS` attempts from `BASE_DELAY_MS`; `langfuse`: 6 attempts, exponential from 5 s "
         "(the cap is raised to 80 s so the series is not cut short).", seed=False)
     retry_by_kind: Any = _env("", _by_kind,
         "Per-kind attempts and first delay over the preset, e.g. `span=6:5000,metric=2:100` "

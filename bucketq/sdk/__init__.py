@@ -5,7 +5,7 @@ without losing a record silently.
 
     import logging
     from bucketq.sdk import IngestHandler
-    logging.getLogger().addHandler(IngestHandler("http://127.0.0.1:8080", "lp_..."))
+    logging.getLogger().addHandler(IngestHandler("http://127.0.0.1:8080", "bq_..."))
 
 A log call puts the record on a bounded in-memory :class:`SafeQueue` and returns;
 worker threads send batches to ``POST /api/v1/ingest``, fall back to ``fallback_url``

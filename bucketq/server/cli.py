@@ -146,7 +146,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--workers", type=_positive, default=1,
                    help="processes serving the one port (default 1); metrics count all of them")  # fmt: skip
     s.add_argument("--log-level", default=os.environ.get("BUCKETQ_LOG_LEVEL", "info"),
-                   choices=("debug", "info", "warning", "error"))  # fmt: skip
+                   choices=("debug", "info", "warning", "error"),
+                   help="level of the log on stderr (default: $BUCKETQ_LOG_LEVEL, else info)")  # fmt: skip
     s.set_defaults(func=_serve)
 
     k = sub.add_parser("keys", help="create, list or revoke ingest API keys")

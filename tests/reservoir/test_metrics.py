@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -88,3 +91,18 @@ def test_each_buffer_has_its_own_registry_or_the_one_given(backends):
     c = BufferedReservoir(FakeStorage(), backends.transport("memory"), FAST_BUFFER, registry=reg)
     assert c.metrics.registry is reg
     assert "reservoir_buffer_breaker_state 0.0" in render_metrics(reg)
+
+
+def test_every_metric_is_in_the_docs_table(backends):
+    """docs/reservoir.md's metrics table names every family the buffer exports, with
+    its type, and nothing else."""
+    buf = BufferedReservoir(FakeStorage(), backends.transport("memory"), FAST_BUFFER)
+    exported = {
+        fam.name + ("_total" if fam.type == "counter" else ""): fam.type
+        for fam in text_string_to_metric_families(render_metrics(buf))
+        if not fam.name.endswith("_created")  # prometheus_client's own, beside a counter
+    }
+    docs = (Path(__file__).parents[2] / "docs" / "reservoir.md").read_text()
+    table = docs.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    documented = dict(re.findall(r"^\| `(reservoir_buffer_\w+)` \| (\w+):", table, re.M))
+    assert documented == exported
