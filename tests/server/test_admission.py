@@ -102,7 +102,7 @@ def test_a_frozen_store_is_a_503_in_time_and_unknown_keys_evict_no_known_one(
            "BUCKETQ_BODY_TIMEOUT_MS": "1000",
            "RESERVOIR_BUFFER_ENABLED": "true", "RESERVOIR_BUFFER_TRANSPORT": "memory"}  # fmt: skip
     serve = Serve(storage.uri, "frozen", tmp_path / "serve.log", **env).start()
-    try:
+    with serve.stops_cleanly():
         with MongoClient(storage.uri) as client:
             known = _keys.create_key(client["frozen"], "known")
             cold = _keys.create_key(client["frozen"], "cold")
@@ -158,8 +158,6 @@ def test_a_frozen_store_is_a_503_in_time_and_unknown_keys_evict_no_known_one(
             want = {"before-0", "during-0", "during-1", "during-2"}
             eventually(lambda: want <= stored(), what="the records accepted during the freeze")
         assert "Traceback" not in serve.output()
-    finally:
-        assert serve.terminate() == 0
 
 
 def _ingest_with(serve: Serve, key: str) -> tuple[int, str]:
