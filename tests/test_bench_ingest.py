@@ -307,6 +307,11 @@ def test_limits_double_the_rate_then_bisect_and_judge_each_figure():
     assert any(line.startswith("capacity off: 4,000 records/s") for line in lines)
     assert any("overload off at 80 req/s" in line and "✓" in line for line in lines)
     assert ("off", 50.0, 10) in calls  # the good traffic: 50 requests/s of 10 records
+    # a start past the capacity: halved until sustained, then once halfway back up
+    run_one, calls = _fake_run(capacity_rate=3)
+    c = _limits.capacity(run_one, "off", st)
+    assert [s["rate"] for s in c["steps"]] == [10, 5, 2.5, 3.75]
+    assert c["records_per_s"] == 250
 
 
 def test_hostile_clients_and_the_health_probe_against_a_real_server(mongo_uri):

@@ -179,7 +179,8 @@ def _body_that_never_arrives_is_a_408(serve: Serve, key: str) -> None:
 # -- connections, heads, bodies, in flight ---------------------------------------------------
 
 LIMITS = {"BUCKETQ_MAX_CONNECTIONS": "8", "BUCKETQ_HEADER_TIMEOUT_MS": "2000",
-          "BUCKETQ_MAX_REQUESTS_IN_FLIGHT": "2", "BUCKETQ_MAX_BODY_BYTES": "20000"}  # fmt: skip
+          "BUCKETQ_MAX_REQUESTS_IN_FLIGHT": "2", "BUCKETQ_MAX_BODY_BYTES": "20000",
+          "BUCKETQ_MAX_RECORDS_IN_FLIGHT": "3"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -297,6 +298,27 @@ def test_requests_past_the_in_flight_limit_get_503_at_once(limited: tuple[Serve,
         assert int(headers["retry-after"]) > 0 and headers.get("connection") == "close"
     r = httpx.get(serve.url + "/metrics", timeout=CLIENT_TIMEOUT)
     assert metric(r.text, "bucketq_admission_refused_total", reason="requests") >= 1
+
+
+def test_records_past_the_in_flight_limit_get_503_at_once(limited: tuple[Serve, str]) -> None:
+    """Two requests of two records at once: the second, while the first waits for
+    storage, would pass BUCKETQ_MAX_RECORDS_IN_FLIGHT (3) and is refused with a 503."""
+    serve, key = limited
+
+    def burst() -> list[tuple[int, str, str]] | None:
+        def send(_: int) -> tuple[int, str, str]:
+            with serve.client(key) as c:
+                r = c.post("/api/v1/ingest", json=log_batch(2))
+                return r.status_code, r.headers.get("Retry-After", ""), r.text
+
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(send, range(8)))
+        assert {s for s, _, _ in got} <= {200, 503}, got
+        refused = [g for g in got if g[0] == 503 and "BUCKETQ_MAX_RECORDS_IN_FLIGHT" in g[2]]
+        return refused or None
+
+    refused = eventually(burst, what="a request refused for the records in flight")
+    assert all(int(ra) > 0 for _, ra, _ in refused)
 
 
 def test_connections_past_the_cap_get_503_and_are_closed(limited: tuple[Serve, str]) -> None:

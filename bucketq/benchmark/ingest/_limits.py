@@ -40,6 +40,7 @@ class LimitSettings:
     modes: tuple[str, ...]
     step_duration: float = 10.0
     start_rate: float = 10.0
+    min_rate: float = 1.0
     max_rate: float = 1280.0
     overload_duration: float = 30.0
     hostile_duration: float = 30.0
@@ -90,14 +91,20 @@ def capacity(run_one: RunOne, mode: str, st: LimitSettings) -> dict[str, Any]:
     good: dict[str, Any] | None = None
     bad_rate: float | None = None
     rate = st.start_rate
-    while rate <= st.max_rate:
+    # up (doubling) from the start while sustained, or down (halving) until it is
+    while st.min_rate <= rate <= st.max_rate:
         r = run_one(mode, rate, st.step_duration, CAPACITY_BATCH)
         steps.append(_step(r))
-        if not sustained(r):
+        if sustained(r):
+            good = steps[-1]
+            if bad_rate is not None:
+                break
+            rate *= 2
+        else:
             bad_rate = rate
-            break
-        good = steps[-1]
-        rate *= 2
+            if good is not None:
+                break
+            rate /= 2
     if good is not None and bad_rate is not None:
         mid = (good["rate"] + bad_rate) / 2
         r = run_one(mode, mid, st.step_duration, CAPACITY_BATCH)
