@@ -276,3 +276,20 @@ def make_dead(db: Any, name: str, payloads: list[Any]) -> None:
         q.flush()
     finally:
         q.close()
+
+
+def test_metrics_export_the_watched_queues(console):
+    """``BUCKETQ_WATCH_QUEUES=*``: /metrics has every queue's sizes, from the background samples."""
+    db = console["db"]
+    with Queue(db, "metered") as q:
+        q.push_many(range(7), durable=True)
+
+    def exported() -> str | None:
+        with console["serve"].client() as c:
+            text = c.get("/metrics").text
+        line = 'bucketq_queue_items{kind="queue",queue="metered",state="ready"} 7.0'
+        return text if line in text else None
+
+    text = eventually(exported, 30, what="/metrics to export queue metered")
+    assert "bucketq_queue_inspect_up 1.0" in text
+    assert 'bucketq_queue_buckets{kind="queue",queue="metered"}' in text
