@@ -3,8 +3,9 @@
 what an operator does: find a record just ingested, watch the live tail, requeue a dead
 letter; and the refusals: a project's key, an action without its CSRF token.
 
-The pages' screenshots (1,280 and 390 pixels wide) go to docs/console/, which
-docs/console.md shows. Chromium is ``/usr/bin/chromium`` (``apt-get install chromium``;
+Each test screenshots its pages at 1,280 and 390 pixels wide (the layout must render at
+both). They go to a temporary directory; with ``BUCKETQ_CONSOLE_SCREENSHOTS=docs`` to
+docs/console/, which docs/console.md shows (a plain run never changes the work tree). Chromium is ``/usr/bin/chromium`` (``apt-get install chromium``;
 never ``playwright install``): without it these tests skip locally and fail in CI.
 """
 
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.xdist_group("console")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
-SHOTS = ROOT / "docs" / "console"
+DOCS_SHOTS = ROOT / "docs" / "console"
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 #: The live tail must show a new record within this long (the console polls every 0.5 s).
@@ -99,11 +100,20 @@ def _signed_in(browser: Any, console: dict[str, Any], viewport: dict[str, int] =
     return page
 
 
-def _shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the screenshots go: docs/console/ when asked, else a temporary directory."""
+    if os.environ.get("BUCKETQ_CONSOLE_SCREENSHOTS") == "docs":
+        return DOCS_SHOTS
+    return Path(tmp_path_factory.mktemp("console-shots"))
+
+
+def _shot(page: Any, where: Path, name: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
     for label, vp in (("wide", WIDE), ("narrow", NARROW)):
         page.set_viewport_size(vp)
-        page.screenshot(path=str(SHOTS / f"{name}-{label}.png"), full_page=True)
+        page.screenshot(path=str(where / f"{name}-{label}.png"), full_page=True)
+        assert (where / f"{name}-{label}.png").stat().st_size > 0
     page.set_viewport_size(WIDE)
 
 
@@ -118,7 +128,7 @@ def _ingest(console: dict[str, Any], message: str, level: str = "error", service
     assert r.status_code == 200, r.text
 
 
-def test_a_record_just_ingested_is_found_by_search(browser, console):
+def test_a_record_just_ingested_is_found_by_search(browser, console, shots):
     from playwright.sync_api import expect
 
     for i, (level, service) in enumerate(
@@ -142,12 +152,12 @@ def test_a_record_just_ingested_is_found_by_search(browser, console):
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text(word)
     page.goto(console["serve"].url + "/console/logs?project=shop")
-    _shot(page, "logs")
+    _shot(page, shots, "logs")
     page.goto(console["serve"].url + "/console/logs?project=shop&q=" + word)
     page.locator("#logs tbody tr[data-id] a").first.click()
     expect(page.locator("dl.detail")).to_contain_text("ab" * 16)
     expect(page.locator("pre.json")).to_contain_text('"cart": 42')
-    _shot(page, "log-detail")
+    _shot(page, shots, "log-detail")
     page.context.close()
 
 
@@ -163,7 +173,7 @@ def test_the_live_tail_shows_a_new_record_within_two_seconds(browser, console):
     page.context.close()
 
 
-def test_requeue_of_a_dead_letter_puts_it_back(browser, console):
+def test_requeue_of_a_dead_letter_puts_it_back(browser, console, shots):
     from playwright.sync_api import expect
 
     db = console["db"]
@@ -185,10 +195,10 @@ def test_requeue_of_a_dead_letter_puts_it_back(browser, console):
     expect(page.locator('#queues tr[data-name="jobs"] polyline')).to_have_attribute(
         "points", re.compile(r"\d"), timeout=15_000
     )
-    _shot(page, "queues")
+    _shot(page, shots, "queues")
     page.click('#queues a:text-is("emails")')
     expect(page.locator("#dead tbody tr")).to_have_count(2)
-    _shot(page, "queue")
+    _shot(page, shots, "queue")
     page.check(f'input[value="{dead[0].id}"]')
     page.click('#dead-form button:text-is("Requeue")')
     expect(page.locator("h1")).to_contain_text("Requeue dead letters?")  # asks first
@@ -204,7 +214,7 @@ def test_requeue_of_a_dead_letter_puts_it_back(browser, console):
     page.context.close()
 
 
-def test_the_ingest_page_shows_the_buffer(browser, console):
+def test_the_ingest_page_shows_the_buffer(browser, console, shots):
     from playwright.sync_api import expect
 
     page = _signed_in(browser, console)
@@ -213,17 +223,17 @@ def test_the_ingest_page_shows_the_buffer(browser, console):
     expect(page.locator("dl.detail")).to_contain_text("closed")
     _ingest(console, "one more for the rate")
     expect(page.locator("#rate-requests")).not_to_have_text("–", timeout=10_000)
-    _shot(page, "ingest")
+    _shot(page, shots, "ingest")
     page.context.close()
 
 
-def test_a_project_key_gets_403(browser, console):
+def test_a_project_key_gets_403(browser, console, shots):
     from playwright.sync_api import expect
 
     ctx = browser.new_context(viewport=WIDE)
     page = ctx.new_page()
     page.goto(console["serve"].url + "/console/login")
-    _shot(page, "login")
+    _shot(page, shots, "login")
     page.fill("#key", console["project"])
     with page.expect_response(lambda r: r.url.endswith("/console/login")) as resp:
         page.click("button[type=submit]")
