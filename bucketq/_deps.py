@@ -1,30 +1,47 @@
-"""Optional dependencies (the extras): imported when used, and a missing one is an error
-that says which extra to install."""
+"""Optional dependencies (the extras): imported when used; a missing one is a
+:class:`~bucketq.errors.MissingDependency` (a ConfigurationError and an ImportError)
+that names the extra to install. The one place that says so."""
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import ModuleType
 
-from .errors import ConfigurationError
+from .errors import MissingDependency
+
+#: Who needs each extra, as the error names it.
+NEEDED_BY = {
+    "reservoir": "The reservoir buffer",
+    "sdk": "The logging SDK",
+    "server": "The ingest service (bucketq serve)",
+    "spark": "The bucketq Spark data source",
+    "bench": "bucketq bench",
+    "bench,server": "bucketq bench ingest",
+}
 
 
-def requirer(needed_by: str, extra: str) -> Callable[[str], ModuleType]:
-    """``require(module)``: import ``module``, or raise an ImportError saying that
-    ``needed_by`` needs it and to install ``extra``."""
+def missing_extra(modules: Iterable[str], extra: str, needed_by: str = "") -> MissingDependency:
+    """The error for ``modules`` not installed: who needs them, and the extra to install."""
+    names = sorted(set(modules))
+    who = needed_by or NEEDED_BY.get(extra, f"This part of bucketq (extra {extra!r})")
+    what = ", ".join(repr(m) for m in names)
+    if len(names) == 1:
+        said = f"the {what} package, which is not installed. Install it"
+    else:
+        said = f"the packages {what}, which are not installed. Install them"
+    exc = MissingDependency(f"{who} needs {said} with `pip install 'bucketq[{extra}]'`.")
+    exc.name = names[0] if names else None
+    return exc
 
-    def require(module: str) -> ModuleType:
-        try:
-            return importlib.import_module(module)
-        except ImportError as exc:
-            raise ImportError(
-                f"{needed_by} needs the {module!r} package, which is not installed. "
-                f"Install it with `pip install '{extra}'`."
-            ) from exc
 
-    return require
+def require(module: str, extra: str, needed_by: str = "") -> ModuleType:
+    """Import ``module``, or raise :func:`missing_extra` naming ``extra``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise missing_extra([exc.name or module], extra, needed_by) from exc
 
 
 def missing(modules: Iterable[str]) -> list[str]:
@@ -42,11 +59,9 @@ def missing(modules: Iterable[str]) -> list[str]:
     return sorted({m for m in modules if not present(m)})
 
 
-def require_all(modules: Iterable[str], needed_by: str, install: str) -> None:
-    """A :class:`ConfigurationError` naming what of ``modules`` is missing, before a run
-    that needs them all starts; ``install`` says how to get them."""
+def require_all(modules: Iterable[str], extra: str, needed_by: str = "") -> None:
+    """Before a run that needs all of ``modules`` starts: :func:`missing_extra` for the
+    ones not installed."""
     absent = missing(modules)
     if absent:
-        raise ConfigurationError(
-            f"{needed_by} needs {', '.join(absent)}, which is not installed. {install}"
-        )
+        raise missing_extra(absent, extra, needed_by)

@@ -1,17 +1,27 @@
 """Checks of every option and argument where it enters bucketq, in one pure place.
 
 Each check takes the argument's name and value and returns the value (converted
-where that is safe, e.g. an int for a float option); a bad value raises
+where that is safe, e.g. a float for a number option); a bad value raises
 :class:`~bucketq.errors.ConfigurationError` whose message names the argument and the
 accepted range. Booleans are never counts or seconds, and NaN or infinity is never a
-number of anything. No I/O.
+number of anything.
+
+The one configuration mechanism: an option is declared once, beside its field, with
+:func:`option` (its default, its check and the check's limits; for an environment
+variable or a string option also its name and help). The same check serves keyword
+arguments (:func:`check_options`), environment variables (:func:`read_env`) and Spark's
+string options (:func:`read_text`): text is first read by the check's type (one reader
+per check: :func:`parse`), so ``1_000`` is a thousand everywhere. :func:`settings` lists
+a configuration's variables and :func:`settings_table` renders them for the docs. No I/O
+besides reading the environment mapping given.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, field, fields
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -68,7 +78,7 @@ def number(
         or (hi is not None and value > hi)
     ):
         raise _fail(name, f"a finite number {_range(lo, hi, open_lo=open_lo, unit=unit)}", value)
-    return value
+    return float(value)
 
 
 def optional_number(name: str, value: Any, **kw: Any) -> float | None:
@@ -133,9 +143,12 @@ def text(name: str, value: Any, *, optional: bool = False) -> str | None:
     return value
 
 
-def collection_name(name: str, value: Any) -> str:
+def collection_name(name: str, value: Any, *, optional: bool = False) -> str:
     """A name MongoDB accepts for a collection (bucketq also adds suffixes such as
-    ``.dlq`` and ``.meta`` to it)."""
+    ``.dlq`` and ``.meta`` to it, and the reservoir ``:<shard>``): the one check of a
+    queue, stream or collection name. Empty is allowed (unset) when ``optional``."""
+    if optional and value == "":
+        return value
     need = (
         "a non-empty string of at most 200 bytes, without '$' or NUL, not starting or "
         "ending with '.', without '..', and not starting with 'system.'"
@@ -152,6 +165,25 @@ def collection_name(name: str, value: Any) -> str:
         or len(value.encode("utf-8", "surrogatepass")) > 200
     ):
         raise _fail(name, need, value)
+    return value
+
+
+#: Characters MongoDB refuses in a database name (on any platform).
+_DB_FORBIDDEN = frozenset('/\\. "$*<>:|?\0')
+
+
+def database_name(name: str, value: Any, *, optional: bool = False) -> str:
+    """A name MongoDB accepts for a database. Empty is allowed (unset) when ``optional``."""
+    if optional and value == "":
+        return value
+    if (
+        not isinstance(value, str)
+        or not value
+        or any(c in _DB_FORBIDDEN for c in value)
+        or len(value.encode("utf-8", "surrogatepass")) > 63
+    ):
+        need = 'a non-empty string of at most 63 bytes without /\\. "$*<>:|? or NUL'
+        raise _fail(name, need + (" (or empty: unset)" if optional else ""), value)
     return value
 
 
@@ -255,7 +287,7 @@ def url(name: str, value: Any, schemes: tuple[str, ...], *, optional: bool = Tru
     return v
 
 
-# -- option fields of frozen dataclasses --------------------------------------------------
+# -- options and settings: one declaration, read from keywords, the environment or text --
 
 
 def option(
@@ -263,34 +295,201 @@ def option(
     check: Callable[..., Any] | None = None,
     *,
     factory: Callable[[], Any] | None = None,
+    env: str | None = None,
+    help: str | None = None,
+    tag: str = "",
     **limits: Any,
 ) -> Any:
     """A dataclass field with its default (or ``factory``) and its check, called as
     ``check(name, value, **limits)`` by :func:`check_options`: an option's type and range
-    are declared once, beside the option."""
-    meta = {} if check is None else {"check": (check, limits)}
+    are declared once, beside the option.
+
+    With ``help`` the field is also a setting read from text (:func:`settings`): an
+    environment variable named ``env`` (by default the prefix given to :func:`settings`
+    and the field's name in capitals); ``tag`` follows the help in the docs' table."""
+    meta: dict[str, Any] = {} if check is None else {"check": (check, limits)}
+    if help is not None:
+        meta["setting"] = (env, help, tag)
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def check_options(obj: Any) -> None:
+def check_options(obj: Any, named: Iterable[Setting] = ()) -> None:
     """Run the checks of a dataclass's :func:`option` fields, in their order, keeping
-    what each check returns (frozen dataclasses too: call it from ``__post_init__``)."""
+    what each check returns (frozen dataclasses too: call it from ``__post_init__``).
+    A field that is one of the settings ``named`` is called ``field (VARIABLE)``."""
+    label = {s.field: f"{s.field} ({s.name})" for s in named}
     for f in fields(obj):
         spec = f.metadata.get("check")
         if spec is not None:
             check, limits = spec
-            object.__setattr__(obj, f.name, check(f.name, getattr(obj, f.name), **limits))
+            value = check(label.get(f.name, f.name), getattr(obj, f.name), **limits)
+            object.__setattr__(obj, f.name, value)
 
 
 def maybe(check: Callable[..., Any]) -> Callable[..., Any]:
-    """``check`` that also accepts None (an option that is off unless set)."""
+    """``check`` that also accepts None (an option that is off unless set); as text,
+    empty is None."""
 
     def check_or_none(name: str, value: Any, **limits: Any) -> Any:
         return None if value is None else check(name, value, **limits)
 
+    inner = reader(check)
+    _READERS[check_or_none] = lambda text: None if not text.strip() else inner(text)
     return check_or_none
+
+
+def _read_whole(text: str) -> Any:
+    t = text.strip()
+    try:
+        return int(t) if t.isascii() else text  # int() takes Python's 1_000, not 1e3
+    except ValueError:
+        return text  # the check refuses it, naming the setting and what it accepts
+
+
+def _read_number(text: str) -> Any:
+    t = text.strip()
+    try:
+        return float(t) if t.isascii() else text
+    except ValueError:
+        return text
+
+
+def _read_flag(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    return text
+
+
+#: How text (an environment variable, a Spark option, a command-line argument) becomes
+#: the value a check takes: one reader per type. Text a reader cannot convert is given
+#: to the check as it is, which refuses it with its message. Other checks get the text
+#: without surrounding spaces.
+_READERS: dict[Callable[..., Any], Callable[[str], Any]] = {
+    count: _read_whole,
+    number: _read_number,
+    timeout: lambda t: None if not t.strip() else _read_number(t),
+    flag: _read_flag,
+    choice: lambda t: t.strip().lower(),
+}
+
+
+def reader(check: Callable[..., Any]) -> Callable[[str], Any]:
+    """The text reader of ``check``'s type."""
+    return _READERS.get(check, str.strip)
+
+
+def reads(read: Callable[[str], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare the text reader of a check defined elsewhere (a decorator)."""
+
+    def register(check: Callable[..., Any]) -> Callable[..., Any]:
+        _READERS[check] = read
+        return check
+
+    return register
+
+
+def parse(check: Callable[..., Any], name: str, text: str, **limits: Any) -> Any:
+    """``text`` read by ``check``'s type, then checked: the value, or a
+    :class:`~bucketq.errors.ConfigurationError` naming ``name``."""
+    return check(name, reader(check)(text), **limits)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One option read from text: its ``name`` (an environment variable, or a Spark
+    option), the ``field`` it sets, its default (as a value), what it does (``help``,
+    and ``tag`` after it in the docs), and its check with the check's limits."""
+
+    name: str
+    field: str
+    default: Any
+    help: str
+    check: Callable[..., Any]
+    limits: Mapping[str, Any]
+    tag: str = ""
+
+    def parse(self, text: str, label: str = "{}") -> Any:
+        """``text`` as this setting's value (``label`` formats its name in errors)."""
+        return parse(self.check, label.format(self.name), text, **self.limits)
+
+    @property
+    def default_text(self) -> str:
+        """The default as the environment writes it."""
+        d = self.default
+        if d is None:
+            return ""
+        if isinstance(d, bool):
+            return str(d).lower()
+        if isinstance(d, frozenset | set | tuple | list):
+            return ",".join(sorted(map(str, d)))
+        if isinstance(d, float) and d.is_integer():
+            return str(int(d))
+        return str(d)
+
+
+def settings(cls: type, prefix: str = "") -> tuple[Setting, ...]:
+    """The settings of dataclass ``cls``: its :func:`option` fields that have ``help``,
+    in field order, each named by its ``env``, else ``prefix`` + the field in capitals."""
+    out = []
+    for f in fields(cls):
+        if "setting" not in f.metadata:
+            continue
+        env, help, tag = f.metadata["setting"]
+        check, limits = f.metadata.get("check", (_as_is, {}))
+        default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[operator]
+        out.append(Setting(env or prefix + f.name.upper(), f.name, default, help, check,
+                           limits, tag))  # fmt: skip
+    return tuple(out)
+
+
+def setting_of(cls: type, field_name: str, name: str, help: str = "") -> Setting:
+    """A setting named ``name`` for the :func:`option` field ``field_name`` of ``cls``,
+    with that field's check (e.g. a Spark option that is a stream option)."""
+    f = next(f for f in fields(cls) if f.name == field_name)
+    check, limits = f.metadata["check"]
+    return Setting(name, field_name, f.default, help, check, limits)
+
+
+def _as_is(name: str, value: Any) -> Any:
+    return value
+
+
+def read_text(
+    table: Iterable[Setting], source: Mapping[str, str], *, label: str = "{}",
+    casefold: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """The settings of ``table`` that ``source`` gives (by name; any case with
+    ``casefold``, whose ``source`` keys are lower case), each parsed and checked, by field.
+    A bad one raises :class:`~bucketq.errors.ConfigurationError` naming it."""
+    values: dict[str, Any] = {}
+    for s in table:
+        raw = source.get(s.name.lower() if casefold else s.name)
+        if raw is not None:
+            values[s.field] = s.parse(raw, label)
+    return values
+
+
+def read_env(table: Iterable[Setting], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """:func:`read_text` from ``environ`` (default ``os.environ``): the variables set."""
+    env = os.environ if environ is None else environ
+    try:
+        return read_text(table, env)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc} Fix or unset the variable.") from None
+
+
+def settings_table(table: Iterable[Setting], *, first: str = "Variable") -> str:
+    """The settings as a Markdown table of name, default and meaning (the docs' tables)."""
+    lines = [f"| {first} | Default | Meaning |", "|---|---|---|"]
+    for s in table:
+        default = f"`{s.default_text}`" if s.default_text else "(unset)"
+        lines.append(f"| `{s.name}` | {default} | {s.help}{s.tag} |")
+    return "\n".join(lines) + "\n"
 
 
 # -- command-line arguments (argparse ``type=`` functions) --------------------------------
@@ -309,19 +508,17 @@ def cli_count(lo: int = 0, hi: int | None = None) -> Any:
     """An argparse ``type`` for a whole number in ``[lo, hi]``."""
     import argparse
 
-    def parse(text: str) -> int:
+    def whole(text: str) -> int:
         try:
-            value = int(text.replace("_", ""))
-        except ValueError:
-            value = None
-        if value is None or value < lo or (hi is not None and value > hi):
+            value: int = parse(count, "it", text, lo=lo, hi=hi)
+        except ConfigurationError:
             raise argparse.ArgumentTypeError(
                 f"must be a whole number {_range(lo, hi, open_lo=False, unit='')}; got {text!r}"
-            )
+            ) from None
         return value
 
-    parse.__name__ = "whole number"
-    return parse
+    whole.__name__ = "whole number"
+    return whole
 
 
 def cli_count_list(lo: int = 1) -> Any:

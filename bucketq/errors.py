@@ -4,6 +4,7 @@
 
     BucketQError
     ├── ConfigurationError          an option or environment variable is invalid
+    │   └── MissingDependency       an optional extra is not installed (also an ImportError)
     ├── PayloadError                a pushed item cannot be stored
     │   ├── PayloadNotEncodable     not BSON-encodable
     │   └── PayloadTooLarge         can never fit in a bucket
@@ -39,6 +40,12 @@ class BucketQError(Exception):
 
 class ConfigurationError(BucketQError, ValueError):
     """An option or environment variable has an invalid value."""
+
+
+class MissingDependency(ConfigurationError, ImportError):
+    """A part needs an optional dependency that is not installed; the message names the
+    extra to install (``pip install 'bucketq[EXTRA]'``). Also an :class:`ImportError`, so
+    code that guards an optional import catches it as one."""
 
 
 class PayloadError(BucketQError, ValueError):

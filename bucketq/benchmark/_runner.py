@@ -340,8 +340,7 @@ class _Servers:
 def _require(modules: Sequence[str]) -> None:
     from .._deps import require_all
 
-    require_all(modules, "bucketq bench",
-                "Install the benchmark's dependencies with `pip install 'bucketq[bench]'`.")  # fmt: skip
+    require_all(modules, "bench")
 
 
 def run(

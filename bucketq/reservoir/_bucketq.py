@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from .. import _validate as v
 from ..errors import (
     BucketQError,
     OperationTimeout,
@@ -138,11 +139,9 @@ class BucketqTransport(Transport):
         queue_options: dict[str, Any] | None = None,
         commit_window: float = DEFAULT_COMMIT_WINDOW,
     ) -> None:
-        if not isinstance(commit_window, int | float) or not 0 <= commit_window <= 1:
-            raise ValueError(f"commit_window must be 0 to 1 second; got {commit_window!r}")
+        self.commit_window = v.number("commit_window", commit_window, lo=0.0, hi=1.0)
         self.db = db
-        self.prefix = prefix
-        self.commit_window = float(commit_window)
+        self.prefix = v.collection_name("prefix", prefix)
         self.queue_options = {**DEFAULT_QUEUE_OPTIONS, **(queue_options or {})}
         self.slots = CommitSlots(self.commit_window)
         self.queues: dict[int, AsyncQueue] = {}

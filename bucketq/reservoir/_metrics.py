@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._deps import require
+from .._deps import require
 
 NAMES = {
     "enqueued": "reservoir_buffer_enqueued_total",
@@ -34,7 +34,7 @@ class BufferMetrics:
     """
 
     def __init__(self, registry: Any = None) -> None:
-        prom = require("prometheus_client")
+        prom = require("prometheus_client", "reservoir")
         self.registry = prom.CollectorRegistry(auto_describe=True) if registry is None else registry
         labels = ("kind", "shard")
 
@@ -96,7 +96,7 @@ class BufferMetrics:
 def render_metrics(registry: Any) -> str:
     """Prometheus text of ``registry`` (a ``BufferMetrics``, a ``BufferedReservoir`` or a
     ``CollectorRegistry``), for a ``/metrics`` endpoint."""
-    prom = require("prometheus_client")
+    prom = require("prometheus_client", "reservoir")
     target = getattr(registry, "metrics", registry)
     target = getattr(target, "registry", target)
     return prom.generate_latest(target).decode()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._deps import require
+from .._deps import require
 
 #: The record kinds the buffer carries, with the storage method each one goes to.
 KINDS = ("log", "span", "metric")
@@ -38,7 +38,7 @@ def shard_for(
     if project_id in overflow_projects:
         return shards
     if _mmh3_hash is None:
-        _mmh3_hash = require("mmh3").hash
+        _mmh3_hash = require("mmh3", "reservoir").hash
     return _mmh3_hash(project_id.encode(), 0, signed=False) % shards
 
 
@@ -101,31 +101,6 @@ class RetryPolicy:
 RETRY_PRESETS: dict[str, tuple[int, int] | None] = {"seed": None, "langfuse": (6, 5000)}
 
 
-def parse_retry_by_kind(text: str) -> dict[str, tuple[int, int]]:
-    """``"span=6:5000,metric=2:100"`` -> ``{"span": (6, 5000), "metric": (2, 100)}``
-    (attempts, base delay in ms); ``ValueError`` naming what is wrong."""
-    out: dict[str, tuple[int, int]] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        kind, sep, spec = part.partition("=")
-        attempts, colon, base = spec.partition(":")
-        kind = kind.strip()
-        if not sep or not colon or kind not in KINDS:
-            raise ValueError(
-                f"must look like span=6:5000,metric=2:100 (kind=attempts:base_ms, kinds "
-                f"{', '.join(KINDS)}); got {part!r}"
-            )
-        try:
-            a, b = int(attempts), int(base)
-        except ValueError:
-            raise ValueError(f"attempts and base_ms must be whole numbers; got {part!r}") from None
-        if a < 1 or b < 1:
-            raise ValueError(f"attempts and base_ms must be >= 1; got {part!r}")
-        out[kind] = (a, b)
-    return out
-
-
 def retry_policies(
     preset: str,
     attempts: int,
@@ -151,30 +126,6 @@ def retry_policies(
 ORIGINS = ("api", "otlp")
 #: Seconds in a UTC day (POSIX time counts every day as exactly this long).
 DAY = 86400
-
-
-def parse_ms_by_kind(text: str) -> dict[str, int]:
-    """``"span=5000,log=1000"`` -> ``{"span": 5000, "log": 1000}`` (milliseconds >= 0);
-    ``ValueError`` naming what is wrong."""
-    out: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        kind, sep, ms = part.partition("=")
-        kind = kind.strip()
-        if not sep or kind not in KINDS:
-            raise ValueError(
-                f"must look like span=5000,log=1000 (kind=ms, kinds {', '.join(KINDS)}); "
-                f"got {part!r}"
-            )
-        try:
-            value = int(ms)
-        except ValueError:
-            raise ValueError(f"the delay must be a whole number of ms; got {part!r}") from None
-        if value < 0:
-            raise ValueError(f"the delay must be >= 0 ms; got {part!r}")
-        out[kind] = value
-    return out
 
 
 def parse_window(text: str) -> tuple[int, int]:

@@ -33,9 +33,9 @@ from typing import Any
 
 from bson import json_util
 
+from .._deps import require
 from ..errors import TransportError, TransportTimeout, TransportUnavailable
 from ._config import DEFAULT_STREAM_PREFIX
-from ._deps import require
 from ._policy import dead_entry, replayed_entry
 from ._transport import Delivery, Transport
 
@@ -90,8 +90,8 @@ class RedisTransport(Transport):
         claim_idle: float = DEFAULT_CLAIM_IDLE,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
-        self._redis_mod = require("redis")
-        require("redis.asyncio")
+        self._redis_mod = require("redis", "reservoir")
+        require("redis.asyncio", "reservoir")
         if client is None:
             if not url:
                 raise TransportUnavailable(

@@ -13,7 +13,7 @@ import hashlib
 import time
 from typing import Any
 
-from ._deps import require
+from .._deps import require
 from ._options import HEALTH_PATH, READY_PATH, Config
 from ._policy import Outcome, classify, connection_failed
 from ._record import dumps
@@ -25,7 +25,7 @@ class Sender:
     """POSTs batches and probes health; not thread-safe (one per thread)."""
 
     def __init__(self, cfg: Config) -> None:
-        urllib3 = require("urllib3")
+        urllib3 = require("urllib3", "sdk")
         self._cfg = cfg
         self._errors = (urllib3.exceptions.HTTPError, OSError)
         self._pool = urllib3.PoolManager(

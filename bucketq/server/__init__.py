@@ -17,13 +17,9 @@ from ._config import SETTINGS, ServerConfig, config_table, from_env
 
 def create_app(*args: Any, **kwargs: Any) -> Any:
     """Build the app (see :func:`bucketq.server._app.create_app`); needs ``bucketq[server]``."""
-    try:
-        from ._app import create_app as build
-    except ImportError as exc:
-        raise ImportError(
-            f"The ingest service needs {exc.name!r}: pip install 'bucketq[server]'."
-        ) from exc
-    return build(*args, **kwargs)
+    from .._deps import require
+
+    return require("bucketq.server._app", "server").create_app(*args, **kwargs)
 
 
 __all__ = ["SETTINGS", "ServerConfig", "config_table", "create_app", "from_env"]

@@ -37,13 +37,12 @@ def _setup_logging(level: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .._deps import require_all
+
     try:
-        import fastapi  # noqa: F401
-        import google.rpc  # noqa: F401
-        import opentelemetry.proto  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as exc:
-        print(f"bucketq serve needs {exc.name}: pip install '{EXTRA}'", file=sys.stderr)
+        require_all(("fastapi", "google.rpc", "opentelemetry.proto", "uvicorn"), "server")
+    except BucketQError as exc:
+        print(f"bucketq serve: {exc}", file=sys.stderr)
         return 2
     from ._config import from_env
     from ._run import serve

@@ -17,13 +17,9 @@ __all__ = ["BucketQDataSource", "register"]
 
 
 def _need_pyspark() -> None:
-    try:
-        import pyspark.sql.datasource  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            "The bucketq Spark data source needs pyspark >= 4.0 and pyarrow: "
-            "pip install 'bucketq[spark]'."
-        ) from exc
+    from .._deps import require
+
+    require("pyspark.sql.datasource", "spark", "The bucketq Spark data source (pyspark >= 4.0)")
 
 
 def register(spark: Any) -> None:

@@ -51,30 +51,62 @@ WRITER_PREFIX = "spark-writer:"
 
 # -- options ---------------------------------------------------------------------------
 
-#: Spark options that are stream options: checked by :class:`StreamOptions` itself, so
-#: they accept what a ``StreamQueue`` accepts (errors name the Spark option).
-STREAM_OPTIONS: dict[str, tuple[str, type]] = {
-    "bucketMaxSize": ("bucket_max_size", int),
-    "bucketMaxBytes": ("bucket_max_bytes", int),
-    "holeGrace": ("hole_grace", float),
-    "stageTimeout": ("stage_timeout", float),
+
+def _option(name: str, field: str, default: Any, check: Any, help: str, **limits: Any) -> v.Setting:
+    return v.Setting(name, field, default, help, check, limits)
+
+
+def _stream_option(name: str, field: str, help: str) -> v.Setting:
+    """A Spark option that is a stream option: read with the ``StreamOptions`` field's own
+    check, so it accepts what a ``StreamQueue`` accepts (errors name the Spark option)."""
+    return v.setting_of(score.StreamOptions, field, name, help)
+
+
+#: The data source's options (any case, as Spark's are), each read from Spark's text by
+#: its check (bucketq._validate): one declaration, the table in docs/spark.md.
+# fmt: off
+OPTIONS: tuple[v.Setting, ...] = (
+    _option("uri", "uri", "", v.url, f"MongoDB URI (default: `${URI_ENV}`)", schemes=v.MONGODB_SCHEMES),
+    _option("database", "database", DEFAULT_DATABASE, v.database_name, "database"),
+    _option("queue", "queue", "", v.collection_name, "queue name (required)", optional=True),
+    _option("mode", "mode", "auto", v.choice, "`stream` (stream-mode queue), `queue` (bucket queue); "
+            "`auto` = stream if the queue has stream metadata", options=("auto", "stream", "queue")),
+    _option("payloadFormat", "payload_format", "json", v.choice, "read: payload as JSON text (`json`) "
+            "or bytes (`binary`: bytes payloads as they are, others as UTF-8 JSON). write: `json` parses "
+            "a string `payload` column, `text` keeps it a string", options=("json", "binary", "text")),
+    _option("numPartitions", "num_partitions", DEFAULT_NUM_PARTITIONS, v.count,
+            "partitions of a read (contiguous bucket ranges)", lo=1),
+    _option("maxRowsPerTrigger", "max_rows_per_trigger", DEFAULT_MAX_ROWS_PER_TRIGGER, v.count,
+            "streaming read: rows per micro-batch at most (whole buckets, at least one)", lo=1),
+    _option("startingAfter", "starting_after", None, v.maybe(v.count),
+            "streaming read of a new query: start after this seq (default: the last ack)", lo=0),
+    _stream_option("holeGrace", "hole_grace",
+                   "streaming read: a seq taken by a producer that died is closed after this (seconds)"),
+    _stream_option("stageTimeout", "stage_timeout",
+                   "a staged (unpublished) write blocking a stream is closed after this (seconds)"),
+    _stream_option("bucketMaxSize", "bucket_max_size", "writes: items per bucket at most (1 to 65,536)"),
+    _stream_option("bucketMaxBytes", "bucket_max_bytes", "writes: bytes per bucket at most (1,024 to 16 MiB less 64 KiB)"),
+    _option("writerId", "writer_id", "default", v.text,
+            "streaming write: one id per streaming query writing into the same queue"),
+    _option("partitions", "partitions", 1, v.count, "write into a bucket queue opened with "
+            "`partitions=K`: give K, and each task's rows go to partition `task % K` (refused for a stream)",
+            lo=1, hi=qcore.MAX_PARTITIONS, note=" (the queue's partitions=K: writes spread their tasks over them)"),
+)
+# fmt: on
+#: The options that are stream options, by their ``StreamQueue`` names.
+STREAM_OPTIONS = {
+    s.name: s.field for s in OPTIONS if s.field in score.StreamOptions.__dataclass_fields__
 }
 
 
-def _parse(opts: dict[str, str], key: str, kind: type) -> Any:
-    raw = opts.get(key.lower())
-    if raw is None:
-        return None
-    try:
-        return kind(raw)
-    except ValueError:
-        need = "a whole number" if kind is int else "a number"
-        raise ConfigurationError(f"Option {key} must be {need}; got {raw!r}.") from None
+def options_table() -> str:
+    """The options as the Markdown table in ``docs/spark.md``."""
+    return v.settings_table(OPTIONS, first="Option")
 
 
 def spark_names(message: str) -> str:
     """A stream option check's message with the Spark options' names."""
-    for key, (name, _) in STREAM_OPTIONS.items():
+    for key, name in STREAM_OPTIONS.items():
         if message.startswith(name + " "):
             message = "Option " + message
         message = message.replace(name, key)
@@ -91,66 +123,41 @@ def check_partitions(o: Options, mode: str) -> None:
 
 
 class Options:
-    """The data source's options, checked once on the driver. Picklable (plain values).
-
-    ``uri`` (else ``$BUCKETQ_MONGODB_URI``), ``database`` (default ``bucketq``), ``queue``
-    (required), ``mode`` (``stream``, ``queue`` or ``auto``: a stream if the queue has
-    stream metadata), ``payloadFormat`` (``json`` (default), ``binary``, or for writes
-    ``text``), ``numPartitions``, ``bucketMaxSize``, ``bucketMaxBytes``,
-    ``maxRowsPerTrigger``, ``startingAfter``, ``holeGrace``, ``stageTimeout``, ``writerId``,
-    ``partitions``.
-    """
+    """The data source's options (:data:`OPTIONS`), checked once on the driver.
+    Picklable (plain values). ``uri`` falls back to ``$BUCKETQ_MONGODB_URI``; ``queue`` is
+    required."""
 
     def __init__(self, raw: dict[str, str]) -> None:
-        opts = {str(k).lower(): str(v) for k, v in raw.items()}
-        uri = opts.get("uri") or os.environ.get(URI_ENV)
-        if not uri:
+        opts = {str(k).lower(): str(x) for k, x in raw.items()}
+        given = v.read_text(OPTIONS, opts, label="Option {}", casefold=True)
+        values = {s.field: s.default for s in OPTIONS if s.field not in STREAM_OPTIONS.values()}
+        values.update(given)
+        if not values["uri"]:
+            env = os.environ.get(URI_ENV, "")
+            values["uri"] = v.url(f"${URI_ENV}", env, v.MONGODB_SCHEMES) if env else ""
+        if not values["uri"]:
             raise ConfigurationError(
                 f'The bucketq data source needs a MongoDB URI: .option("uri", "mongodb://...") or ${URI_ENV}.'
             )
-        self.uri: str = uri
-        self.database = opts.get("database") or DEFAULT_DATABASE
-        queue = opts.get("queue")
-        if not queue:
+        if not values["queue"]:
             raise ConfigurationError(
                 'The bucketq data source needs .option("queue", "<queue name>").'
             )
-        self.queue = qcore.check_name(queue)
-        self.mode = opts.get("mode", "auto").lower()
-        if self.mode not in ("auto", "stream", "queue"):
-            raise ConfigurationError(
-                f'Option mode must be "auto", "stream" or "queue"; got {self.mode!r}.'
-            )
-        self.payload_format = opts.get("payloadformat", "json").lower()
-        if self.payload_format not in ("json", "binary", "text"):
-            raise ConfigurationError(
-                f'Option payloadFormat must be "json", "binary" or "text"; got {self.payload_format!r}.'
-            )
-        n = _parse(opts, "numPartitions", int)
-        self.num_partitions = (
-            DEFAULT_NUM_PARTITIONS if n is None else v.count("Option numPartitions", n, lo=1)
-        )
-        n = _parse(opts, "maxRowsPerTrigger", int)
-        self.max_rows_per_trigger = (
-            DEFAULT_MAX_ROWS_PER_TRIGGER
-            if n is None
-            else v.count("Option maxRowsPerTrigger", n, lo=1)
-        )
-        n = _parse(opts, "startingAfter", int)
-        self.starting_after = None if n is None else v.count("Option startingAfter", n, lo=0)
+        self.uri: str = values["uri"]
+        self.database: str = values["database"]
+        self.queue: str = values["queue"]
+        self.mode: str = values["mode"]
+        self.payload_format: str = values["payload_format"]
+        self.num_partitions: int = values["num_partitions"]
+        self.max_rows_per_trigger: int = values["max_rows_per_trigger"]
+        self.starting_after: int | None = values["starting_after"]
         #: The stream options given (by their ``StreamQueue`` names), checked as it checks them.
-        self.stream_options: dict[str, Any] = {}
-        for key, (name, kind) in STREAM_OPTIONS.items():
-            value = _parse(opts, key, kind)
-            if value is not None:
-                self.stream_options[name] = value
+        self.stream_options: dict[str, Any] = {
+            f: given[f] for f in STREAM_OPTIONS.values() if f in given
+        }
         self.stream_opts()
-        self.writer_id = opts.get("writerid", "default")
-        n = _parse(opts, "partitions", int)
-        self.partitions = 1 if n is None else v.count(
-            "Option partitions", n, lo=1, hi=qcore.MAX_PARTITIONS,
-            note=" (the queue's partitions=K: writes spread their tasks over them)",
-        )  # fmt: skip
+        self.writer_id: str = values["writer_id"]
+        self.partitions: int = values["partitions"]
         check_partitions(self, self.mode)
 
     def stream_opts(self) -> score.StreamOptions:
@@ -288,13 +295,9 @@ def _micros(t: Any) -> int | None:
 
 
 def _pyarrow():
-    try:
-        import pyarrow
-    except ImportError as exc:  # pragma: no cover - the spark extra installs it
-        raise ConfigurationError(
-            "The bucketq Spark source needs pyarrow: pip install 'bucketq[spark]'."
-        ) from exc
-    return pyarrow
+    from .._deps import require
+
+    return require("pyarrow", "spark")
 
 
 def arrow_schema(fmt: str):

@@ -1,10 +1,14 @@
 """The command line answers bad arguments and unreachable servers with one clear line
-on stderr and a non-zero exit status, never a traceback; the reservoir's configuration
-checks types and names the variable."""
+on stderr and a non-zero exit status, never a traceback; configuration (the reservoir's
+and the server's environment variables, Spark's options, keyword options) is one
+mechanism: the same text means the same value everywhere, and an error names the
+variable or option and what it accepts; a missing extra says which one to install."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,9 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from bucketq import ConfigurationError
+from bucketq import ConfigurationError, QueueOptions, reservoir, server
+from bucketq._deps import require, require_all
+from bucketq._validate import cli_count
+from bucketq.errors import MissingDependency
 from bucketq.reservoir import BufferConfig
 from bucketq.reservoir._config import from_env
+from bucketq.spark import _ops as spark_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,13 +142,114 @@ def test_good_urls_pass():
 
 
 def test_a_missing_optional_dependency_says_which_extra_to_install():
-    from bucketq.reservoir._deps import require as reservoir_require
-    from bucketq.sdk._deps import require as sdk_require
+    assert require("json", "reservoir").dumps([]) == "[]"
+    for extra, who in (("reservoir", "reservoir buffer"), ("sdk", "logging SDK"),
+                       ("server", "ingest service"), ("spark", "Spark data source")):  # fmt: skip
+        with pytest.raises(MissingDependency, match=rf"{who} needs the 'no_such_mod' package.*"
+                           rf"pip install 'bucketq\[{extra}\]'") as err:  # fmt: skip
+            require("no_such_mod", extra)
+        # One error for every missing extra: a ConfigurationError, and an ImportError
+        # for code that guards an optional import.
+        assert isinstance(err.value, ConfigurationError) and isinstance(err.value, ImportError)
+        assert err.value.name == "no_such_mod"
+    with pytest.raises(MissingDependency, match=r"'no_a', 'no_b'.*bucketq\[bench\]"):
+        require_all(["json", "no_b", "no_a"], "bench")
 
-    assert reservoir_require("json").dumps([]) == "[]"
-    with pytest.raises(
-        ImportError, match=r"reservoir buffer needs the 'no_such_mod'.*bucketq\[reservoir\]"
-    ):
-        reservoir_require("no_such_mod")
-    with pytest.raises(ImportError, match=r"logging SDK needs the 'no_such_mod'.*bucketq\[sdk\]"):
-        sdk_require("no_such_mod")
+
+# -- one mechanism: the same text is the same value in every table ------------------------
+
+#: A whole-number setting of each place that reads text: (read it, what it gave).
+WHOLE_NUMBER_READERS = {
+    "reservoir": lambda text: from_env({"RESERVOIR_BUFFER_MAX_BATCH_SIZE": text}).max_batch_size,
+    "server": lambda text: server.from_env({"BUCKETQ_MAX_RECORDS": text}).max_records,
+    "spark": lambda text: (
+        spark_ops.Options(
+            {"uri": "mongodb://h", "queue": "q", "numPartitions": text}
+        ).num_partitions
+    ),
+    "command line": lambda text: cli_count(1)(text),
+}
+
+
+@pytest.mark.parametrize("where", sorted(WHOLE_NUMBER_READERS))
+@pytest.mark.parametrize(("text", "value"), [("1000", 1000), ("1_000", 1000), (" 250 ", 250)])
+def test_a_whole_number_reads_alike_everywhere(where, text, value):
+    assert WHOLE_NUMBER_READERS[where](text) == value
+
+
+@pytest.mark.parametrize("where", sorted(WHOLE_NUMBER_READERS))
+@pytest.mark.parametrize("text", ["1e3", "ten", "nan", "1.5", "", "1__000", "\u0661\u0662", "0"])
+def test_a_bad_whole_number_is_refused_alike_everywhere(where, text):
+    refused = argparse.ArgumentTypeError if where == "command line" else ConfigurationError
+    with pytest.raises(refused, match="must be a whole number at least 1; got "):
+        WHOLE_NUMBER_READERS[where](text)
+
+
+def test_errors_name_the_variable_or_option_and_what_it_accepts():
+    with pytest.raises(ConfigurationError) as err:
+        from_env({"RESERVOIR_BUFFER_SHARDS": "many"})
+    assert str(err.value) == (
+        "RESERVOIR_BUFFER_SHARDS must be a whole number at least 1; got 'many'. "
+        "Fix or unset the variable."
+    )
+    with pytest.raises(ConfigurationError) as err:
+        server.from_env({"BUCKETQ_KEY_CACHE_MS": "5000"})
+    assert str(err.value).startswith(
+        "BUCKETQ_KEY_CACHE_MS must be a whole number from 0 to 1000; got 5000."
+    )
+    with pytest.raises(ConfigurationError) as err:
+        spark_ops.Options({"uri": "mongodb://h", "queue": "q", "MODE": "Batch"})
+    assert str(err.value) == "Option mode must be one of 'auto', 'stream', 'queue'; got 'batch'."
+    with pytest.raises(ConfigurationError) as err:
+        server.ServerConfig(max_records=0)
+    assert str(err.value).startswith("max_records (BUCKETQ_MAX_RECORDS) must be a whole number")
+
+
+@pytest.mark.parametrize("bad", ["a$b", "system.x", ".x", "x.", "a..b", "x" * 201])
+def test_one_collection_name_check_for_queues_streams_and_prefixes(bad):
+    """A queue name, the server's tee stream, the reservoir's prefix and Spark's queue
+    option are refused alike (the same message), and each names its setting."""
+    places = [
+        ("QueueOptions(dead_letter_queue=...)", lambda: QueueOptions(dead_letter_queue=bad)),
+        ("BUCKETQ_TEE_STREAM", lambda: server.from_env({"BUCKETQ_TEE_STREAM": bad})),
+        ("RESERVOIR_BUFFER_STREAM_PREFIX",
+         lambda: from_env({"RESERVOIR_BUFFER_STREAM_PREFIX": bad})),
+        ("Option queue", lambda: spark_ops.Options({"uri": "mongodb://h", "queue": bad})),
+    ]  # fmt: skip
+    needs = set()
+    for name, build in places:
+        with pytest.raises(ConfigurationError) as err:
+            build()
+        msg = str(err.value)
+        assert (name.split("(")[0] in msg) or "dead_letter_queue" in msg, msg
+        needs.add(msg.split(" must be ", 1)[1].split("; got")[0])
+    assert len(needs) == 1, needs
+
+
+@pytest.mark.parametrize(
+    "table",
+    [reservoir.SETTINGS, server.SETTINGS, spark_ops.OPTIONS],
+    ids=["reservoir", "server", "spark"],
+)
+def test_every_documented_default_reads_as_the_default(table):
+    """The docs' tables show each default as text: read back, it is the code's default
+    (and a check accepts every default)."""
+    for s in table:
+        if s.default_text:
+            parsed = s.parse(s.default_text)
+            expected = s.check(s.name, s.default, **s.limits)
+            assert parsed == expected, s.name
+
+
+@pytest.mark.parametrize(
+    ("doc", "render"),
+    [("reservoir.md", reservoir.config_table), ("server.md", server.config_table),
+     ("spark.md", spark_ops.options_table)],
+)  # fmt: skip
+def test_the_docs_tables_are_rendered_from_the_code(doc, render):
+    text = (ROOT / "docs" / doc).read_text()
+    m = re.search(r"<!-- config-table:start -->\n(.*?)<!-- config-table:end -->", text, re.S)
+    assert m, f"docs/{doc} lost its config-table markers"
+    assert m.group(1) == render(), (
+        f"regenerate docs/{doc}'s table with {render.__module__}.{render.__name__}()"
+    )

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from bucketq.errors import ConfigurationError
 from bucketq.reservoir._policy import new_entry, shard_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -121,5 +122,8 @@ def test_commit_slots_write_at_once_when_idle_and_share_one_slot_per_window():
     slots.end(0)
     zero = CommitSlots(0)
     assert [zero.begin(0, 100 + i / 1000) for i in range(5)] == [0] * 5
-    with pytest.raises(ValueError, match="commit_window"):
-        BucketqTransport(None, commit_window=2)
+    for bad in (2, -0.1, float("nan"), True):
+        with pytest.raises(
+            ConfigurationError, match="commit_window must be a finite number from 0 to 1"
+        ):
+            BucketqTransport(None, commit_window=bad)

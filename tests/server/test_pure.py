@@ -31,8 +31,10 @@ def test_config_from_env_names_the_bad_variable() -> None:
         cfg.max_records == 50 and cfg.tee_stream == "logs" and cfg.max_body_bytes == 5 * 1024 * 1024
     )
     for env, value in (("BUCKETQ_MAX_BODY_BYTES", "lots"), ("BUCKETQ_KEY_CACHE_MS", "5000"),
-                       ("BUCKETQ_MAX_RECORDS", "0"), ("BUCKETQ_TEE_STREAM", "a b")):  # fmt: skip
-        with pytest.raises(ConfigurationError, match=env):
+                       ("BUCKETQ_MAX_RECORDS", "0"), ("BUCKETQ_TEE_STREAM", "a$b"),
+                       ("BUCKETQ_TEE_STREAM", "system.x"), ("BUCKETQ_DATABASE", "a.b"),
+                       ("BUCKETQ_MONGODB_URI", "localhost")):  # fmt: skip
+        with pytest.raises(ConfigurationError, match=f"^{env} must be .*; got"):
             from_env({env: value})
     assert from_env({}, database="x", mongodb_uri=None).database == "x"
 

@@ -26,7 +26,7 @@ def options(mongo_uri, db_name, **extra):
         ("bucketMaxBytes", str(32 * 1024 * 1024), "from 1024 to 16711680 bytes (MongoDB's 16 MiB"),
         ("bucketMaxBytes", "100", "from 1024 to 16711680 bytes"),
         ("bucketMaxSize", "100000", "from 1 to 65536 items"),
-        ("bucketMaxSize", "ten", "a whole number; got 'ten'"),
+        ("bucketMaxSize", "ten", "a whole number from 1 to 65536 items; got 'ten'"),
         ("holeGrace", "nan", "a finite number greater than 0"),
         ("stageTimeout", "inf", "a finite number greater than 0"),
         ("numPartitions", "0", "a whole number at least 1"),

@@ -284,8 +284,7 @@ def _require(plots: bool) -> None:
     from ..._deps import require_all
 
     needed = ["rich", "fastapi", "uvicorn", *(["matplotlib"] if plots else [])]
-    require_all(needed, "bucketq bench ingest",
-                "Install them with `pip install 'bucketq[bench,server]'`.")  # fmt: skip
+    require_all(needed, "bench,server")
 
 
 def settings_for(
