@@ -15,7 +15,7 @@ from .errors import MissingDependency
 NEEDED_BY = {
     "reservoir": "The reservoir buffer",
     "sdk": "The logging SDK",
-    "server": "The ingest service (bucketq serve)",
+    "server": "The ingest service",
     "spark": "The bucketq Spark data source",
     "bench": "bucketq bench",
     "bench,server": "bucketq bench ingest",
