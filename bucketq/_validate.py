@@ -135,11 +135,13 @@ def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
     return value
 
 
-def text(name: str, value: Any, *, optional: bool = False) -> str | None:
+def text(name: str, value: Any, *, optional: bool = False, hi: int | None = None) -> str | None:
+    """A non-empty string (of at most ``hi`` characters); None too when ``optional``."""
     if value is None and optional:
         return None
-    if not isinstance(value, str) or not value:
-        raise _fail(name, "a non-empty string" + (" (or None)" if optional else ""), value)
+    if not isinstance(value, str) or not value or (hi is not None and len(value) > hi):
+        need = "a non-empty string" + (f" of at most {hi} characters" if hi else "")
+        raise _fail(name, need + (" (or None)" if optional else ""), value)
     return value
 
 
@@ -298,6 +300,7 @@ def option(
     env: str | None = None,
     help: str | None = None,
     tag: str = "",
+    shown: str | None = None,
     **limits: Any,
 ) -> Any:
     """A dataclass field with its default (or ``factory``) and its check, called as
@@ -306,10 +309,11 @@ def option(
 
     With ``help`` the field is also a setting read from text (:func:`settings`): an
     environment variable named ``env`` (by default the prefix given to :func:`settings`
-    and the field's name in capitals); ``tag`` follows the help in the docs' table."""
+    and the field's name in capitals); ``tag`` follows the help in the docs' table, and
+    ``shown`` stands for a default computed when the option is built (e.g. a path)."""
     meta: dict[str, Any] = {} if check is None else {"check": (check, limits)}
     if help is not None:
-        meta["setting"] = (env, help, tag)
+        meta["setting"] = (env, help, tag, shown)
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -412,6 +416,7 @@ class Setting:
     check: Callable[..., Any]
     limits: Mapping[str, Any]
     tag: str = ""
+    shown: str | None = None
 
     def parse(self, text: str, label: str = "{}") -> Any:
         """``text`` as this setting's value (``label`` formats its name in errors)."""
@@ -419,7 +424,7 @@ class Setting:
 
     @property
     def default_text(self) -> str:
-        """The default as the environment writes it."""
+        """The default as the environment writes it (empty when unset or ``shown``)."""
         d = self.default
         if d is None:
             return ""
@@ -432,18 +437,24 @@ class Setting:
         return str(d)
 
 
-def settings(cls: type, prefix: str = "") -> tuple[Setting, ...]:
+def settings(cls: type, prefix: str = "", *, keywords: bool = False) -> tuple[Setting, ...]:
     """The settings of dataclass ``cls``: its :func:`option` fields that have ``help``,
-    in field order, each named by its ``env``, else ``prefix`` + the field in capitals."""
+    in field order, each named by its ``env``, else ``prefix`` + the field in capitals
+    (with ``keywords``: the field's name, for a table of keyword options)."""
     out = []
     for f in fields(cls):
         if "setting" not in f.metadata:
             continue
-        env, help, tag = f.metadata["setting"]
+        env, help, tag, shown = f.metadata["setting"]
         check, limits = f.metadata.get("check", (_as_is, {}))
-        default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[operator]
-        out.append(Setting(env or prefix + f.name.upper(), f.name, default, help, check,
-                           limits, tag))  # fmt: skip
+        if f.default is not MISSING:
+            default = f.default
+        elif f.default_factory is not MISSING:
+            default = None if shown is not None else f.default_factory()
+        else:
+            default = None
+        name = f.name if keywords else env or prefix + f.name.upper()
+        out.append(Setting(name, f.name, default, help, check, limits, tag, shown))
     return tuple(out)
 
 
@@ -488,6 +499,8 @@ def settings_table(table: Iterable[Setting], *, first: str = "Variable") -> str:
     lines = [f"| {first} | Default | Meaning |", "|---|---|---|"]
     for s in table:
         default = f"`{s.default_text}`" if s.default_text else "(unset)"
+        if s.shown is not None:
+            default = s.shown
         lines.append(f"| `{s.name}` | {default} | {s.help}{s.tag} |")
     return "\n".join(lines) + "\n"
 

@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import _validate as v
@@ -95,36 +96,81 @@ def split_url(url: object, arg: str) -> tuple[str, str]:
     return base + INGEST_PATH, base
 
 
-def _seconds(name: str, value: object, *, zero_ok: bool = False) -> float:
-    # A float, so equal settings (1 and 1.0) name one processor and one spill directory.
-    return float(v.number(name, value, lo=0.0, hi=None, open_lo=not zero_ok))
+def server_url(name: str, value: object) -> str:
+    """A server's URL, given as its root or its ingest route: its root (base URL)."""
+    return split_url(value, name)[1]
+
+
+def check_api_key(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"{name} must be a non-empty string (create one with `bucketq keys create --project NAME`)."
+        )
+    return value
+
+
+def directory(name: str, value: object) -> str:
+    """A directory path (str or path-like), made absolute."""
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+        raise ConfigurationError(f"{name} must be a directory path; got {value!r}.")
+    return os.path.abspath(os.fspath(value))
+
+
+# Each option is declared once: its default (a DEFAULT_* constant), its check and its
+# help (bucketq._validate.option); docs/sdk.md's table is rendered from them.
+_SECONDS: dict[str, Any] = {"lo": 0.0, "hi": None, "open_lo": True}
+_SECONDS_OR_ZERO: dict[str, Any] = {"lo": 0.0, "hi": None}
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
     """One configuration of the SDK; equal configurations share one processor."""
 
-    url: str
-    api_key: str
-    fallback_url: str | None
-    fallback_api_key: str | None
-    spill_dir: str
-    queue_size: int = v.option(DEFAULT_QUEUE_SIZE, v.count, lo=1)
-    workers: int = v.option(DEFAULT_WORKERS, v.count, lo=1)
-    batch_size: int = v.option(DEFAULT_BATCH_SIZE, v.count, lo=1)
-    batch_wait: float = v.option(DEFAULT_BATCH_WAIT, _seconds, zero_ok=True)
-    health_interval: float = v.option(DEFAULT_HEALTH_INTERVAL, _seconds)
-    timeout: float = v.option(DEFAULT_TIMEOUT, _seconds)
-    connect_timeout: float = v.option(DEFAULT_CONNECT_TIMEOUT, _seconds)
-    shutdown_timeout: float = v.option(DEFAULT_SHUTDOWN_TIMEOUT, _seconds, zero_ok=True)
-    spill_max_bytes: int = v.option(DEFAULT_SPILL_MAX_BYTES, v.count, lo=1)
-    spill_segment_bytes: int = v.option(DEFAULT_SPILL_SEGMENT_BYTES, v.count, lo=1)
-    max_retry_after: float = v.option(DEFAULT_MAX_RETRY_AFTER, _seconds)
-    retry_backoff: float = v.option(DEFAULT_RETRY_BACKOFF, _seconds, zero_ok=True)
-    service: str = ""
+    # fmt: off
+    url: str = v.option(check=server_url)
+    api_key: str = v.option(check=check_api_key)
+    fallback_url: str | None = v.option(None, v.maybe(server_url),
+        help="a second server for when the primary is down, and the drain worker's target")
+    fallback_api_key: str | None = v.option(None, v.maybe(check_api_key), shown="`api_key`",
+        help="the key for the fallback (its project there)")
+    spill_dir: str = v.option(factory=lambda: str(default_spill_root()), check=directory,
+        shown="`$XDG_STATE_HOME/bucketq/sdk-spill` (`~/.local/state/...`)",
+        help="root of the spill; each destination (url and key) has its own directory below it")
+    queue_size: int = v.option(DEFAULT_QUEUE_SIZE, v.count, lo=1,
+        help="records held in memory; the writeback buffer holds up to as many again")
+    workers: int = v.option(DEFAULT_WORKERS, v.count, lo=1,
+        help="sender threads, each with its own connection pool")
+    batch_size: int = v.option(DEFAULT_BATCH_SIZE, v.count, lo=1,
+        help="records per POST (a request batch; at most the server's `MAX_RECORDS`, 1000 by default)")
+    batch_wait: float = v.option(DEFAULT_BATCH_WAIT, v.number, **_SECONDS_OR_ZERO,
+        help="seconds a sender waits for a batch to fill before sending what it has")
+    health_interval: float = v.option(DEFAULT_HEALTH_INTERVAL, v.number, **_SECONDS,
+        help="seconds between probes (`GET /ready`, else `/health`) of a server marked down")
+    timeout: float = v.option(DEFAULT_TIMEOUT, v.number, **_SECONDS,
+        help="seconds per request once connected")
+    connect_timeout: float = v.option(DEFAULT_CONNECT_TIMEOUT, v.number, **_SECONDS,
+        help="seconds to connect")
+    shutdown_timeout: float = v.option(DEFAULT_SHUTDOWN_TIMEOUT, v.number, **_SECONDS_OR_ZERO,
+        help="seconds `close()` and the exit hook wait for pending records; the rest is spilled")
+    spill_max_bytes: int = v.option(DEFAULT_SPILL_MAX_BYTES, v.count, lo=1,
+        help="bytes of spill kept per destination directory; past it the oldest segment goes, counted as lost")
+    spill_segment_bytes: int = v.option(DEFAULT_SPILL_SEGMENT_BYTES, v.count, lo=1,
+        help="bytes of one spill file before the next starts (at most `spill_max_bytes`)")
+    max_retry_after: float = v.option(DEFAULT_MAX_RETRY_AFTER, v.number, **_SECONDS,
+        help="the longest `Retry-After` honoured, in seconds")
+    retry_backoff: float = v.option(DEFAULT_RETRY_BACKOFF, v.number, **_SECONDS_OR_ZERO,
+        help="seconds to wait after a 502/504, or a 429/503 without `Retry-After`")
+    service: str = v.option(factory=default_service, check=v.text, hi=100, shown="program name",
+        help="the records' `service`")
+    # fmt: on
 
     def __post_init__(self) -> None:
+        # Every value is checked (and the URLs made their roots) where it is declared.
         v.check_options(self)
+        if self.fallback_url is not None and self.fallback_url == self.url:
+            raise ConfigurationError(
+                "fallback_url must name another server than url; leave it out to have none."
+            )
         if self.spill_segment_bytes > self.spill_max_bytes:
             raise ConfigurationError(
                 f"spill_segment_bytes ({self.spill_segment_bytes}) must not exceed spill_max_bytes "
@@ -176,74 +222,24 @@ class Config:
 #: The fields that name a spill directory: where its records go (see ``Config.spill_path``).
 SPILL_KEY_FIELDS = ("url", "api_key", "fallback_url", "fallback_api_key")
 
-OPTION_NAMES = (
-    "fallback_url",
-    "fallback_api_key",
-    "spill_dir",
-    "queue_size",
-    "workers",
-    "batch_size",
-    "batch_wait",
-    "health_interval",
-    "timeout",
-    "connect_timeout",
-    "shutdown_timeout",
-    "spill_max_bytes",
-    "spill_segment_bytes",
-    "max_retry_after",
-    "retry_backoff",
-    "service",
-)
+#: The keyword options (besides ``url`` and ``api_key``), in their order.
+OPTIONS: tuple[v.Setting, ...] = v.settings(Config, keywords=True)
+OPTION_NAMES = tuple(s.field for s in OPTIONS)
 
 
-_CHECKED_HERE = ("fallback_url", "fallback_api_key", "spill_dir", "service")
+def options_table() -> str:
+    """The options as the Markdown table in ``docs/sdk.md``."""
+    return v.settings_table(OPTIONS, first="Option")
 
 
 def make_config(url: object, api_key: object, **options: object) -> Config:
     """Validate ``url``, ``api_key`` and the keyword options; raise
-    :class:`~bucketq.errors.ConfigurationError` naming the bad one."""
+    :class:`~bucketq.errors.ConfigurationError` naming the bad one. ``spill_dir`` and
+    ``service`` given as None are their defaults."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise ConfigurationError(
             f"unknown SDK option(s) {unknown}; the options are {', '.join(OPTION_NAMES)}."
         )
-    ingest, base = split_url(url, "url")
-    if not isinstance(api_key, str) or not api_key.strip():
-        raise ConfigurationError(
-            "api_key must be a non-empty string (create one with `bucketq keys create --project NAME`)."
-        )
-    fallback = options.get("fallback_url")
-    if fallback is not None:
-        fb_ingest, fallback = split_url(fallback, "fallback_url")
-        if fb_ingest == ingest:
-            raise ConfigurationError(
-                "fallback_url must name another server than url; leave it out to have none."
-            )
-    fb_key = options.get("fallback_api_key")
-    if fb_key is not None and (not isinstance(fb_key, str) or not fb_key.strip()):
-        raise ConfigurationError(
-            "fallback_api_key must be a non-empty string, or None to use api_key."
-        )
-    spill = options.get("spill_dir")
-    if spill is None:
-        spill_dir = str(default_spill_root())
-    elif isinstance(spill, str | os.PathLike):
-        spill_dir = os.path.abspath(os.fspath(spill))
-    else:
-        raise ConfigurationError(f"spill_dir must be a directory path; got {spill!r}.")
-    service = options.get("service")
-    if service is None:
-        service = default_service()
-    if not isinstance(service, str) or not 1 <= len(service) <= 100:
-        raise ConfigurationError(f"service must be a string of 1-100 characters; got {service!r}.")
-    # The numbers are checked by Config itself (its fields' v.option).
-    numbers = {k: x for k, x in options.items() if k not in _CHECKED_HERE}
-    return Config(
-        url=base,
-        api_key=api_key,
-        fallback_url=None if fallback is None else str(fallback),
-        fallback_api_key=fb_key,
-        spill_dir=spill_dir,
-        service=service,
-        **numbers,  # type: ignore[arg-type]
-    )
+    given = {k: x for k, x in options.items() if x is not None or k not in ("spill_dir", "service")}
+    return Config(url=url, api_key=api_key, **given)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from bucketq._validate import cli_count
 from bucketq.errors import MissingDependency
 from bucketq.reservoir import BufferConfig
 from bucketq.reservoir._config import from_env
+from bucketq.sdk import _options as sdk_options
 from bucketq.spark import _ops as spark_ops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,8 +229,8 @@ def test_one_collection_name_check_for_queues_streams_and_prefixes(bad):
 
 @pytest.mark.parametrize(
     "table",
-    [reservoir.SETTINGS, server.SETTINGS, spark_ops.OPTIONS],
-    ids=["reservoir", "server", "spark"],
+    [reservoir.SETTINGS, server.SETTINGS, spark_ops.OPTIONS, sdk_options.OPTIONS],
+    ids=["reservoir", "server", "spark", "sdk"],
 )
 def test_every_documented_default_reads_as_the_default(table):
     """The docs' tables show each default as text: read back, it is the code's default
@@ -244,7 +245,7 @@ def test_every_documented_default_reads_as_the_default(table):
 @pytest.mark.parametrize(
     ("doc", "render"),
     [("reservoir.md", reservoir.config_table), ("server.md", server.config_table),
-     ("spark.md", spark_ops.options_table)],
+     ("spark.md", spark_ops.options_table), ("sdk.md", sdk_options.options_table)],
 )  # fmt: skip
 def test_the_docs_tables_are_rendered_from_the_code(doc, render):
     text = (ROOT / "docs" / doc).read_text()

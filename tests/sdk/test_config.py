@@ -63,6 +63,23 @@ def test_bad_options_name_the_argument(kwargs, names):
         make_config(**kwargs)
 
 
+def test_options_are_checked_where_declared_and_equal_values_are_one_configuration(tmp_path):
+    base = {"url": "http://h:8080", "api_key": "k", "spill_dir": tmp_path}
+    one = make_config(**base, batch_wait=1, queue_size=10)
+    assert one == make_config(**{**base, "url": "http://h:8080/api/v1/ingest"}, batch_wait=1.0,
+                              queue_size=10)  # fmt: skip
+    assert one.spill_path() == make_config(**base, batch_wait=1.0, queue_size=10).spill_path()
+    assert one.url == "http://h:8080" and one.ingest_url == "http://h:8080/api/v1/ingest"
+    # The message names the option and what it accepts, as every option check does.
+    with pytest.raises(ConfigurationError) as err:
+        make_config(**base, queue_size=True)
+    assert str(err.value) == "queue_size must be a whole number at least 1; got True."
+    with pytest.raises(
+        ConfigurationError, match="service must be a non-empty string of at most 100"
+    ):
+        make_config(**base, service="s" * 101)
+
+
 def test_client_log_rejects_an_unknown_level(tmp_path):
     c = Client(f"http://127.0.0.1:{dead_port()}", "k", spill_dir=tmp_path)
     with pytest.raises(ConfigurationError, match="level"):
