@@ -399,8 +399,15 @@ def reads(read: Callable[[str], Any]) -> Callable[[Callable[..., Any]], Callable
 
 def parse(check: Callable[..., Any], name: str, text: str, **limits: Any) -> Any:
     """``text`` read by ``check``'s type, then checked: the value, or a
-    :class:`~bucketq.errors.ConfigurationError` naming ``name``."""
-    return check(name, reader(check)(text), **limits)
+    :class:`~bucketq.errors.ConfigurationError` naming ``name`` and quoting ``text``."""
+    value = reader(check)(text)
+    try:
+        return check(name, value, **limits)
+    except ConfigurationError as exc:
+        said = f"; got {value!r}."
+        if value is text or not str(exc).endswith(said):
+            raise
+        raise ConfigurationError(f"{str(exc)[: -len(said)]}; got {text!r}.") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,8 @@ DEFAULT_BODY_TIMEOUT_MS = 30000
 DEFAULT_KEY_CACHE_SIZE = 10000
 #: Lookups per second of keys not in the cache; past it such a request is answered 429.
 DEFAULT_KEY_LOOKUPS_PER_S = 200
+#: ``bucketq serve``'s log levels (``BUCKETQ_LOG_LEVEL``, ``--log-level``).
+LOG_LEVELS = ("debug", "info", "warning", "error")
 #: The database when neither the URI nor ``BUCKETQ_DATABASE`` names one.
 DEFAULT_DATABASE = "bucketq"
 
@@ -123,6 +125,8 @@ class ServerConfig:
     operator_key: str = v.option("", secret, env="BUCKETQ_OPERATOR_KEY",
         help="A key that opens the console at `/console` (at least 32 characters), besides "
              "`bucketq keys create --operator` keys.")
+    log_level: str = v.option("info", v.choice, options=LOG_LEVELS, env="BUCKETQ_LOG_LEVEL",
+        help="Log level of `bucketq serve` on stderr: `debug`, `info`, `warning` or `error` (`--log-level` wins).")
     # fmt: on
 
     def __post_init__(self) -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any
 
 from ..errors import BucketQError
-from ._config import DEFAULT_DATABASE
+from ._config import DEFAULT_DATABASE, LOG_LEVELS
 from ._run import DEFAULT_HOST, DEFAULT_PORT
 
 EXTRA = "bucketq[server]"
@@ -47,11 +46,16 @@ def _serve(args: argparse.Namespace) -> int:
     from ._config import from_env
     from ._run import serve
 
-    _setup_logging(args.log_level)
     try:
-        cfg = from_env(mongodb_uri=args.mongodb_uri, database=args.database)
+        cfg = from_env(mongodb_uri=args.mongodb_uri, database=args.database,
+                       log_level=args.log_level)  # fmt: skip
+    except BucketQError as exc:
+        print(f"bucketq serve: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg.log_level)
+    try:
         return serve(host=args.host, port=args.port, config=cfg, data=args.data,
-                     log_level=args.log_level, workers=args.workers)  # fmt: skip
+                     log_level=cfg.log_level, workers=args.workers)  # fmt: skip
     except (BucketQError, OSError) as exc:
         print(f"bucketq serve: {exc}", file=sys.stderr)
         return 1
@@ -144,8 +148,7 @@ def add_parsers(sub: Any) -> None:
     )
     s.add_argument("--workers", type=_positive, default=1,
                    help="processes serving the one port (default 1); metrics count all of them")  # fmt: skip
-    s.add_argument("--log-level", default=os.environ.get("BUCKETQ_LOG_LEVEL", "info"),
-                   choices=("debug", "info", "warning", "error"),
+    s.add_argument("--log-level", choices=LOG_LEVELS,
                    help="level of the log on stderr (default: $BUCKETQ_LOG_LEVEL, else info)")  # fmt: skip
     s.set_defaults(func=_serve)
 

@@ -28,10 +28,13 @@ from bucketq.spark import _ops as spark_ops
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def bucketq(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def bucketq(
+    *args: str, timeout: float = 120, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for k in ("BUCKETQ_MONGODB_URI", "REDIS_URL"):
         env.pop(k, None)
+    env.update(environ or {})
     return subprocess.run(
         [sys.executable, "-m", "bucketq", *args],
         capture_output=True,
@@ -103,6 +106,18 @@ def test_server_on_a_port_in_use_says_the_address_is_in_use():
         port = s.getsockname()[1]
         out = bucketq("server", "--port", str(port))
     one_clear_line(out, f"127.0.0.1:{port}", "in use")
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "says"),
+    [("BUCKETQ_LOG_LEVEL", "verbose", "one of 'debug', 'info', 'warning', 'error'"),
+     ("BUCKETQ_MAX_RECORDS", "lots", "a whole number at least 1"),
+     ("RESERVOIR_BUFFER_SHARDS", "0", "a whole number at least 1")],
+)  # fmt: skip
+def test_serve_with_a_bad_variable_names_it_in_one_line_before_starting(var, value, says):
+    out = bucketq("serve", "--port", "0", environ={var: value})
+    assert out.returncode in (1, 2)
+    one_clear_line(out, f"{var} must be {says}; got {value!r}.")
 
 
 # -- the reservoir's configuration --------------------------------------------------------
@@ -182,8 +197,9 @@ def test_a_whole_number_reads_alike_everywhere(where, text, value):
 @pytest.mark.parametrize("text", ["1e3", "ten", "nan", "1.5", "", "1__000", "\u0661\u0662", "0"])
 def test_a_bad_whole_number_is_refused_alike_everywhere(where, text):
     refused = argparse.ArgumentTypeError if where == "command line" else ConfigurationError
-    with pytest.raises(refused, match="must be a whole number at least 1; got "):
+    with pytest.raises(refused) as err:
         WHOLE_NUMBER_READERS[where](text)
+    assert f"must be a whole number at least 1; got {text!r}" in str(err.value)
 
 
 def test_errors_name_the_variable_or_option_and_what_it_accepts():
@@ -196,11 +212,11 @@ def test_errors_name_the_variable_or_option_and_what_it_accepts():
     with pytest.raises(ConfigurationError) as err:
         server.from_env({"BUCKETQ_KEY_CACHE_MS": "5000"})
     assert str(err.value).startswith(
-        "BUCKETQ_KEY_CACHE_MS must be a whole number from 0 to 1000; got 5000."
+        "BUCKETQ_KEY_CACHE_MS must be a whole number from 0 to 1000; got '5000'."
     )
     with pytest.raises(ConfigurationError) as err:
         spark_ops.Options({"uri": "mongodb://h", "queue": "q", "MODE": "Batch"})
-    assert str(err.value) == "Option mode must be one of 'auto', 'stream', 'queue'; got 'batch'."
+    assert str(err.value) == "Option mode must be one of 'auto', 'stream', 'queue'; got 'Batch'."
     with pytest.raises(ConfigurationError) as err:
         server.ServerConfig(max_records=0)
     assert str(err.value).startswith("max_records (BUCKETQ_MAX_RECORDS) must be a whole number")
