@@ -54,7 +54,9 @@ DEFAULT_DATABASE = "bucketq"
 def queue_names(name: str, value: str) -> str:
     """Comma-separated queue or stream names (each a valid collection name), or ``*``."""
     if not isinstance(value, str):
-        raise ConfigurationError(f"{name} must be comma-separated queue names, or '*'; got {value!r}.")
+        raise ConfigurationError(
+            f"{name} must be comma-separated queue names, or '*'; got {value!r}."
+        )
     if value.strip() not in ("", "*"):
         for n in value.split(","):
             v.collection_name(f"{name} (each name)", n.strip())
