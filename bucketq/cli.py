@@ -102,10 +102,12 @@ def _server(args: argparse.Namespace) -> int:
 
     if args.port:
         _check_port_free("127.0.0.1", args.port)
-    server = EmbeddedServer(args.data, port=args.port, standalone=args.standalone).start()
+    server = EmbeddedServer(args.data, port=args.port, standalone=args.standalone, auth=True)
+    server.start()
     print(server.uri, flush=True)
     print(
-        f"embedded server pid {server.pid}, data in {server.storage_path}; Ctrl-C stops it",
+        f"embedded server pid {server.pid}, data in {server.storage_path}; the URI above "
+        "carries its generated password; Ctrl-C stops it",
         file=sys.stderr,
     )
     stop = threading.Event()

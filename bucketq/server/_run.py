@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..embedded import EmbeddedServer
+from ..embedded import EmbeddedServer, private_dir, write_private
 from ..reservoir import from_env as buffer_from_env
 from ._config import ServerConfig, from_env
 
@@ -40,7 +40,8 @@ BACKLOG = 2048
 
 
 def state_dir() -> Path:
-    """Where ``bucketq serve`` keeps its embedded server's data and URI file."""
+    """Where ``bucketq serve`` keeps its embedded server's data and URI file (0700: the
+    URI carries the embedded server's password)."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(
         os.path.expanduser("~"), ".local", "share"
     )
@@ -94,16 +95,15 @@ def serve(
     sock = bind(host, port)  # fail on a busy port before starting anything
     try:
         if not cfg.mongodb_uri:
-            data_dir = Path(data) if data else state_dir() / "serve-data"
-            embedded = EmbeddedServer(data_dir).start()
+            data_dir = Path(data) if data else private_dir(state_dir()) / "serve-data"
+            embedded = EmbeddedServer(data_dir, auth=True).start()
+            uri_file = private_dir(state_dir()) / URI_FILE
+            write_private(uri_file, embedded.uri + "\n")
             log.warning(
-                "no BUCKETQ_MONGODB_URI: started the embedded MongoDB server at %s (data in %s)",
-                embedded.uri,
-                data_dir,
-            )
-            uri_file = state_dir() / URI_FILE
-            uri_file.parent.mkdir(parents=True, exist_ok=True)
-            uri_file.write_text(embedded.uri + "\n")
+                "no BUCKETQ_MONGODB_URI: started the embedded MongoDB server on %s (data in "
+                "%s; its URI, with the generated password, in %s)",
+                embedded.address, data_dir, uri_file,
+            )  # fmt: skip
             cfg = cfg.with_(mongodb_uri=embedded.uri)
             if bcfg.transport == "bucketq" and not bcfg.mongodb_uri:
                 bcfg = bcfg.with_(mongodb_uri=embedded.uri)
