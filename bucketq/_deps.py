@@ -31,7 +31,10 @@ def missing_extra(modules: Iterable[str], extra: str, needed_by: str = "") -> Mi
         said = f"the {what} package, which is not installed. Install it"
     else:
         said = f"the packages {what}, which are not installed. Install them"
-    exc = MissingDependency(f"{who} needs {said} with `pip install 'bucketq[{extra}]'`.")
+    exc = MissingDependency(
+        f"{who} needs {said} with `pip install 'bucketq[{extra}]'` "
+        f"(in a checkout of bucketq: `pip install -e '.[{extra}]'`)."
+    )
     exc.name = names[0] if names else None
     return exc
 

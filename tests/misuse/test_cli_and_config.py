@@ -162,7 +162,7 @@ def test_a_missing_optional_dependency_says_which_extra_to_install():
     for extra, who in (("reservoir", "reservoir buffer"), ("sdk", "logging SDK"),
                        ("server", "ingest service"), ("spark", "Spark data source")):  # fmt: skip
         with pytest.raises(MissingDependency, match=rf"{who} needs the 'no_such_mod' package.*"
-                           rf"pip install 'bucketq\[{extra}\]'") as err:  # fmt: skip
+                           rf"pip install 'bucketq\[{extra}\]'.*checkout.*pip install -e '\.\[{extra}\]'") as err:  # fmt: skip
             require("no_such_mod", extra)
         # One error for every missing extra: a ConfigurationError, and an ImportError
         # for code that guards an optional import.

