@@ -29,8 +29,8 @@ from pymongo import MongoClient
 
 from bucketq import Queue
 from bucketq.benchmark import payload
+from bucketq.bucket.codec import decode_items, encode_item
 from bucketq.queue import _core as core
-from bucketq.queue._codec import decode_items, encode_item
 
 BUCKET = 1024
 

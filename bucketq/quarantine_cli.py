@@ -55,8 +55,8 @@ def run_quarantine(args: argparse.Namespace) -> int:
         return 2
     from pymongo import MongoClient
 
+    from .bucket.deadline import client_timeouts
     from .queue import Queue
-    from .queue._deadline import client_timeouts
     from .stream import StreamQueue
 
     client: Any = MongoClient(args.mongodb_uri, **client_timeouts(args.mongodb_uri))

@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ..queue._codec import decode_items
+from ..bucket.codec import decode_items
+from ..bucket.damage import QUARANTINE_SUFFIX
+from ..bucket.document import item_id
+from ..bucket.options import DLQ_SUFFIX
+from ..bucket.times import to_datetime
 from ..queue._core.claims import CLAIM_SORT, not_leased
-from ..queue._core.messages import item_id
-from ..queue._core.options import DLQ_SUFFIX
-from ..queue._core.times import to_datetime
-from ..queue._damage import QUARANTINE_SUFFIX
 from ..stream._core import META_ID, META_SUFFIX
 
 __all__ = [

@@ -87,7 +87,7 @@ def run_queues(args: argparse.Namespace) -> int:
 
     from pymongo import MongoClient
 
-    from ..queue._deadline import client_timeouts
+    from ..bucket.deadline import client_timeouts
     from . import Inspector
 
     uri = _uri(args)

@@ -177,7 +177,7 @@ class BucketqContender(Contender):
     def remaining(self, uri: str, db_name: str) -> int:
         """Items in the queue and its dead-letter queue: the ``live`` count of every bucket
         document (a finished bucket is deleted), or the documents of a per-element queue."""
-        from ..queue._core.options import DLQ_SUFFIX
+        from ..bucket.options import DLQ_SUFFIX
 
         names = (QUEUE_NAME, QUEUE_NAME + DLQ_SUFFIX)
         if self.per_element:

@@ -372,9 +372,9 @@ def run(
     import json
     import sys
 
-    from ..queue import _core as qcore
+    from .. import bucket
 
-    v.count("partitions", partitions, lo=1, hi=qcore.MAX_PARTITIONS, unit="partitions")
+    v.count("partitions", partitions, lo=1, hi=bucket.MAX_PARTITIONS, unit="partitions")
     names = list(
         contenders or (c for c in CONTENDERS if partitions == 1 or CONTENDERS[c].takes_options)
     )

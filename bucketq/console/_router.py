@@ -432,8 +432,8 @@ async def queue_page(request: Request, name: str) -> Response:
 
 
 async def _quarantined(db: Any, name: str) -> list[dict[str, Any]]:
-    from ..queue._codec import collection
-    from ..queue._damage import quarantine_name, summary
+    from ..bucket.codec import collection
+    from ..bucket.damage import quarantine_name, summary
 
     col = collection(db, quarantine_name(name))
     return [summary(r) async for r in col.find({}).sort("at", 1).limit(100)]

@@ -1,10 +1,9 @@
 """The bucket-packing queue and its per-element baseline, sync and async."""
 
+from ..bucket import AsyncReceipt, QueueOptions, Receipt
 from ._async.element import AsyncElementQueue
 from ._async.queue import AsyncQueue
-from ._concurrency import AsyncReceipt, Receipt
 from ._core.messages import Message
-from ._core.options import QueueOptions
 from ._sync.element import ElementQueue
 from ._sync.queue import Queue
 

@@ -39,7 +39,7 @@ def create_transport(
                 )
             from pymongo import AsyncMongoClient
 
-            from ..queue._deadline import client_timeouts
+            from ..bucket.deadline import client_timeouts
 
             uri = config.mongodb_uri
             db = AsyncMongoClient(uri, **client_timeouts(uri)).get_default_database("bucketq")

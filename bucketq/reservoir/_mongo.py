@@ -13,10 +13,10 @@ import bson
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import BulkWriteError, PyMongoError
 
+from ..bucket.concurrency import STARTUP_DONE, AsyncStartup, startup_key
+from ..bucket.deadline import Health, StartupBusy, bounded
+from ..bucket.options import DEFAULT_OP_TIMEOUT
 from ..errors import ConfigurationError
-from ..queue._concurrency import STARTUP_DONE, AsyncStartup, startup_key
-from ..queue._core.options import DEFAULT_OP_TIMEOUT
-from ..queue._deadline import Health, StartupBusy, bounded
 from ._policy import result
 from ._reservoir import IngestResult, Reservoir
 

@@ -122,7 +122,7 @@ async def _open(args: argparse.Namespace) -> tuple[Any, Any]:
         return t, None
     from pymongo import AsyncMongoClient
 
-    from ..queue._deadline import client_timeouts
+    from ..bucket.deadline import client_timeouts
     from ._bucketq import BucketqTransport
 
     if not args.mongodb_uri:

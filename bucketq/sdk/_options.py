@@ -36,7 +36,7 @@ DEFAULT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
 #: seconds close() and the exit hook wait for pending records before spilling them
 DEFAULT_SHUTDOWN_TIMEOUT = 5.0
-#: bytes of spill kept on disk per configuration; past it the oldest segment goes
+#: bytes of spill kept on disk per destination directory; past it the oldest segment goes
 DEFAULT_SPILL_MAX_BYTES = 64 * 1024 * 1024
 #: bytes per spill segment (file) before the next one starts
 DEFAULT_SPILL_SEGMENT_BYTES = 4 * 1024 * 1024

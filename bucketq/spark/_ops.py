@@ -30,11 +30,11 @@ from bson.decimal128 import Decimal128
 from pymongo import MongoClient
 
 from .. import _validate as v
+from .. import bucket
+from ..bucket.codec import CODEC_OPTIONS, decode_items, encode_item
+from ..bucket.deadline import client_timeouts
 from ..embedded import URI_ENV
 from ..errors import ConfigurationError, PayloadTooLarge
-from ..queue import _core as qcore
-from ..queue._codec import CODEC_OPTIONS, decode_items, encode_item
-from ..queue._deadline import client_timeouts
 from ..stream import StreamConsumer, StreamQueue
 from ..stream import _core as score
 
@@ -90,7 +90,7 @@ OPTIONS: tuple[v.Setting, ...] = (
             "streaming write: one id per streaming query writing into the same queue"),
     _option("partitions", "partitions", 1, v.count, "write into a bucket queue opened with "
             "`partitions=K`: give K, and each task's rows go to partition `task % K` (refused for a stream)",
-            lo=1, hi=qcore.MAX_PARTITIONS, note=" (the queue's partitions=K: writes spread their tasks over them)"),
+            lo=1, hi=bucket.MAX_PARTITIONS, note=" (the queue's partitions=K: writes spread their tasks over them)"),
 )
 # fmt: on
 #: The options that are stream options, by their ``StreamQueue`` names.
@@ -571,7 +571,7 @@ def stage(o: Options, mode: str, job: str, items: Iterable[bytes], task: int = 0
     Into a bucket queue with ``partitions`` K, the buckets of Spark partition ``task``
     go to the queue's partition for that number (``task % K``), as a producer's go to
     its own: the write is spread over the partitions and a task's items stay in order."""
-    part = qcore.partition_of(task, o.partitions)
+    part = bucket.partition_of(task, o.partitions)
     token = uuid.uuid4().hex
     stg = {"j": job, "t": token}
     buckets = n = 0
@@ -585,7 +585,7 @@ def stage(o: Options, mode: str, job: str, items: Iterable[bytes], task: int = 0
             for b in chunk:
                 ob = score.sealed(b, time.time())
                 ob.part = part
-                ob.mature = qcore.from_datetime(score.STAGED_MATURE)
+                ob.mature = bucket.from_datetime(score.STAGED_MATURE)
                 doc = ob.document()
                 doc["stg"] = stg
                 docs.append(doc)
@@ -612,7 +612,7 @@ def publish(o: Options, mode: str, job: str, tokens: list[str], *, expect: int |
     if mode == "stream":
         upd: dict[str, Any] = score.publish_update()
     else:
-        upd = {"$set": {"mature": qcore.to_datetime(time.time())}, "$unset": {"stg": ""}}
+        upd = {"$set": {"mature": bucket.to_datetime(time.time())}, "$unset": {"stg": ""}}
     res = col(o).update_many(flt, upd)
     if expect is not None and res.modified_count != expect:
         raise ConfigurationError(

@@ -116,7 +116,7 @@ def write_counts(spark: Any, out: Path) -> Any:
 def push_logs(uri: str, database: str, queue: str, records: list[dict[str, Any]]) -> float:
     from pymongo import MongoClient
 
-    from ..queue._deadline import client_timeouts
+    from ..bucket.deadline import client_timeouts
     from ..stream import StreamQueue
 
     t = time.perf_counter()

@@ -25,12 +25,12 @@ from typing import Any
 from bson import ObjectId
 
 from .. import _validate as v
+from ..bucket.codec import decode_items
+from ..bucket.damage import check_items
+from ..bucket.options import DEFAULT_POLL_INTERVAL, CommonOptions, QueueOptions
+from ..bucket.packing import OpenBucket, Packer
+from ..bucket.times import from_datetime, to_datetime
 from ..errors import AckOutOfOrder, ConfigurationError, DamagedBucket, DecodeError
-from ..queue._codec import decode_items
-from ..queue._core.options import DEFAULT_POLL_INTERVAL, CommonOptions, QueueOptions
-from ..queue._core.packing import OpenBucket, Packer
-from ..queue._core.times import from_datetime, to_datetime
-from ..queue._damage import check_items
 
 __all__ = [
     "AckOutOfOrder",

@@ -212,7 +212,7 @@ def test_a_damaged_bucket_is_shown_not_fatal(db, mongo_uri, capsys):
         q.push_many(range(2), durable=True)
     from bson import ObjectId
 
-    from bucketq.queue._core.times import to_datetime
+    from bucketq.bucket import to_datetime
 
     db.jobs.insert_one({"_id": ObjectId(), "mature": to_datetime(0), "n": 3, "live": 3,
                         "items": b"\x05\x00\x00\x00garbage", "leases": 0, "lease": None})  # fmt: skip

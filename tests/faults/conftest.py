@@ -12,8 +12,8 @@ from typing import Any
 import bson
 import pytest
 
+from bucketq.bucket.codec import decode_items
 from bucketq.embedded import EmbeddedServer
-from bucketq.queue._codec import decode_items
 from fast_settings import FAST_FAULTS
 
 WORKERS = str(Path(__file__).resolve().parent.parent / "workers.py")

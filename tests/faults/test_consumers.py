@@ -9,7 +9,7 @@ import time
 from datetime import UTC, datetime
 
 from bucketq import Queue
-from bucketq.queue._codec import decode_items
+from bucketq.bucket.codec import decode_items
 from fast_settings import FAST_FAULTS
 from waiting import eventually
 

@@ -24,8 +24,8 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
 from bucketq import OperationTimeout, PushFailed, Queue, ServerUnavailable, StreamQueue
+from bucketq.bucket.deadline import MIN_ATTEMPT_TIMEOUT
 from bucketq.embedded import EmbeddedServer
-from bucketq.queue._deadline import MIN_ATTEMPT_TIMEOUT
 from fast_settings import FAST_FAULTS
 
 from .conftest import stored_items

@@ -6,8 +6,8 @@ import bson
 import pytest
 
 from bucketq import Queue
+from bucketq.bucket.codec import decode_items
 from bucketq.errors import BucketQError, PayloadTooLarge
-from bucketq.queue._codec import decode_items
 from fast_settings import FAST_FAULTS
 
 LIMIT = 1024 * 1024

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from bson import ObjectId
 
-from bucketq.queue._codec import encode_item
+from bucketq.bucket.codec import encode_item
 from bucketq.queue._core.held import HeldBucket, fenced_filter
 
 

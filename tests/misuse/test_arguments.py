@@ -248,7 +248,7 @@ async def test_bad_stream_arguments_fail_alone(stream_kind):
 
 
 def test_a_naive_and_an_aware_mature_mean_the_same_instant(db):
-    from bucketq.queue._core.times import mature_time
+    from bucketq.bucket.times import mature_time
 
     aware = datetime(2030, 1, 1, tzinfo=UTC)
     assert mature_time(0.0, None, aware) == mature_time(0.0, None, aware.replace(tzinfo=None))

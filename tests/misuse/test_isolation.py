@@ -10,9 +10,9 @@ import time
 import pytest
 
 from bucketq import ConfigurationError, PushFailed
+from bucketq.bucket.codec import encode_item
+from bucketq.bucket.options import BUCKET_OVERHEAD, HARD_MAX_BYTES
 from bucketq.errors import WriteConcernNotConfirmed
-from bucketq.queue._codec import encode_item
-from bucketq.queue._core.options import BUCKET_OVERHEAD, HARD_MAX_BYTES
 from queue_kinds import resolve
 
 

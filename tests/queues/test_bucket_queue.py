@@ -14,7 +14,7 @@ import bson
 import pytest
 
 from bucketq import Queue, QueueFull
-from bucketq.queue._codec import decode_items
+from bucketq.bucket.codec import decode_items
 from queue_kinds import resolve
 from waiting import eventually_async
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pymongo.errors import AutoReconnect, DuplicateKeyError, NetworkTimeout, WTimeoutError
 
-from bucketq.queue import _deadline as d
+from bucketq.bucket import deadline as d
 
 
 def test_a_write_gives_up_a_budget_after_its_oldest_bucket_was_due():

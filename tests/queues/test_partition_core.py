@@ -10,22 +10,21 @@ from bson import ObjectId
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bucketq.bucket import member_id, partition_of
+from bucketq.bucket.codec import encode_item
+from bucketq.bucket.options import MAX_PARTITIONS, QueueOptions
+from bucketq.bucket.packing import OpenBucket, Packer
 from bucketq.errors import ConfigurationError
-from bucketq.queue._codec import encode_item
 from bucketq.queue._core.claims import (
     PROBE_SORT,
     Rotation,
     claim_request,
     claimable_filter,
-    member_id,
     part_filter,
-    partition_of,
     partition_of_document,
     partitions_to_fold,
     probe_requests,
 )
-from bucketq.queue._core.options import MAX_PARTITIONS, QueueOptions
-from bucketq.queue._core.packing import OpenBucket, Packer
 
 NOW = 1_700_000_000.0
 keys = st.one_of(st.text(max_size=40), st.binary(max_size=40), st.integers(0, 10**12))

@@ -14,8 +14,8 @@ import pytest
 from pymongo import MongoClient, monitoring
 
 from bucketq import AsyncElementQueue, AsyncQueue, Queue
+from bucketq.bucket import partition_of
 from bucketq.errors import ConfigurationError
-from bucketq.queue._core.claims import partition_of
 from bucketq.queue._core.counts import DRAIN_REPORT
 from bucketq.queue._core.held import HeldBucket
 from bucketq.stream import AsyncStreamQueue, StreamQueue

@@ -10,8 +10,8 @@ import bson
 import pytest
 
 from bucketq import Queue
+from bucketq.bucket.codec import decode_items, encode_item
 from bucketq.cli import main as cli_main
-from bucketq.queue._codec import decode_items, encode_item
 from queue_kinds import consume, resolve
 
 

@@ -1,4 +1,4 @@
-"""Both kinds of consumer wake the same way (one watcher, ``bucketq/queue/_async/wake.py``):
+"""Both kinds of consumer wake the same way (one watcher, ``bucketq/bucket/_async/wake.py``):
 a bucket queue's fetcher while its claims find nothing, a stream consumer while
 ``next_batch`` waits. Each is woken by a change stream where the server has them and
 polls otherwise (counted once in ``stats()["change_stream_fallbacks"]``); the watcher
@@ -19,7 +19,7 @@ from pymongo import MongoClient
 from pymongo.errors import AutoReconnect, OperationFailure
 
 from bucketq import AsyncQueue, Queue
-from bucketq.queue._core.writes import no_change_streams
+from bucketq.bucket.writes import no_change_streams
 from bucketq.stream import StreamQueue
 from waiting import eventually, eventually_async
 
@@ -201,7 +201,7 @@ def test_the_watcher_survives_a_failure_and_wakes_the_consumer_after_it(
 def test_a_watcher_nobody_waits_for_closes_its_stream_and_the_next_wait_opens_it_again(
     kind, db, change_streams_here, monkeypatch
 ):
-    monkeypatch.setattr("bucketq.queue._core.WATCH_IDLE_CLOSE", 0.3)
+    monkeypatch.setattr("bucketq.bucket.writes.WATCH_IDLE_CLOSE", 0.3)
     r = reader(kind, db, **SLOW_POLL)
     fut = r.waiting()
     eventually(lambda: r.watcher().live, what="the watcher's change stream to open")

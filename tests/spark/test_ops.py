@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from bucketq.bucket.codec import encode_item
 from bucketq.errors import ConfigurationError, PayloadTooLarge
-from bucketq.queue._codec import encode_item
 from bucketq.spark import _ops as ops
 from bucketq.stream import StreamQueue
 from waiting import eventually

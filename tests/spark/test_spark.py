@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bucketq.bucket.codec import decode_items
 from bucketq.queue import Queue
-from bucketq.queue._codec import decode_items
 from bucketq.spark import _ops as ops
 from bucketq.spark.source import BucketQDataSource
 from bucketq.stream import StreamQueue

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from bucketq.bucket.codec import encode_item
 from bucketq.errors import ConfigurationError, Fenced
-from bucketq.queue._codec import encode_item
 from bucketq.stream import AckOutOfOrder, AsyncStreamQueue, StreamQueue
 from fast_settings import FAST_STREAM
 from waiting import eventually
@@ -169,7 +169,7 @@ def test_a_late_bucket_is_never_skipped_and_one_too_late_is_renumbered(db):
         {
             "_id": seq,
             "n": 1,
-            "items": __import__("bucketq.queue._codec").queue._codec.encode_item(0),
+            "items": encode_item(0),
             "w": None,
         }
     )

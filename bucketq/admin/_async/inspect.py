@@ -14,15 +14,15 @@ from typing import Any
 from bson import ObjectId
 from pymongo import ReturnDocument
 
+from ...bucket.codec import collection
+from ...bucket.damage import quarantine_name
+from ...bucket.document import parse_item_id
+from ...bucket.options import DLQ_SUFFIX, check_name
+from ...bucket.times import to_datetime
 from ...errors import ConfigurationError
 from ...queue import AsyncQueue
-from ...queue._codec import collection
 from ...queue._core.claims import CLAIM_SORT, not_leased
 from ...queue._core.held import HeldBucket, state_write
-from ...queue._core.messages import parse_item_id
-from ...queue._core.options import DLQ_SUFFIX, check_name
-from ...queue._core.times import to_datetime
-from ...queue._damage import quarantine_name
 from ...stream._core import META_SUFFIX
 from .. import _core as core
 

@@ -22,13 +22,12 @@ from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ... import _validate as v
+from ... import bucket
+from ...bucket import AsyncQuarantine, AsyncRuntime, AsyncWakeWatcher
+from ...bucket import deadline as deadlines
+from ...bucket.concurrency import AsyncLock, AsyncMutex, AsyncNotifier, AsyncWorker, async_sleep
 from ...errors import BucketQError, DamagedBucket, PushFailed, QueueClosed, WriteConcernNotConfirmed
 from .. import _core as core
-from .. import _deadline as deadlines
-from .._concurrency import AsyncLock, AsyncMutex, AsyncNotifier, AsyncWorker, async_sleep
-from .quarantine import AsyncQuarantine
-from .runtime import AsyncRuntime
-from .wake import AsyncWakeWatcher
 
 log = logging.getLogger("bucketq.queue")
 
@@ -51,7 +50,7 @@ class AsyncConsumer:
     def __init__(
         self,
         runtime: AsyncRuntime,
-        options: core.QueueOptions,
+        options: bucket.QueueOptions,
         *,
         origin: Any,
         col: Any,
@@ -127,7 +126,7 @@ class AsyncConsumer:
     async def reserve_many(
         self, max_items: int, timeout: float | None = None
     ) -> list[core.Message]:
-        return await self._reserve(core.check_max_items(max_items), v.timeout("timeout", timeout))
+        return await self._reserve(bucket.check_max_items(max_items), v.timeout("timeout", timeout))
 
     async def _reserve(self, max_items: int, timeout: float | None) -> list[core.Message]:
         if self.fetcher is None:
@@ -277,7 +276,7 @@ class AsyncConsumer:
                 idle_attempt += 1
                 log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
                 await self._fetch_wake.wait(
-                    gen, core.backoff(idle_attempt, 0.1, self.options.poll_interval) + 0.05
+                    gen, bucket.backoff(idle_attempt, 0.1, self.options.poll_interval) + 0.05
                 )
                 continue
             if got:
@@ -456,14 +455,14 @@ class AsyncConsumer:
             except BulkWriteError as exc:
                 # Some writes failed on the server: the others landed. Only the failed
                 # buckets stay dirty (written again next time).
-                bad = core.bulk_failed_indexes(exc)
+                bad = bucket.bulk_failed_indexes(exc)
                 with self._mutex:
                     for k in sorted(bad):
                         b = targets[k][0]
                         b.dirty = True
                         self._stats["state_flush_errors"] += 1
                         log.error("queue %s: bucket %s: state write failed: %s", self.name, b.id,
-                                  core.bulk_error_of(exc, k))  # fmt: skip
+                                  bucket.bulk_error_of(exc, k))  # fmt: skip
                 targets = [t for k, t in enumerate(targets) if k not in bad]
                 writes = [w for k, w in enumerate(writes) if k not in bad]
                 done = int(exc.details.get("nMatched", 0)) + int(exc.details.get("nRemoved", 0))
@@ -530,7 +529,7 @@ class AsyncConsumer:
             log.warning(
                 "queue %s: item %s was reserved and never committed; rolled back",
                 self.name,
-                core.item_id(b.id, i),
+                bucket.item_id(b.id, i),
             )
         if stalled:
             # Serve them again here (they are READY now, like an item rolled back with no delay).
@@ -584,7 +583,7 @@ class AsyncConsumer:
                 log.error(
                     "queue %s: item %s could not be moved to the dead-letter queue (%s); it "
                     "stays here and is tried again later",
-                    self.name, core.item_id(b.id, i), why,
+                    self.name, bucket.item_id(b.id, i), why,
                 )  # fmt: skip
                 if b.state[i] == core.RESERVED and not b.lost:
                     b.rollback(i, now + core.retry_delay(b.tries.get(i, 0), self.options), now)
@@ -618,7 +617,7 @@ class AsyncConsumer:
         if not self._waiters and now - self._last_reserve > self.options.lease / 3:
             return
         for bid, doc in docs.items():
-            if core.from_datetime(doc["mature"]) <= now:
+            if bucket.from_datetime(doc["mature"]) <= now:
                 token = ObjectId()
                 self._leased_on_write[bid] = (dict(doc), token, now)
                 _, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
@@ -629,7 +628,7 @@ class AsyncConsumer:
         for k in docs:
             self._leased_on_write.pop(k, None)
 
-    def written(self, buckets: list[core.OpenBucket], now: float) -> None:
+    def written(self, buckets: list[bucket.OpenBucket], now: float) -> None:
         """Buckets were just stored: serve those leased on write, claim the others (at
         their mature time, if later)."""
         claim = False

@@ -17,17 +17,18 @@ from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, WriteConcernError
 
 from ... import _validate as v
+from ... import bucket
 from ..._driver import boundary
-from ...errors import ConfigurationError, PushFailed, QueueClosed
-from .. import _core as core
-from .. import _deadline as deadlines
-from .._codec import collection, encode_item
-from .._concurrency import (
+from ...bucket import deadline as deadlines
+from ...bucket.codec import collection, encode_item
+from ...bucket.concurrency import (
     AsyncBatch,
     AsyncNotifier,
     AsyncReceipt,
     async_register_exit,
 )
+from ...errors import ConfigurationError, PushFailed, QueueClosed
+from .. import _core as core
 from .api import AsyncQueueApi
 
 log = logging.getLogger("bucketq.queue")
@@ -124,11 +125,11 @@ class AsyncElementQueue(AsyncQueueApi):
                 await self._col.insert_many(docs)
         except WriteConcernError as exc:
             self._stats["write_concern_unconfirmed"] += len(docs)
-            raise core.write_concern_unconfirmed("queue", self.name, exc) from exc
+            raise bucket.write_concern_unconfirmed("queue", self.name, exc) from exc
         except BulkWriteError as exc:
-            if not exc.details.get("writeErrors") and core.bulk_write_concern_failed(exc):
+            if not exc.details.get("writeErrors") and bucket.bulk_write_concern_failed(exc):
                 self._stats["write_concern_unconfirmed"] += len(docs)
-                raise core.write_concern_unconfirmed("queue", self.name, exc) from exc
+                raise bucket.write_concern_unconfirmed("queue", self.name, exc) from exc
             n = int(exc.details.get("nInserted", 0))
             self._stats["push_failed"] += len(docs) - n
             raise PushFailed(
@@ -138,8 +139,8 @@ class AsyncElementQueue(AsyncQueueApi):
             ) from exc
 
     def _packer_check(self, item: bytes) -> None:
-        if len(item) > self.options.bucket_max_bytes - core.BUCKET_OVERHEAD:
-            core.Packer(self.options, AsyncBatch).check_size(len(item))
+        if len(item) > self.options.bucket_max_bytes - bucket.BUCKET_OVERHEAD:
+            bucket.Packer(self.options, AsyncBatch).check_size(len(item))
 
     @boundary("push_many()")
     async def _push_many(
@@ -202,7 +203,7 @@ class AsyncElementQueue(AsyncQueueApi):
     ) -> list[core.Message]:
         """Up to ``max_items`` items: waits (up to ``timeout``) for the first, then claims
         what else is ready, one claim per item."""
-        core.check_max_items(max_items)
+        bucket.check_max_items(max_items)
         first = await self.reserve(timeout)
         out = [] if first is None else [first]
         while out and len(out) < max_items and not self._paused:
@@ -237,7 +238,7 @@ class AsyncElementQueue(AsyncQueueApi):
             doc.get("p"),
             doc.get("h"),
             tries,
-            core.from_datetime(doc["mature"]),
+            bucket.from_datetime(doc["mature"]),
         )
         why = core.over_tried(tries, self.options.max_tries)
         if why is not None:
@@ -342,10 +343,10 @@ class AsyncElementQueue(AsyncQueueApi):
 
     @boundary("remove()")
     async def remove(self, id: str) -> bool:
-        oid, index = core.parse_item_id(id)
+        oid, index = bucket.parse_item_id(id)
         if index != 0:
             return False  # one item per document: its id ends in ".0"
-        now = core.to_datetime(_now())
+        now = bucket.to_datetime(_now())
         with self._bounded("remove()"):
             res = await self._col.delete_one({"_id": oid, **core.not_leased(now)})
         return bool(res.deleted_count)

@@ -18,24 +18,23 @@ from pymongo.errors import (
     WriteConcernError,
 )
 
+from ... import bucket
 from ..._driver import boundary
+from ...bucket import AsyncProducer, AsyncQuarantine, AsyncRuntime
+from ...bucket import deadline as deadlines
+from ...bucket.codec import encode_item
+from ...bucket.concurrency import (
+    AsyncMutex,
+    AsyncReceipt,
+    async_register_exit,
+)
 from ...errors import (
     PushFailed,
     QueueClosed,
 )
 from .. import _core as core
-from .. import _deadline as deadlines
-from .._codec import encode_item
-from .._concurrency import (
-    AsyncMutex,
-    AsyncReceipt,
-    async_register_exit,
-)
 from .api import AsyncQueueApi
 from .consumer import AsyncConsumer
-from .producer import AsyncProducer
-from .quarantine import AsyncQuarantine
-from .runtime import AsyncRuntime
 
 log = logging.getLogger("bucketq.queue")
 
@@ -124,7 +123,7 @@ class AsyncQueue(AsyncQueueApi):
             self.db,
             self.options.dead_letter_name(self.name),
             write_concern=self.options.write_concern,
-            bucket_max_bytes=core.HARD_MAX_BYTES,
+            bucket_max_bytes=bucket.HARD_MAX_BYTES,
             retry_budget=self.options.retry_budget,
             op_timeout=self.options.op_timeout,
             partitions=self.options.partitions,
@@ -152,12 +151,14 @@ class AsyncQueue(AsyncQueueApi):
     ) -> list[AsyncReceipt]:
         return await self._producer.add_many(payloads, headers, at, durable, part)
 
-    async def _write(self, buckets: list[core.OpenBucket]) -> tuple[set[Any], BaseException | None]:
+    async def _write(
+        self, buckets: list[bucket.OpenBucket]
+    ) -> tuple[set[Any], BaseException | None]:
         """Insert sealed buckets (one command), retrying transient failures within the
         retry budget; an id already there is an earlier attempt that landed."""
         deadline = self._producer.write_deadline(buckets)
         await self._setup(deadlines.attempt_timeout(deadline, _now()))
-        docs, bad = core.build_documents(buckets, core.OpenBucket.document)
+        docs, bad = bucket.build_documents(buckets, bucket.OpenBucket.document)
         self._consumer.lease_on_write(docs)
         by_id = {ob.id: ob for ob in buckets}
         attempt = 0
@@ -173,14 +174,16 @@ class AsyncQueue(AsyncQueueApi):
                 docs.clear()  # an earlier attempt landed
             except WriteConcernError as exc:  # stored; the write concern was not confirmed
                 for k in docs:
-                    by_id[k].error = core.write_concern_unconfirmed("queue", self.name, exc)
+                    by_id[k].error = bucket.write_concern_unconfirmed("queue", self.name, exc)
                 docs.clear()
             except PyMongoError as exc:
                 if isinstance(exc, BulkWriteError):
-                    _, failed = core.split_write_errors(exc)
-                    if core.bulk_write_concern_failed(exc):
+                    _, failed = bucket.split_write_errors(exc)
+                    if bucket.bulk_write_concern_failed(exc):
                         for k in docs.keys() - failed:
-                            by_id[k].error = core.write_concern_unconfirmed("queue", self.name, exc)
+                            by_id[k].error = bucket.write_concern_unconfirmed(
+                                "queue", self.name, exc
+                            )
                     docs = {k: v for k, v in docs.items() if k in failed}
                     if not docs:
                         break
@@ -190,7 +193,7 @@ class AsyncQueue(AsyncQueueApi):
                     return set(docs) | bad, exc
         return bad, None
 
-    def _written(self, buckets: list[core.OpenBucket], now: float) -> None:
+    def _written(self, buckets: list[bucket.OpenBucket], now: float) -> None:
         self._consumer.written(buckets, now)
 
     @boundary("flush()")
@@ -334,7 +337,7 @@ class AsyncQueue(AsyncQueueApi):
 
     async def _put_recovered(self, bucket_id: ObjectId, items: list[bytes]) -> None:
         now = _now()
-        ob = core.recovered_bucket(bucket_id, items, now, self.partition)
+        ob = bucket.recovered_bucket(bucket_id, items, now, self.partition)
         failed, error = await self._write([ob])
         if failed:
             raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error
@@ -344,7 +347,7 @@ class AsyncQueue(AsyncQueueApi):
     async def remove(self, id: str) -> bool:
         """Remove a stored item whose bucket no consumer holds. True if it was removed."""
         self._check_not_forked()
-        bid, index = core.parse_item_id(id)
+        bid, index = bucket.parse_item_id(id)
         if self._producer.holds(bid):
             await self._producer.flush()
         with self._bounded(self.options.op_timeout, f"remove() on queue {self.name!r}"):
@@ -352,7 +355,7 @@ class AsyncQueue(AsyncQueueApi):
 
     async def _remove(self, bid: ObjectId, index: int) -> bool:
         for _ in range(5):
-            now = core.to_datetime(_now())
+            now = bucket.to_datetime(_now())
             doc = await self._col.find_one(
                 {"_id": bid, **core.not_leased(now)},
                 {"done": 1, "live": 1, "n": 1},

@@ -4,14 +4,13 @@ and a consumer's rotation over them, and the change events that wake a consumer.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from bson import ObjectId
 
-from .times import to_datetime
+from ...bucket.times import to_datetime
 
 CLAIM_SORT = [("mature", 1), ("_id", 1)]
 
@@ -20,24 +19,6 @@ CLAIM_SORT = [("mature", 1), ("_id", 1)]
 #: the same range and order as ``CLAIM_SORT``. (``mature_id`` stays: next_t() and the
 #: queue-wide counts look across partitions.)
 PART_CLAIM_INDEX = [("part", 1), ("mature", 1), ("_id", 1)]
-
-
-def member_id(owner: str) -> str:
-    """A queue object's own id (its producer's partition and its consumer's first one
-    come from it): the owner (host:pid) and a fresh ObjectId, unique across objects."""
-    return f"{owner}/{ObjectId()}"
-
-
-def partition_of(key: Any, partitions: int) -> int:
-    """The partition of a push ``key`` (or of a producer's id): a whole number picks
-    ``key % partitions``; str and bytes are hashed (blake2b, the same in every process
-    and Python version, unlike ``hash()``)."""
-    if partitions == 1:
-        return 0
-    if isinstance(key, int):
-        return key % partitions
-    raw = key.encode() if isinstance(key, str) else bytes(key)
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") % partitions
 
 
 def part_filter(part: int | None) -> dict[str, Any]:

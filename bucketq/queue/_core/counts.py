@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ...bucket.times import to_datetime
 from .claims import not_leased
-from .times import to_datetime
 
 
 def ready_filter(now: float) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def new_stats() -> dict[str, int]:
             "rolled_back", "dead_lettered", "lease_losses", "claims", "takeovers", "state_flushes",
             "released", "reclaims", "write_concern_unconfirmed", "dead_letter_failed",
             "state_flush_errors", "quarantined", "loop_errors", "held_on_write",
-            # The change-stream watcher's (queue/_async/wake.py); 0 with change_streams=False.
+            # The change-stream watcher's (bucket/_async/wake.py); 0 with change_streams=False.
             "change_stream_events", "change_stream_errors", "change_stream_fallbacks",
         ),
         0,

@@ -7,7 +7,7 @@ from typing import Any
 
 from bson import ObjectId
 
-from .times import to_datetime
+from ...bucket.times import to_datetime
 
 
 @dataclass(slots=True, eq=False, match_args=False)

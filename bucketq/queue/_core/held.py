@@ -10,12 +10,12 @@ from typing import Any
 from bson import ObjectId
 from pymongo import DeleteOne, UpdateOne
 
+from ...bucket.codec import decode_items
+from ...bucket.damage import bucket_damage, check_items
+from ...bucket.times import from_datetime, to_datetime
 from ...errors import DamagedBucket, DecodeError
-from .._codec import decode_items
-from .._damage import bucket_damage, check_items
 from .messages import Message
 from .redelivery import over_tried
-from .times import from_datetime, to_datetime
 
 # Item states inside a held bucket.
 READY, RESERVED, DONE, WAITING = 0, 1, 2, 3

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from bson import ObjectId
-
+from ...bucket.document import item_id
+from ...bucket.times import to_datetime
 from ...errors import ConfigurationError
-from .times import to_datetime
 
 
 def check_message(msg: Any, origin: Any, what: str) -> Any:
@@ -32,28 +31,6 @@ def is_current(msg: Message) -> bool:
     bucket's ``tries``) ends a delivery, so a commit of the earlier Message is refused
     even when the item was served again at once."""
     return msg.tries == msg.bucket.tries.get(msg.index, 0)
-
-
-def item_id(bucket_id: ObjectId, index: int) -> str:
-    return f"{bucket_id}.{index}"
-
-
-def parse_item_id(value: Any) -> tuple[ObjectId, int]:
-    """``'<24 hex digits>.<index>'`` (as in ``Receipt.id`` and ``Message.id``) split into the
-    bucket id and a whole index from 0 to 65535 (written in plain decimal digits)."""
-    try:
-        bid, idx = value.rsplit(".", 1)
-        if not idx.isdigit() or not idx.isascii() or (len(idx) > 1 and idx[0] == "0"):
-            raise ValueError("bad index")
-        index = int(idx)
-        if index >= 65536:
-            raise ValueError("index out of range")
-        return ObjectId(bid), index
-    except Exception as exc:
-        raise ConfigurationError(
-            f"{value!r} is not a bucketq item id (they look like '<24 hex digits>.<index>' with "
-            "an index from 0 to 65535, as in Receipt.id and Message.id)."
-        ) from exc
 
 
 @dataclass(slots=True, eq=False, repr=False, match_args=False)

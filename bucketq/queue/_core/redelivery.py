@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from ... import _validate as v
+from ...bucket.options import QueueOptions
+from ...bucket.times import to_datetime
 from ...errors import ConfigurationError
-from .options import QueueOptions
-from .times import to_datetime
 
 
 def retry_delay(tries: int, opts: QueueOptions) -> float:

@@ -13,35 +13,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Self
+from typing import Any
 
 from ... import _validate as v
-from .. import _core as core
-from .._codec import collection
-from .._concurrency import (
+from ... import bucket
+from ...bucket import Closing
+from ...bucket.codec import collection
+from ...bucket.concurrency import (
     STARTUP_DONE,
     Receipt,
     Startup,
     startup_key,
     used_after_fork,
 )
-from .._db import check_database
+from ...bucket.db import check_database
+from .. import _core as core
 from .sizes import Sizes
 
 _now = time.time
-
-
-class Closing:
-    """``with x:`` closes ``x`` when the block ends (queues, streams, consumers)."""
-
-    def close(self) -> Any:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class QueueApi(Sizes, Closing):
@@ -51,7 +40,7 @@ class QueueApi(Sizes, Closing):
     _forked: bool = False
 
     def __init__(self, db: Any, name: str, options: dict[str, Any]) -> None:
-        opts, name = core.open_options(name, options)
+        opts, name = bucket.open_options(name, options)
         self.options, self.name = opts, name
         self.db = check_database(db)
         self._col = collection(db, name, opts.get_write_concern())
@@ -109,10 +98,12 @@ class QueueApi(Sizes, Closing):
         part = self._partition_for(key)
         # No headers, not durable (the common push) needs no check: skip two calls.
         if headers is not None or durable is not False:
-            headers = core.check_push(headers, durable)
+            headers = bucket.check_push(headers, durable)
         now = _now()
         at = (
-            core.mature_time(now, delay, mature) if delay is not None or mature is not None else now
+            bucket.mature_time(now, delay, mature)
+            if delay is not None or mature is not None
+            else now
         )
         return self._push(payload, headers, at, now, part, durable)
 
@@ -131,9 +122,9 @@ class QueueApi(Sizes, Closing):
         self._check_open()
         part = self._partition_for(key)
         payloads = v.payloads(payloads)
-        headers = core.check_push(headers, durable)
+        headers = bucket.check_push(headers, durable)
         at = (
-            core.mature_time(_now(), delay, mature)
+            bucket.mature_time(_now(), delay, mature)
             if delay is not None or mature is not None
             else None
         )

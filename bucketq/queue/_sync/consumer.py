@@ -24,13 +24,12 @@ from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ... import _validate as v
+from ... import bucket
+from ...bucket import Quarantine, Runtime, WakeWatcher
+from ...bucket import deadline as deadlines
+from ...bucket.concurrency import Lock, Mutex, Notifier, Worker, sleep
 from ...errors import BucketQError, DamagedBucket, PushFailed, QueueClosed, WriteConcernNotConfirmed
 from .. import _core as core
-from .. import _deadline as deadlines
-from .._concurrency import Lock, Mutex, Notifier, Worker, sleep
-from .quarantine import Quarantine
-from .runtime import Runtime
-from .wake import WakeWatcher
 
 log = logging.getLogger("bucketq.queue")
 
@@ -53,7 +52,7 @@ class Consumer:
     def __init__(
         self,
         runtime: Runtime,
-        options: core.QueueOptions,
+        options: bucket.QueueOptions,
         *,
         origin: Any,
         col: Any,
@@ -127,7 +126,7 @@ class Consumer:
         return got[0] if got else None
 
     def reserve_many(self, max_items: int, timeout: float | None = None) -> list[core.Message]:
-        return self._reserve(core.check_max_items(max_items), v.timeout("timeout", timeout))
+        return self._reserve(bucket.check_max_items(max_items), v.timeout("timeout", timeout))
 
     def _reserve(self, max_items: int, timeout: float | None) -> list[core.Message]:
         if self.fetcher is None:
@@ -277,7 +276,7 @@ class Consumer:
                 idle_attempt += 1
                 log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
                 self._fetch_wake.wait(
-                    gen, core.backoff(idle_attempt, 0.1, self.options.poll_interval) + 0.05
+                    gen, bucket.backoff(idle_attempt, 0.1, self.options.poll_interval) + 0.05
                 )
                 continue
             if got:
@@ -456,14 +455,14 @@ class Consumer:
             except BulkWriteError as exc:
                 # Some writes failed on the server: the others landed. Only the failed
                 # buckets stay dirty (written again next time).
-                bad = core.bulk_failed_indexes(exc)
+                bad = bucket.bulk_failed_indexes(exc)
                 with self._mutex:
                     for k in sorted(bad):
                         b = targets[k][0]
                         b.dirty = True
                         self._stats["state_flush_errors"] += 1
                         log.error("queue %s: bucket %s: state write failed: %s", self.name, b.id,
-                                  core.bulk_error_of(exc, k))  # fmt: skip
+                                  bucket.bulk_error_of(exc, k))  # fmt: skip
                 targets = [t for k, t in enumerate(targets) if k not in bad]
                 writes = [w for k, w in enumerate(writes) if k not in bad]
                 done = int(exc.details.get("nMatched", 0)) + int(exc.details.get("nRemoved", 0))
@@ -529,7 +528,7 @@ class Consumer:
             log.warning(
                 "queue %s: item %s was reserved and never committed; rolled back",
                 self.name,
-                core.item_id(b.id, i),
+                bucket.item_id(b.id, i),
             )
         if stalled:
             # Serve them again here (they are READY now, like an item rolled back with no delay).
@@ -583,7 +582,7 @@ class Consumer:
                 log.error(
                     "queue %s: item %s could not be moved to the dead-letter queue (%s); it "
                     "stays here and is tried again later",
-                    self.name, core.item_id(b.id, i), why,
+                    self.name, bucket.item_id(b.id, i), why,
                 )  # fmt: skip
                 if b.state[i] == core.RESERVED and not b.lost:
                     b.rollback(i, now + core.retry_delay(b.tries.get(i, 0), self.options), now)
@@ -617,7 +616,7 @@ class Consumer:
         if not self._waiters and now - self._last_reserve > self.options.lease / 3:
             return
         for bid, doc in docs.items():
-            if core.from_datetime(doc["mature"]) <= now:
+            if bucket.from_datetime(doc["mature"]) <= now:
                 token = ObjectId()
                 self._leased_on_write[bid] = (dict(doc), token, now)
                 _, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
@@ -628,7 +627,7 @@ class Consumer:
         for k in docs:
             self._leased_on_write.pop(k, None)
 
-    def written(self, buckets: list[core.OpenBucket], now: float) -> None:
+    def written(self, buckets: list[bucket.OpenBucket], now: float) -> None:
         """Buckets were just stored: serve those leased on write, claim the others (at
         their mature time, if later)."""
         claim = False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ... import bucket
 from ..._driver import boundary
 from .. import _core as core
 
@@ -58,7 +59,7 @@ class Sizes:
         """The mature time of the next item to become deliverable (None if empty)."""
         with self._read_bounded("next_t()"):
             doc = self._col.find_one(
-                core.not_leased(core.to_datetime(_now())),
+                core.not_leased(bucket.to_datetime(_now())),
                 {"mature": 1},
                 sort=core.CLAIM_SORT,
             )

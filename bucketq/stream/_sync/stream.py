@@ -23,20 +23,12 @@ from pymongo.errors import (
 )
 
 from ... import _validate as v
+from ... import bucket
 from ..._driver import boundary
-from ...errors import (
-    ConfigurationError,
-    DamagedBucket,
-    Fenced,
-    OperationFailed,
-    PushFailed,
-    QueueClosed,
-)
-from ...queue import _core as qcore
-from ...queue import _deadline as deadlines
-from ...queue._closing import Closing
-from ...queue._codec import collection
-from ...queue._concurrency import (
+from ...bucket import Closing, Producer, Quarantine, Runtime, WakeWatcher
+from ...bucket import deadline as deadlines
+from ...bucket.codec import collection
+from ...bucket.concurrency import (
     STARTUP_DONE,
     Mutex,
     Notifier,
@@ -46,11 +38,15 @@ from ...queue._concurrency import (
     startup_key,
     used_after_fork,
 )
-from ...queue._db import check_database
-from ...queue._producer import Producer
-from ...queue._quarantine import Quarantine
-from ...queue._runtime import Runtime
-from ...queue._wake import WakeWatcher
+from ...bucket.db import check_database
+from ...errors import (
+    ConfigurationError,
+    DamagedBucket,
+    Fenced,
+    OperationFailed,
+    PushFailed,
+    QueueClosed,
+)
 from .. import _core as core
 
 log = logging.getLogger("bucketq.stream")
@@ -75,7 +71,7 @@ class StreamQueue(Closing):
 
     def __init__(self, db: Any, name: str, **options: Any) -> None:
         self.options = opts = core.StreamOptions.build(**options)
-        self.name = qcore.check_name(name)
+        self.name = bucket.check_name(name)
         self.db = check_database(db)
         wc = opts.get_write_concern()
         self._col = collection(db, name, wc)
@@ -116,7 +112,7 @@ class StreamQueue(Closing):
             if self._forked:
                 raise used_after_fork(self)
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
-        headers = qcore.check_push(headers, durable)
+        headers = bucket.check_push(headers, durable)
         return (self._producer.add_many([payload], headers, None, durable))[0]
 
     def push_many(
@@ -128,7 +124,7 @@ class StreamQueue(Closing):
                 raise used_after_fork(self)
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
         payloads = v.payloads(payloads)
-        return self._producer.add_many(payloads, qcore.check_push(headers, durable), None, durable)
+        return self._producer.add_many(payloads, bucket.check_push(headers, durable), None, durable)
 
     def _allocate(self, k: int) -> range:
         for _ in range(5):
@@ -174,7 +170,7 @@ class StreamQueue(Closing):
         self._setup_done = True
 
     def _write(
-        self, buckets: list[qcore.OpenBucket], stage: dict[str, Any] | None = None
+        self, buckets: list[bucket.OpenBucket], stage: dict[str, Any] | None = None
     ) -> tuple[set[Any], BaseException | None]:
         """Number sealed buckets in seal order and write them (staged under ``stage`` if
         given); a number whose hole was closed meanwhile (a tombstone owns it) is given
@@ -203,15 +199,17 @@ class StreamQueue(Closing):
                 todo = []
             except WriteConcernError as exc:  # stored; the write concern was not confirmed
                 for ob in todo:
-                    ob.error = qcore.write_concern_unconfirmed("stream", self.name, exc)
+                    ob.error = bucket.write_concern_unconfirmed("stream", self.name, exc)
                 todo = []
             except (DuplicateKeyError, BulkWriteError) as exc:
                 if isinstance(exc, BulkWriteError):
-                    dups, failed = qcore.split_write_errors(exc)
-                    if qcore.bulk_write_concern_failed(exc):
+                    dups, failed = bucket.split_write_errors(exc)
+                    if bucket.bulk_write_concern_failed(exc):
                         for ob in todo:
                             if seqs[ob.id] not in failed and seqs[ob.id] not in dups:
-                                ob.error = qcore.write_concern_unconfirmed("stream", self.name, exc)
+                                ob.error = bucket.write_concern_unconfirmed(
+                                    "stream", self.name, exc
+                                )
                 else:  # insert_one: the single bucket
                     dups, failed = [seqs[todo[0].id]], set()
                 by_seq = {seqs[ob.id]: ob for ob in todo}
@@ -242,10 +240,10 @@ class StreamQueue(Closing):
                     return {ob.id for ob in todo}, exc
         return set(), None
 
-    def _written(self, buckets: list[qcore.OpenBucket], now: float) -> None:
+    def _written(self, buckets: list[bucket.OpenBucket], now: float) -> None:
         self._arrivals.notify()  # this process's own consumer need not wait for a poll
 
-    def _not_ours(self, dups: list[int], by_seq: dict[int, qcore.OpenBucket]) -> list[int]:
+    def _not_ours(self, dups: list[int], by_seq: dict[int, bucket.OpenBucket]) -> list[int]:
         """Of the numbers an insert found taken, those taken by someone else (a tombstone)."""
         if not dups:
             return []
@@ -348,7 +346,7 @@ class StreamQueue(Closing):
             ) from error
 
     def _put_recovered(self, writer: Any, items: list[bytes]) -> None:
-        failed, error = self._write([qcore.recovered_bucket(writer, items, _now())])
+        failed, error = self._write([bucket.recovered_bucket(writer, items, _now())])
         if failed:
             raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error
 

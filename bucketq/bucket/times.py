@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from ... import _validate as v
-from ...errors import ConfigurationError
+from .. import _validate as v
+from ..errors import ConfigurationError
 
 
 def to_datetime(t: float) -> datetime:

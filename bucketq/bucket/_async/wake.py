@@ -35,8 +35,8 @@ from typing import Any
 
 from pymongo.errors import InvalidOperation, PyMongoError
 
-from .. import _core as core
-from .._concurrency import AsyncMutex, AsyncNotifier, AsyncWorker
+from .. import writes
+from ..concurrency import AsyncMutex, AsyncNotifier, AsyncWorker
 
 _monotonic = time.monotonic
 
@@ -128,14 +128,14 @@ class AsyncWakeWatcher:
             try:
                 with self.bounded(self.op_timeout):
                     stream = await self.col.watch(
-                        self.pipeline, max_await_time_ms=core.WATCH_AWAIT_MS
+                        self.pipeline, max_await_time_ms=writes.WATCH_AWAIT_MS
                     )
             except InvalidOperation:  # the client was closed: nothing to watch any more
                 with self._mutex:
                     self.running = False
                 return
             except PyMongoError as exc:
-                if core.no_change_streams(exc):
+                if writes.no_change_streams(exc):
                     with self._mutex:
                         self.polling = True
                         self.running = False
@@ -176,7 +176,7 @@ class AsyncWakeWatcher:
                 now = _monotonic()
                 if idle_since is None:
                     idle_since = now
-                elif now - idle_since >= core.WATCH_IDLE_CLOSE:
+                elif now - idle_since >= writes.WATCH_IDLE_CLOSE:
                     return
                 gen = self._want.gen
                 if not self.wanted:
@@ -197,7 +197,7 @@ class AsyncWakeWatcher:
             return attempt
         attempt += 1
         self.stats["change_stream_errors"] += 1
-        delay = core.backoff(attempt, 0.1, 5.0)
+        delay = writes.backoff(attempt, 0.1, 5.0)
         self.logger.info(
             "%s: %s failed (%s); the consumer polls meanwhile, opening it again in %.2f s",
             self.what,

@@ -42,7 +42,7 @@ def backoff(
 def write_concern_unconfirmed(kind: str, name: str, exc: BaseException) -> BaseException:
     """The receipt error of items that were stored while the write concern was not
     confirmed (a ``WriteConcernError``, or a bulk write's ``writeConcernErrors``)."""
-    from ...errors import WriteConcernNotConfirmed
+    from ..errors import WriteConcernNotConfirmed
 
     err = WriteConcernNotConfirmed(
         f"The item IS stored in {kind} {name!r}, but the server did not confirm the write "

@@ -1,4 +1,4 @@
-# GENERATED from bucketq/queue/_async/runtime.py by scripts/unasync.py. Do not edit;
+# GENERATED from bucketq/bucket/_async/runtime.py by scripts/unasync.py. Do not edit;
 # edit the async file and run `python scripts/unasync.py`.
 """How one queue object runs its I/O (pymongo ``MongoClient``): its driver calls
 bounded, with what they met recorded in its health, and its background loops guarded.
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._guard import LoopGuard
-from .. import _deadline as deadlines
-from .._concurrency import Notifier, Worker
+from .. import deadline as deadlines
+from ..concurrency import Notifier, Worker
 from .wake import WakeWatcher
 
 _now = time.time

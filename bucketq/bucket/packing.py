@@ -9,7 +9,7 @@ from typing import Any
 
 from bson import ObjectId
 
-from ...errors import PayloadTooLarge
+from ..errors import PayloadTooLarge
 from .options import BUCKET_OVERHEAD, HARD_MAX_BYTES, QueueOptions
 from .times import to_datetime
 
@@ -70,7 +70,7 @@ def build_documents(
         try:
             docs[ob.id] = build(ob)
         except (ValueError, OverflowError, TypeError, OSError) as exc:
-            from ...errors import PayloadError
+            from ..errors import PayloadError
 
             err = PayloadError(f"Bucket {ob.id} could not be built for its insert: {exc}")
             err.__cause__ = exc

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._guard import LoopGuard
-from .. import _deadline as deadlines
-from .._concurrency import AsyncNotifier, AsyncWorker
+from .. import deadline as deadlines
+from ..concurrency import AsyncNotifier, AsyncWorker
 from .wake import AsyncWakeWatcher
 
 _now = time.time

@@ -11,8 +11,8 @@ from typing import Any
 
 from pymongo.write_concern import WriteConcern
 
-from ... import _validate as v
-from ...errors import ConfigurationError
+from .. import _validate as v
+from ..errors import ConfigurationError
 
 DEFAULT_BUCKET_MAX_SIZE = 1024
 

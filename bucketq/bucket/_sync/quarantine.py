@@ -1,4 +1,6 @@
-"""The quarantine collection of a queue or stream (pymongo ``AsyncMongoClient``).
+# GENERATED from bucketq/bucket/_async/quarantine.py by scripts/unasync.py. Do not edit;
+# edit the async file and run `python scripts/unasync.py`.
+"""The quarantine collection of a queue or stream (pymongo ``MongoClient``).
 
 Damaged buckets are kept here, never deleted silently: ``put`` stores one (the caller
 then deletes it from the queue), ``list``/``remove``/``requeue`` serve the operator.
@@ -19,9 +21,8 @@ from bson.errors import InvalidId
 from pymongo.errors import DuplicateKeyError
 
 from ...errors import ConfigurationError
-from .. import _core as core
-from .. import _damage as damage
-from .._codec import collection
+from .. import damage, options, times
+from ..codec import collection
 
 log = logging.getLogger("bucketq.queue")
 
@@ -49,7 +50,7 @@ def parse_bucket_id(value: Any) -> Any:
     )
 
 
-class AsyncQuarantine:
+class Quarantine:
     """``<name>.quarantine`` beside the queue or stream ``name`` in ``db``."""
 
     def __init__(self, db: Any, name: str, write_concern: Any = None) -> None:
@@ -57,38 +58,38 @@ class AsyncQuarantine:
         self.name = damage.quarantine_name(name)
         self._col = collection(db, self.name, write_concern)
 
-    async def put(self, doc: dict[str, Any], reason: str, owner: str) -> None:
+    def put(self, doc: dict[str, Any], reason: str, owner: str) -> None:
         """Keep a damaged bucket (idempotent: an earlier attempt that landed is kept)."""
         record = damage.quarantine_document(
-            doc, reason, core.to_datetime(_now()), self.source, owner
+            doc, reason, times.to_datetime(_now()), self.source, owner
         )
         try:
-            await self._col.insert_one(record)
+            self._col.insert_one(record)
         except DuplicateKeyError:
             pass
 
     def _filter(self, bucket_id: Any) -> dict[str, Any]:
         return {} if bucket_id is None else {"_id": parse_bucket_id(bucket_id)}
 
-    async def summaries(self, limit: int | None = None) -> list[dict[str, Any]]:
+    def summaries(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The quarantined buckets, oldest first: id, reason, when, how many items can
         be recovered and how many cannot."""
         cursor = self._col.find({}).sort("at", 1)
         if limit is not None:
-            cursor = cursor.limit(core.check_max_items(limit))
-        return [damage.summary(r) async for r in cursor]
+            cursor = cursor.limit(options.check_max_items(limit))
+        return [damage.summary(r) for r in cursor]
 
-    async def count(self) -> int:
-        return await self._col.count_documents({})
+    def count(self) -> int:
+        return self._col.count_documents({})
 
-    async def remove(self, bucket_id: Any = None) -> int:
+    def remove(self, bucket_id: Any = None) -> int:
         """Delete quarantined buckets (one, or all): their items are gone for good."""
-        res = await self._col.delete_many(self._filter(bucket_id))
+        res = self._col.delete_many(self._filter(bucket_id))
         if res.deleted_count:
             log.warning("queue %s: removed %d quarantined buckets", self.source, res.deleted_count)
         return res.deleted_count
 
-    async def requeue(self, put: Put, bucket_id: Any = None) -> dict[str, int]:
+    def requeue(self, put: Put, bucket_id: Any = None) -> dict[str, int]:
         """Store what can be recovered of quarantined buckets (one, or all) as new
         buckets through ``put``. A bucket fully recovered leaves the quarantine; one with
         items lost stays, marked ``requeued``, until removed. Each record is marked with
@@ -96,21 +97,17 @@ class AsyncQuarantine:
         under the same id (at least once, never lost)."""
         report = {"buckets": 0, "items": 0, "lost": 0, "kept": 0}
         flt = {**self._filter(bucket_id), "requeued": {"$exists": False}}
-        async for record in self._col.find(flt):
+        for record in self._col.find(flt):
             rec = damage.recover(record.get("bucket") or {})
             if rec.items:
                 new_id = record.get("requeued_as") or ObjectId()
-                await self._col.update_one(
-                    {"_id": record["_id"]}, {"$set": {"requeued_as": new_id}}
-                )
-                await put(new_id, rec.items)
+                self._col.update_one({"_id": record["_id"]}, {"$set": {"requeued_as": new_id}})
+                put(new_id, rec.items)
             if rec.lost:
-                await self._col.update_one(
-                    {"_id": record["_id"]}, {"$set": {"requeued": len(rec.items)}}
-                )
+                self._col.update_one({"_id": record["_id"]}, {"$set": {"requeued": len(rec.items)}})
                 report["kept"] += 1
             else:
-                await self._col.delete_one({"_id": record["_id"]})
+                self._col.delete_one({"_id": record["_id"]})
             report["buckets"] += 1
             report["items"] += len(rec.items)
             report["lost"] += rec.lost

@@ -1,4 +1,4 @@
-# GENERATED from bucketq/queue/_async/wake.py by scripts/unasync.py. Do not edit;
+# GENERATED from bucketq/bucket/_async/wake.py by scripts/unasync.py. Do not edit;
 # edit the async file and run `python scripts/unasync.py`.
 """Waking a waiting reader by change stream (pymongo ``MongoClient``).
 
@@ -37,8 +37,8 @@ from typing import Any
 
 from pymongo.errors import InvalidOperation, PyMongoError
 
-from .. import _core as core
-from .._concurrency import Mutex, Notifier, Worker
+from .. import writes
+from ..concurrency import Mutex, Notifier, Worker
 
 _monotonic = time.monotonic
 
@@ -129,13 +129,13 @@ class WakeWatcher:
                 return
             try:
                 with self.bounded(self.op_timeout):
-                    stream = self.col.watch(self.pipeline, max_await_time_ms=core.WATCH_AWAIT_MS)
+                    stream = self.col.watch(self.pipeline, max_await_time_ms=writes.WATCH_AWAIT_MS)
             except InvalidOperation:  # the client was closed: nothing to watch any more
                 with self._mutex:
                     self.running = False
                 return
             except PyMongoError as exc:
-                if core.no_change_streams(exc):
+                if writes.no_change_streams(exc):
                     with self._mutex:
                         self.polling = True
                         self.running = False
@@ -176,7 +176,7 @@ class WakeWatcher:
                 now = _monotonic()
                 if idle_since is None:
                     idle_since = now
-                elif now - idle_since >= core.WATCH_IDLE_CLOSE:
+                elif now - idle_since >= writes.WATCH_IDLE_CLOSE:
                     return
                 gen = self._want.gen
                 if not self.wanted:
@@ -197,7 +197,7 @@ class WakeWatcher:
             return attempt
         attempt += 1
         self.stats["change_stream_errors"] += 1
-        delay = core.backoff(attempt, 0.1, 5.0)
+        delay = writes.backoff(attempt, 0.1, 5.0)
         self.logger.info(
             "%s: %s failed (%s); the consumer polls meanwhile, opening it again in %.2f s",
             self.what,

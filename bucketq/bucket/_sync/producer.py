@@ -1,9 +1,9 @@
-# GENERATED from bucketq/queue/_async/producer.py by scripts/unasync.py. Do not edit;
+# GENERATED from bucketq/bucket/_async/producer.py by scripts/unasync.py. Do not edit;
 # edit the async file and run `python scripts/unasync.py`.
 """The push side of the bucket queue and the stream queue (pymongo ``MongoClient``):
 a component each of them composes, as the bucket queue composes its consumer.
 
-Encoded items are packed into open buckets (``_core.Packer``); sealed buckets are
+Encoded items are packed into open buckets (``packing.Packer``); sealed buckets are
 written by one writer worker through the owner's ``write``; receipts resolve only
 after that, and ``max_pending_bytes`` bounds what waits in memory.
 
@@ -20,10 +20,10 @@ from typing import Any
 
 from ... import _validate as v
 from ...errors import QueueFull
-from .. import _core as core
-from .. import _deadline as deadlines
-from .._codec import encode_item
-from .._concurrency import (
+from .. import deadline as deadlines
+from .. import document, options, packing, writes
+from ..codec import encode_item
+from ..concurrency import (
     Batch,
     Mutex,
     Notifier,
@@ -53,11 +53,11 @@ class Producer:
     def __init__(
         self,
         runtime: Runtime,
-        options: core.QueueOptions,
+        options: options.QueueOptions,
         *,
         mutex: Mutex,
-        write: Callable[[list[core.OpenBucket]], Any],
-        written: Callable[[list[core.OpenBucket], float], None] | None = None,
+        write: Callable[[list[packing.OpenBucket]], Any],
+        written: Callable[[list[packing.OpenBucket], float], None] | None = None,
     ) -> None:
         self.name = runtime.name
         self._kind = runtime.kind
@@ -69,17 +69,17 @@ class Producer:
         self._is_closed = runtime.is_closed
         self._bounded = runtime.bounded
         self._worker = runtime.worker
-        self._packer = core.Packer(options, Batch)
-        self._to_write: deque[core.OpenBucket] = deque()
-        self._unwritten: dict[Any, core.OpenBucket] = {}
+        self._packer = packing.Packer(options, Batch)
+        self._to_write: deque[packing.OpenBucket] = deque()
+        self._unwritten: dict[Any, packing.OpenBucket] = {}
         self.pending_bytes = 0
         self._writer_wake = Notifier()
         self._space = Notifier()
         self._writer: Worker | None = None
         #: The owner's own id; its pushes without a ``key`` go to its partition, so one
         #: producer's items keep their order within it.
-        self.producer_id = core.member_id(options.owner)
-        self.partition = core.partition_of(self.producer_id, options.partitions)
+        self.producer_id = document.member_id(options.owner)
+        self.partition = document.partition_of(self.producer_id, options.partitions)
 
     @property
     def open_buckets(self) -> int:
@@ -95,7 +95,7 @@ class Producer:
         """The partition of a push: the producer's own, or that of ``key``."""
         if key is None:
             return self.partition
-        return core.partition_of(v.partition_key(key), self._opts.partitions)
+        return document.partition_of(v.partition_key(key), self._opts.partitions)
 
     def push(self, item: bytes, at: float, now: float, part: int, durable: bool) -> Receipt:
         """Buffer one encoded item into partition ``part`` (waiting for room first, as
@@ -224,7 +224,7 @@ class Producer:
             self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
 
     def _settle(
-        self, buckets: list[core.OpenBucket], failed: set[Any], error: BaseException | None
+        self, buckets: list[packing.OpenBucket], failed: set[Any], error: BaseException | None
     ) -> None:
         """Resolve the receipts of written (or given-up) buckets and free their memory."""
         stored = []
@@ -259,7 +259,7 @@ class Producer:
             ob.items = []  # receipts keep the bucket; free its items
         self._space.notify()
 
-    def write_deadline(self, buckets: list[core.OpenBucket]) -> float:
+    def write_deadline(self, buckets: list[packing.OpenBucket]) -> float:
         """When writing ``buckets`` gives up (epoch seconds): see ``_deadline.write_deadline``."""
         opts = self._opts
         return deadlines.write_deadline(
@@ -272,12 +272,12 @@ class Producer:
 
     def retry_ok(self, exc: BaseException, deadline: float) -> bool:
         """May a failed write be tried again (transient or unanswered, budget left)?"""
-        return (core.is_transient(exc) or deadlines.is_unanswered(exc)) and deadlines.may_retry(
+        return (writes.is_transient(exc) or deadlines.is_unanswered(exc)) and deadlines.may_retry(
             deadline, _now()
         )
 
     def backoff(self, attempt: int, deadline: float) -> None:
-        delay = core.backoff(attempt, self._opts.retry_base, self._opts.retry_cap)
+        delay = writes.backoff(attempt, self._opts.retry_base, self._opts.retry_cap)
         sleep(deadlines.backoff_within(delay, deadline, _now()))
 
     def retry_insert(self, exc: BaseException, deadline: float, attempt: int) -> bool:

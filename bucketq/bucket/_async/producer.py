@@ -1,7 +1,7 @@
 """The push side of the bucket queue and the stream queue (pymongo ``AsyncMongoClient``):
 a component each of them composes, as the bucket queue composes its consumer.
 
-Encoded items are packed into open buckets (``_core.Packer``); sealed buckets are
+Encoded items are packed into open buckets (``packing.Packer``); sealed buckets are
 written by one writer worker through the owner's ``write``; receipts resolve only
 after that, and ``max_pending_bytes`` bounds what waits in memory.
 
@@ -18,10 +18,10 @@ from typing import Any
 
 from ... import _validate as v
 from ...errors import QueueFull
-from .. import _core as core
-from .. import _deadline as deadlines
-from .._codec import encode_item
-from .._concurrency import (
+from .. import deadline as deadlines
+from .. import document, options, packing, writes
+from ..codec import encode_item
+from ..concurrency import (
     AsyncBatch,
     AsyncMutex,
     AsyncNotifier,
@@ -51,11 +51,11 @@ class AsyncProducer:
     def __init__(
         self,
         runtime: AsyncRuntime,
-        options: core.QueueOptions,
+        options: options.QueueOptions,
         *,
         mutex: AsyncMutex,
-        write: Callable[[list[core.OpenBucket]], Any],
-        written: Callable[[list[core.OpenBucket], float], None] | None = None,
+        write: Callable[[list[packing.OpenBucket]], Any],
+        written: Callable[[list[packing.OpenBucket], float], None] | None = None,
     ) -> None:
         self.name = runtime.name
         self._kind = runtime.kind
@@ -67,17 +67,17 @@ class AsyncProducer:
         self._is_closed = runtime.is_closed
         self._bounded = runtime.bounded
         self._worker = runtime.worker
-        self._packer = core.Packer(options, AsyncBatch)
-        self._to_write: deque[core.OpenBucket] = deque()
-        self._unwritten: dict[Any, core.OpenBucket] = {}
+        self._packer = packing.Packer(options, AsyncBatch)
+        self._to_write: deque[packing.OpenBucket] = deque()
+        self._unwritten: dict[Any, packing.OpenBucket] = {}
         self.pending_bytes = 0
         self._writer_wake = AsyncNotifier()
         self._space = AsyncNotifier()
         self._writer: AsyncWorker | None = None
         #: The owner's own id; its pushes without a ``key`` go to its partition, so one
         #: producer's items keep their order within it.
-        self.producer_id = core.member_id(options.owner)
-        self.partition = core.partition_of(self.producer_id, options.partitions)
+        self.producer_id = document.member_id(options.owner)
+        self.partition = document.partition_of(self.producer_id, options.partitions)
 
     @property
     def open_buckets(self) -> int:
@@ -93,7 +93,7 @@ class AsyncProducer:
         """The partition of a push: the producer's own, or that of ``key``."""
         if key is None:
             return self.partition
-        return core.partition_of(v.partition_key(key), self._opts.partitions)
+        return document.partition_of(v.partition_key(key), self._opts.partitions)
 
     async def push(
         self, item: bytes, at: float, now: float, part: int, durable: bool
@@ -226,7 +226,7 @@ class AsyncProducer:
             await self._writer_wake.wait(gen, None if next_due is None else next_due - _now())
 
     def _settle(
-        self, buckets: list[core.OpenBucket], failed: set[Any], error: BaseException | None
+        self, buckets: list[packing.OpenBucket], failed: set[Any], error: BaseException | None
     ) -> None:
         """Resolve the receipts of written (or given-up) buckets and free their memory."""
         stored = []
@@ -261,7 +261,7 @@ class AsyncProducer:
             ob.items = []  # receipts keep the bucket; free its items
         self._space.notify()
 
-    def write_deadline(self, buckets: list[core.OpenBucket]) -> float:
+    def write_deadline(self, buckets: list[packing.OpenBucket]) -> float:
         """When writing ``buckets`` gives up (epoch seconds): see ``_deadline.write_deadline``."""
         opts = self._opts
         return deadlines.write_deadline(
@@ -274,12 +274,12 @@ class AsyncProducer:
 
     def retry_ok(self, exc: BaseException, deadline: float) -> bool:
         """May a failed write be tried again (transient or unanswered, budget left)?"""
-        return (core.is_transient(exc) or deadlines.is_unanswered(exc)) and deadlines.may_retry(
+        return (writes.is_transient(exc) or deadlines.is_unanswered(exc)) and deadlines.may_retry(
             deadline, _now()
         )
 
     async def backoff(self, attempt: int, deadline: float) -> None:
-        delay = core.backoff(attempt, self._opts.retry_base, self._opts.retry_cap)
+        delay = writes.backoff(attempt, self._opts.retry_base, self._opts.retry_cap)
         await async_sleep(deadlines.backoff_within(delay, deadline, _now()))
 
     async def retry_insert(self, exc: BaseException, deadline: float, attempt: int) -> bool:

@@ -23,8 +23,8 @@ from typing import Any
 
 from .._guard import LoopGuard
 from ..errors import PushFailed, QueueClosed, WriteConcernNotConfirmed
-from ._core.messages import item_id
-from ._deadline import StartupBusy
+from .deadline import StartupBusy
+from .document import item_id
 
 log = logging.getLogger("bucketq.queue")
 

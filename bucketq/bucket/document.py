@@ -1,0 +1,51 @@
+"""The bucket document's fields every queue kind shares: item ids, a queue object's
+member id and the partition a key picks."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from bson import ObjectId
+
+from ..errors import ConfigurationError
+
+
+def member_id(owner: str) -> str:
+    """A queue object's own id (its producer's partition and its consumer's first one
+    come from it): the owner (host:pid) and a fresh ObjectId, unique across objects."""
+    return f"{owner}/{ObjectId()}"
+
+
+def partition_of(key: Any, partitions: int) -> int:
+    """The partition of a push ``key`` (or of a producer's id): a whole number picks
+    ``key % partitions``; str and bytes are hashed (blake2b, the same in every process
+    and Python version, unlike ``hash()``)."""
+    if partitions == 1:
+        return 0
+    if isinstance(key, int):
+        return key % partitions
+    raw = key.encode() if isinstance(key, str) else bytes(key)
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") % partitions
+
+
+def item_id(bucket_id: ObjectId, index: int) -> str:
+    return f"{bucket_id}.{index}"
+
+
+def parse_item_id(value: Any) -> tuple[ObjectId, int]:
+    """``'<24 hex digits>.<index>'`` (as in ``Receipt.id`` and ``Message.id``) split into the
+    bucket id and a whole index from 0 to 65535 (written in plain decimal digits)."""
+    try:
+        bid, idx = value.rsplit(".", 1)
+        if not idx.isdigit() or not idx.isascii() or (len(idx) > 1 and idx[0] == "0"):
+            raise ValueError("bad index")
+        index = int(idx)
+        if index >= 65536:
+            raise ValueError("index out of range")
+        return ObjectId(bid), index
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{value!r} is not a bucketq item id (they look like '<24 hex digits>.<index>' with "
+            "an index from 0 to 65535, as in Receipt.id and Message.id)."
+        ) from exc
