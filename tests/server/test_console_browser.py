@@ -223,6 +223,11 @@ def test_the_ingest_page_shows_the_buffer(browser, console, shots):
     expect(page.locator("dl.detail")).to_contain_text("closed")
     _ingest(console, "one more for the rate")
     expect(page.locator("#rate-requests")).not_to_have_text("–", timeout=10_000)
+    _ingest(console, "and another")
+    # Two refreshes (2 s apart) make the first point pair of the rate charts.
+    expect(page.locator("#spark-records")).to_have_attribute(
+        "points", re.compile(r"\d"), timeout=10_000
+    )
     _shot(page, shots, "ingest")
     page.context.close()
 
