@@ -501,6 +501,30 @@ def read_env(table: Iterable[Setting], environ: Mapping[str, str] | None = None)
         raise ConfigurationError(f"{exc} Fix or unset the variable.") from None
 
 
+def env_var(
+    name: str, check: Callable[..., Any], environ: Mapping[str, str] | None = None, **limits: Any
+) -> Any:
+    """One environment variable read and checked (None when unset), for a variable that
+    is a fallback of a command-line option rather than a row of a configuration."""
+    env = os.environ if environ is None else environ
+    raw = env.get(name)
+    if raw is None:
+        return None
+    try:
+        return parse(check, name, raw, **limits)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc} Fix or unset the variable.") from None
+
+
+#: The MongoDB every part uses when it is not given one (commands, Spark, the server).
+MONGODB_URI_ENV = "BUCKETQ_MONGODB_URI"
+
+
+def env_mongodb_uri(environ: Mapping[str, str] | None = None) -> str:
+    """``$BUCKETQ_MONGODB_URI``, checked: a mongodb:// URL, or "" when unset or empty."""
+    return env_var(MONGODB_URI_ENV, url, environ, schemes=MONGODB_SCHEMES) or ""
+
+
 def settings_table(table: Iterable[Setting], *, first: str = "Variable") -> str:
     """The settings as a Markdown table of name, default and meaning (the docs' tables)."""
     lines = [f"| {first} | Default | Meaning |", "|---|---|---|"]

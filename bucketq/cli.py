@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import sys
@@ -76,7 +75,7 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown contender(s): {unknown}; choose from {list(CONTENDERS)}", file=sys.stderr)
         return 2
-    uri = args.mongodb_uri or os.environ.get(URI_ENV)
+    uri = args.mongodb_uri or v.env_mongodb_uri()
     if uri:
         _check_reachable(uri)
     return run_command(

@@ -12,10 +12,10 @@ or delete them for good.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
+from . import _validate as v
 from .embedded import URI_ENV
 from .errors import BucketQError
 
@@ -34,7 +34,7 @@ def add_quarantine_parser(subparsers: Any) -> argparse.ArgumentParser:
     }
     for cmd, text in helps.items():
         p = sub.add_parser(cmd, help=text)
-        p.add_argument("--mongodb-uri", default=os.environ.get(URI_ENV),
+        p.add_argument("--mongodb-uri", type=v.cli_url(*v.MONGODB_SCHEMES),
                        help=f"MongoDB URI (default: ${URI_ENV})")  # fmt: skip
         p.add_argument(
             "--database", default=None, help="MongoDB database (default: the URI's, else bucketq)"
@@ -50,6 +50,7 @@ def add_quarantine_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_quarantine(args: argparse.Namespace) -> int:
+    args.mongodb_uri = args.mongodb_uri or v.env_mongodb_uri()
     if not args.mongodb_uri:
         print(f"bucketq quarantine: give --mongodb-uri or set {URI_ENV}", file=sys.stderr)
         return 2

@@ -65,11 +65,9 @@ def add_queues_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _uri(args: argparse.Namespace) -> str:
-    import os
-
     from ..embedded import URI_ENV
 
-    uri = args.mongodb_uri or os.environ.get(URI_ENV)
+    uri = args.mongodb_uri or v.env_mongodb_uri()
     if not uri:
         from ..server._run import embedded_uri
 
@@ -83,8 +81,6 @@ def _uri(args: argparse.Namespace) -> str:
 
 
 def run_queues(args: argparse.Namespace) -> int:
-    import os
-
     from pymongo import MongoClient
 
     from ..bucket.deadline import client_timeouts
@@ -93,7 +89,7 @@ def run_queues(args: argparse.Namespace) -> int:
     uri = _uri(args)
     client: Any = MongoClient(uri, tz_aware=True, **client_timeouts(uri))
     try:
-        name = args.database or os.environ.get("BUCKETQ_DATABASE") or None
+        name = args.database or v.env_var("BUCKETQ_DATABASE", v.database_name, optional=True)
         db = client[name] if name else client.get_default_database(DEFAULT_DATABASE)
         ins = Inspector(db)
         cmd = args.queues_command

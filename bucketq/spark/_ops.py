@@ -132,9 +132,7 @@ class Options:
         given = v.read_text(OPTIONS, opts, label="Option {}", casefold=True)
         values = {s.field: s.default for s in OPTIONS if s.field not in STREAM_OPTIONS.values()}
         values.update(given)
-        if not values["uri"]:
-            env = os.environ.get(URI_ENV, "")
-            values["uri"] = v.url(f"${URI_ENV}", env, v.MONGODB_SCHEMES) if env else ""
+        values["uri"] = values["uri"] or v.env_mongodb_uri()
         if not values["uri"]:
             raise ConfigurationError(
                 f'The bucketq data source needs a MongoDB URI: .option("uri", "mongodb://...") or ${URI_ENV}.'

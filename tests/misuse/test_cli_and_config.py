@@ -120,6 +120,14 @@ def test_serve_with_a_bad_variable_names_it_in_one_line_before_starting(var, val
     one_clear_line(out, f"{var} must be {says}; got {value!r}.")
 
 
+@pytest.mark.parametrize(
+    "args", [["queues", "list"], ["quarantine", "list", "--queue", "q"], ["bench", "--quick"]]
+)
+def test_a_bad_mongodb_uri_variable_is_named_by_every_command(args):
+    out = bucketq(*args, environ={"BUCKETQ_MONGODB_URI": "localhost"})
+    one_clear_line(out, "BUCKETQ_MONGODB_URI must be a URL starting with mongodb://", "'localhost'")
+
+
 # -- the reservoir's configuration --------------------------------------------------------
 
 
