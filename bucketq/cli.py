@@ -68,7 +68,7 @@ def _check_port_free(host: str, port: int) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from .benchmark import CONTENDERS, DEFAULT_PLOTS_DIR, run
-    from .benchmark._cli import plots_dir, run_command
+    from .benchmark.cli import plots_dir, run_command
 
     names = args.contender or list(CONTENDERS)
     unknown = [c for c in names if c not in CONTENDERS]
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .benchmark.ingest.cli import add_parser as add_ingest_bench
 
     add_ingest_bench(bench_sub)
-    from .sdk._bench import add_parser as add_sdk_bench
+    from .benchmark.sdk import add_parser as add_sdk_bench
 
     add_sdk_bench(bench_sub)
     from .benchmark.stream_wake import add_parser as add_stream_wake_bench
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .admin.cli import add_queues_parser
 
     add_queues_parser(sub)
-    from .sdk._replay import add_sdk_parser
+    from .sdk.cli import add_sdk_parser
 
     add_sdk_parser(sub)
     pl = sub.add_parser(

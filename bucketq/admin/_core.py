@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ..bucket import CLAIM_SORT, not_leased
 from ..bucket.codec import decode_items
 from ..bucket.damage import QUARANTINE_SUFFIX
 from ..bucket.document import item_id
 from ..bucket.options import DLQ_SUFFIX
 from ..bucket.times import to_datetime
-from ..queue._core.claims import CLAIM_SORT, not_leased
-from ..stream._core import META_ID, META_SUFFIX
+from ..stream.core import META_ID, META_SUFFIX
 
 __all__ = [
     "DEAD_HEADERS",

@@ -178,7 +178,7 @@ def _report(results: dict[str, Any]) -> None:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from ._cli import add_bench_parser, add_run_arguments
+    from .cli import add_bench_parser, add_run_arguments
 
     p = add_bench_parser(sub, "stream-wake", "stream mode: from a bucket's insert until a waiting "
                          "next_batch returns it, change streams vs polling", __doc__)  # fmt: skip

@@ -4,11 +4,21 @@ member id and the partition a key picks."""
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime
 from typing import Any
 
 from bson import ObjectId
 
 from ..errors import ConfigurationError
+
+#: The order buckets are served in: the earliest mature first, then the oldest.
+CLAIM_SORT = [("mature", 1), ("_id", 1)]
+
+
+def not_leased(dnow: datetime) -> dict[str, Any]:
+    """The filter term of a document no consumer holds at ``dnow``: never leased, released,
+    or its lease ran out. Every claim, size, next_t and remove() query uses this one."""
+    return {"$or": [{"lease": None}, {"lease.until": {"$lte": dnow}}]}
 
 
 def member_id(owner: str) -> str:

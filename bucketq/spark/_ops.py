@@ -36,7 +36,7 @@ from ..bucket.deadline import client_timeouts
 from ..embedded import URI_ENV
 from ..errors import ConfigurationError, PayloadTooLarge
 from ..stream import StreamConsumer, StreamQueue
-from ..stream import _core as score
+from ..stream import core as score
 
 DEFAULT_DATABASE = "bucketq"
 DEFAULT_NUM_PARTITIONS = 2

@@ -2,8 +2,8 @@
 in-order acknowledgements (exactly-once with a sink that stores the seq)."""
 
 from ._async.stream import AsyncStreamConsumer, AsyncStreamQueue
-from ._core import AckOutOfOrder, StreamBatch, StreamOptions
 from ._sync.stream import StreamConsumer, StreamQueue
+from .core import AckOutOfOrder, StreamBatch, StreamOptions
 
 __all__ = [
     "AckOutOfOrder",

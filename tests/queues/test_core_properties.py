@@ -7,13 +7,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pymongo import DeleteOne, UpdateOne
 
-from bucketq.bucket import item_id, parse_item_id
+from bucketq.bucket import item_id, not_leased, parse_item_id
 from bucketq.bucket.codec import encode_item
 from bucketq.bucket.options import BUCKET_OVERHEAD, QueueOptions
 from bucketq.bucket.packing import OpenBucket, Packer
 from bucketq.bucket.times import to_datetime
 from bucketq.bucket.writes import backoff, may_retry
-from bucketq.queue._core.claims import claim_request, not_leased
+from bucketq.queue._core.claims import claim_request
 from bucketq.queue._core.counts import ready_filter
 from bucketq.queue._core.held import HeldBucket, needs_renewal, plan_flush, state_write
 from bucketq.queue._core.redelivery import over_tried

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from bucketq.errors import Fenced
 from bucketq.stream import AsyncStreamQueue, StreamQueue
-from bucketq.stream import _core as core
+from bucketq.stream import core
 from waiting import eventually, eventually_async
 
 WORKER = str(Path(__file__).with_name("stream_worker.py"))

@@ -16,6 +16,7 @@ from typing import Any
 from bson import ObjectId
 from pymongo import ReturnDocument
 
+from ...bucket import CLAIM_SORT, not_leased
 from ...bucket.codec import collection
 from ...bucket.damage import quarantine_name
 from ...bucket.document import parse_item_id
@@ -23,9 +24,8 @@ from ...bucket.options import DLQ_SUFFIX, check_name
 from ...bucket.times import to_datetime
 from ...errors import ConfigurationError
 from ...queue import Queue
-from ...queue._core.claims import CLAIM_SORT, not_leased
 from ...queue._core.held import HeldBucket, state_write
-from ...stream._core import META_SUFFIX
+from ...stream.core import META_SUFFIX
 from .. import _core as core
 
 log = logging.getLogger("bucketq.admin")

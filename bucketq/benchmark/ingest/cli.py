@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from .._cli import plots_dir, run_command
+    from ..cli import plots_dir, run_command
     from ._runner import DEFAULT_PLOTS_DIR, run, settings_for
 
     def body() -> None:

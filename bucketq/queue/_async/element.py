@@ -84,7 +84,7 @@ class AsyncElementQueue(AsyncQueueApi):
 
     async def _create_claim_index(self) -> None:
         try:
-            await self._col.create_index(core.CLAIM_SORT, name="mature_id")
+            await self._col.create_index(bucket.CLAIM_SORT, name="mature_id")
         except WriteConcernError as exc:  # built; the write concern was not confirmed
             log.warning("queue %s: claim index: %s", self.name, exc)
 
@@ -220,7 +220,7 @@ class AsyncElementQueue(AsyncQueueApi):
         flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
         del upd["$inc"]
         doc = await self._col.find_one_and_update(
-            flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE
+            flt, upd, sort=bucket.CLAIM_SORT, return_document=ReturnDocument.BEFORE
         )
         if doc is None:
             return None
@@ -348,5 +348,5 @@ class AsyncElementQueue(AsyncQueueApi):
             return False  # one item per document: its id ends in ".0"
         now = bucket.to_datetime(_now())
         with self._bounded("remove()"):
-            res = await self._col.delete_one({"_id": oid, **core.not_leased(now)})
+            res = await self._col.delete_one({"_id": oid, **bucket.not_leased(now)})
         return bool(res.deleted_count)

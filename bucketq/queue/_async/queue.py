@@ -101,7 +101,7 @@ class AsyncQueue(AsyncQueueApi):
 
     async def _create_indexes(self, parts: int, timeout: float) -> None:
         with self._bounded(timeout):
-            await self._col.create_index(core.CLAIM_SORT, name="mature_id")
+            await self._col.create_index(bucket.CLAIM_SORT, name="mature_id")
             if parts > 1:
                 await self._col.create_index(core.PART_CLAIM_INDEX, name="part_mature_id")
                 await self._fold_partitions(parts)
@@ -357,7 +357,7 @@ class AsyncQueue(AsyncQueueApi):
         for _ in range(5):
             now = bucket.to_datetime(_now())
             doc = await self._col.find_one(
-                {"_id": bid, **core.not_leased(now)},
+                {"_id": bid, **bucket.not_leased(now)},
                 {"done": 1, "live": 1, "n": 1},
             )
             if doc is None or index >= doc["n"]:
@@ -367,7 +367,7 @@ class AsyncQueue(AsyncQueueApi):
                 return False
             done[index >> 3] |= 1 << (index & 7)
             flt = {"_id": bid, "done": doc.get("done"), "live": doc["live"],
-                   **core.not_leased(now)}  # fmt: skip
+                   **bucket.not_leased(now)}  # fmt: skip
             if doc["live"] <= 1:
                 res = await self._col.delete_one(flt)
                 if res.deleted_count:

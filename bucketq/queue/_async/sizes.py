@@ -57,8 +57,8 @@ class AsyncSizes:
         """The mature time of the next item to become deliverable (None if empty)."""
         with self._read_bounded("next_t()"):
             doc = await self._col.find_one(
-                core.not_leased(bucket.to_datetime(_now())),
+                bucket.not_leased(bucket.to_datetime(_now())),
                 {"mature": 1},
-                sort=core.CLAIM_SORT,
+                sort=bucket.CLAIM_SORT,
             )
         return doc["mature"] if doc else None

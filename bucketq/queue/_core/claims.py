@@ -5,15 +5,12 @@ and a consumer's rotation over them, and the change events that wake a consumer.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
 from bson import ObjectId
 
+from ...bucket.document import not_leased
 from ...bucket.times import to_datetime
-
-CLAIM_SORT = [("mature", 1), ("_id", 1)]
-
 
 #: The claim index of a partitioned queue: a claim is one equality on ``part`` and then
 #: the same range and order as ``CLAIM_SORT``. (``mature_id`` stays: next_t() and the
@@ -123,16 +120,6 @@ WAKEUP_PIPELINE: list[dict[str, Any]] = [
     },
     {"$project": {"operationType": 1}},
 ]
-
-
-#: Fields a claim does not need back (the done bitmap etc. are small; keep them).
-CLAIM_PROJECTION = None
-
-
-def not_leased(dnow: datetime) -> dict[str, Any]:
-    """The filter term of a document no consumer holds at ``dnow``: never leased, released,
-    or its lease ran out. Every claim, size, next_t and remove() query uses this one."""
-    return {"$or": [{"lease": None}, {"lease.until": {"$lte": dnow}}]}
 
 
 def claimable_filter(now: float) -> dict[str, Any]:

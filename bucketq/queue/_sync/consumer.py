@@ -335,7 +335,7 @@ class Consumer:
         token = ObjectId()
         flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease, part)
         doc = self._col.find_one_and_update(
-            flt, upd, sort=core.CLAIM_SORT, return_document=ReturnDocument.BEFORE
+            flt, upd, sort=bucket.CLAIM_SORT, return_document=ReturnDocument.BEFORE
         )
         if doc is None:
             return False

@@ -103,7 +103,7 @@ class Queue(QueueApi):
 
     def _create_indexes(self, parts: int, timeout: float) -> None:
         with self._bounded(timeout):
-            self._col.create_index(core.CLAIM_SORT, name="mature_id")
+            self._col.create_index(bucket.CLAIM_SORT, name="mature_id")
             if parts > 1:
                 self._col.create_index(core.PART_CLAIM_INDEX, name="part_mature_id")
                 self._fold_partitions(parts)
@@ -355,7 +355,7 @@ class Queue(QueueApi):
         for _ in range(5):
             now = bucket.to_datetime(_now())
             doc = self._col.find_one(
-                {"_id": bid, **core.not_leased(now)},
+                {"_id": bid, **bucket.not_leased(now)},
                 {"done": 1, "live": 1, "n": 1},
             )
             if doc is None or index >= doc["n"]:
@@ -365,7 +365,7 @@ class Queue(QueueApi):
                 return False
             done[index >> 3] |= 1 << (index & 7)
             flt = {"_id": bid, "done": doc.get("done"), "live": doc["live"],
-                   **core.not_leased(now)}  # fmt: skip
+                   **bucket.not_leased(now)}  # fmt: skip
             if doc["live"] <= 1:
                 res = self._col.delete_one(flt)
                 if res.deleted_count:

@@ -1,7 +1,7 @@
 """Ordered stream mode's I/O shell (pymongo ``AsyncMongoClient``).
 
 The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
-Decisions live in ``bucketq.stream._core``; this file builds, calls the driver, interprets.
+Decisions live in ``bucketq.stream.core``; this file builds, calls the driver, interprets.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from ...errors import (
     PushFailed,
     QueueClosed,
 )
-from .. import _core as core
+from .. import core
 
 log = logging.getLogger("bucketq.stream")
 #: Buckets (without their items) one read of :meth:`AsyncStreamConsumer.reachable` looks at.
@@ -332,7 +332,7 @@ class AsyncStreamQueue(AsyncClosing):
 
     @boundary("write_staged()")
     async def write_staged(self, buckets: list[list[bytes]], stage: dict[str, Any]) -> None:
-        """Write sealed buckets of encoded items (see :func:`bucketq.stream._core.pack`)
+        """Write sealed buckets of encoded items (see :func:`bucketq.stream.core.pack`)
         staged under ``stage`` (``{"j": job, "t": attempt}``): numbered, retried and
         renumbered like pushed buckets, and invisible to the consumer (they block it at
         their number) until published or closed. The Spark data source's writes."""
@@ -536,7 +536,7 @@ class AsyncStreamConsumer(AsyncClosing):
         return 0.0
 
     async def close_hole(self, kind: str, seq: int, doc: dict[str, Any] | None) -> bool:
-        """Close a blocked number (``kind`` and ``doc`` as :func:`bucketq.stream._core.scan`
+        """Close a blocked number (``kind`` and ``doc`` as :func:`bucketq.stream.core.scan`
         reports it): a tombstone for a missing bucket, a staged bucket turned into one.
         Returns whether it closed it; False when the bucket arrived or was published
         meanwhile (then ``holes_closed`` does not count it and the reader reads it)."""

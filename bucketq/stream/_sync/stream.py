@@ -3,7 +3,7 @@
 """Ordered stream mode's I/O shell (pymongo ``MongoClient``).
 
 The async file is the source; ``scripts/unasync.py`` generates the sync twin from it.
-Decisions live in ``bucketq.stream._core``; this file builds, calls the driver, interprets.
+Decisions live in ``bucketq.stream.core``; this file builds, calls the driver, interprets.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from ...errors import (
     PushFailed,
     QueueClosed,
 )
-from .. import _core as core
+from .. import core
 
 log = logging.getLogger("bucketq.stream")
 #: Buckets (without their items) one read of :meth:`StreamConsumer.reachable` looks at.
@@ -330,7 +330,7 @@ class StreamQueue(Closing):
 
     @boundary("write_staged()")
     def write_staged(self, buckets: list[list[bytes]], stage: dict[str, Any]) -> None:
-        """Write sealed buckets of encoded items (see :func:`bucketq.stream._core.pack`)
+        """Write sealed buckets of encoded items (see :func:`bucketq.stream.core.pack`)
         staged under ``stage`` (``{"j": job, "t": attempt}``): numbered, retried and
         renumbered like pushed buckets, and invisible to the consumer (they block it at
         their number) until published or closed. The Spark data source's writes."""
@@ -534,7 +534,7 @@ class StreamConsumer(Closing):
         return 0.0
 
     def close_hole(self, kind: str, seq: int, doc: dict[str, Any] | None) -> bool:
-        """Close a blocked number (``kind`` and ``doc`` as :func:`bucketq.stream._core.scan`
+        """Close a blocked number (``kind`` and ``doc`` as :func:`bucketq.stream.core.scan`
         reports it): a tombstone for a missing bucket, a staged bucket turned into one.
         Returns whether it closed it; False when the bucket arrived or was published
         meanwhile (then ``holes_closed`` does not count it and the reader reads it)."""

@@ -74,7 +74,7 @@ def _percentiles(lat: Any) -> dict[str, float]:
 
 def _child(case: str, url: str, key: str, n: int, spill: str) -> dict[str, Any]:
     """Run one caller-cost case in this (fresh) process; return its figures."""
-    from . import IngestHandler
+    from ..sdk import IngestHandler
 
     handler: logging.Handler
     if case in ("sdk_up", "sdk_down", "sdk_full"):
@@ -118,7 +118,7 @@ def _child(case: str, url: str, key: str, n: int, spill: str) -> dict[str, Any]:
 
 def _delivery(url: str, key: str, n: int, spill: str) -> dict[str, Any]:
     """Records/s from one process to the server, counted as accepted by the server."""
-    from . import Client
+    from ..sdk import Client
 
     c = Client(url, key, spill_dir=spill, service="bench-delivery")
     t0 = time.perf_counter()
@@ -144,7 +144,7 @@ def _ceiling(url: str, key: str, n: int) -> dict[str, Any]:
     ``DEFAULT_BATCH_SIZE`` records (what its two workers send), no SDK in the way."""
     import urllib3
 
-    from ._options import DEFAULT_BATCH_SIZE as size
+    from ..sdk import DEFAULT_BATCH_SIZE as size
 
     batches = [
         json.dumps({"logs": [{"time": "2026-01-01T00:00:00+00:00", "service": "bench-ceiling",
@@ -175,7 +175,7 @@ def _ceiling(url: str, key: str, n: int) -> dict[str, Any]:
 
 
 def _run_child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-m", "bucketq.sdk._bench", *args], env=env,
+    r = subprocess.run([sys.executable, "-m", "bucketq.benchmark.sdk", *args], env=env,
                        capture_output=True, text=True, timeout=1800)  # fmt: skip
     if r.returncode != 0:
         raise RuntimeError(f"benchmark child {args[0]} failed:\n{r.stderr[-3000:]}")
@@ -185,8 +185,8 @@ def _run_child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
 def run(mongodb_uri: str | None, *, n: int = DEFAULT_N, http_n: int = DEFAULT_HTTP_N,
         delivery_n: int = DEFAULT_DELIVERY_N, cases: list[str] | None = None,
         json_path: str | None = None) -> dict[str, Any]:  # fmt: skip
-    from ..benchmark.ingest._serve import ServeProcess, free_port
     from ..embedded import URI_ENV, EmbeddedServer
+    from .ingest._serve import ServeProcess, free_port
 
     cases = list(cases or CASES)
     uri = mongodb_uri or os.environ.get(URI_ENV) or None
@@ -283,7 +283,7 @@ def _report(results: dict[str, Any]) -> None:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from ..benchmark._cli import add_bench_parser, add_run_arguments
+    from .cli import add_bench_parser, add_run_arguments
 
     p = add_bench_parser(sub, "sdk", "the logging SDK: caller cost of a log call (server up, stopped, "
                          "queue full) beside FileHandler and HTTPHandler; delivery records/s; memory",
