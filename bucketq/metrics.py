@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .admin._core import QueueRow
+from .admin import QueueRow
 
 log = logging.getLogger("bucketq.metrics")
 

@@ -18,8 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bucketq.errors import Fenced
-from bucketq.stream import AsyncStreamQueue, StreamQueue
-from bucketq.stream import core
+from bucketq.stream import AsyncStreamQueue, StreamQueue, core
 from waiting import eventually, eventually_async
 
 WORKER = str(Path(__file__).with_name("stream_worker.py"))
