@@ -348,28 +348,31 @@ class EmbeddedServer:
         return str(data["password"])
 
     def _provision(self) -> bool:
-        """Create the user, on a server started without ``--auth`` for this on a port
-        nobody expects (secantusd-py has no other way to create its first user), then
-        stopped. Returns whether the directory was new (no store in it before)."""
+        """Create the user (or give it a new password), on a server started without
+        ``--auth`` for this on a port nobody expects (secantusd-py has no other way to
+        create its first user), then stopped. Returns whether the directory was new (no
+        store in it before)."""
         from pymongo import MongoClient
 
         fresh = not (self.storage_path / "WiredTiger").exists()
-        if not fresh:
-            log.warning("securing the embedded server's data in %s: until now any local "
-                        "user could read and write it", self.storage_path)  # fmt: skip
         password = secrets.token_urlsafe(24)
         self._launch(0, auth=False)
         try:
             client: MongoClient[dict[str, Any]]
             with MongoClient(self.uri, serverSelectionTimeoutMS=10_000,
                              socketTimeoutMS=30_000) as client:  # fmt: skip
-                if client.admin["system.users"].find_one() is not None:
-                    raise EmbeddedServerError(
-                        f"The data directory {self.storage_path} has database users but no "
-                        f"{CREDENTIALS_FILE}. Restore that file, or start with a new data "
-                        "directory."
-                    )
-                client.admin.command("createUser", USER, pwd=password, roles=["root"])
+                # Our user exists when a set-up was cut short before its file was
+                # written, or the file was lost: whoever can start a server on this
+                # directory may set a new password. Other users are left alone.
+                exists = client.admin["system.users"].find_one({"_id": f"admin.{USER}"})
+                command = "updateUser" if exists else "createUser"
+                if exists:
+                    log.warning("%s in %s is missing: the embedded server's user gets a new "
+                                "password", CREDENTIALS_FILE, self.storage_path)  # fmt: skip
+                elif not fresh:
+                    log.warning("securing the embedded server's data in %s: until now any "
+                                "local user could read and write it", self.storage_path)  # fmt: skip
+                client.admin.command(command, USER, pwd=password, roles=["root"])
         finally:
             self._shutdown(STOP_TIMEOUT)
         write_private(self.storage_path / CREDENTIALS_FILE,

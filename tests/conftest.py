@@ -96,6 +96,7 @@ LONGEST_FIRST = (
     "tests/faults/test_frozen.py",
     "tests/stream/test_stream.py",
     "tests/misuse/test_cli_and_config.py",
+    "tests/server/test_embedded_store.py",
     "serve",
     "console",
     "sdk-e2e",

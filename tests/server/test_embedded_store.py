@@ -214,3 +214,26 @@ def test_a_missing_embedded_server_names_both_install_forms(monkeypatch, tmp_pat
         find_server_command()
     assert "pip install 'bucketq[embedded]'" in str(err.value)
     assert "pip install -e '.[embedded]'" in str(err.value)  # the form for a checkout
+
+
+def test_lost_credentials_get_a_new_password_and_keep_the_data(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    server = EmbeddedServer(data, auth=True).start()
+    try:
+        with MongoClient(server.uri) as client:
+            client["shop"]["logs"].insert_one({"message": "kept"})
+    finally:
+        server.stop()
+    old_uri, port = server.uri, server.port
+    (data / CREDENTIALS_FILE).unlink()
+
+    server = EmbeddedServer(data, port=port, auth=True).start()  # the old URI's address
+    try:
+        assert server.uri != old_uri
+        with MongoClient(server.uri) as client:
+            assert client["shop"]["logs"].find_one({}, {"_id": 0}) == {"message": "kept"}
+        with MongoClient(old_uri, serverSelectionTimeoutMS=10_000) as stale:
+            with pytest.raises(OperationFailure):  # the old password is gone
+                stale["shop"]["logs"].find_one()
+    finally:
+        server.stop()
