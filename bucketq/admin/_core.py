@@ -19,7 +19,7 @@ from typing import Any
 from ..bucket import CLAIM_SORT, not_leased
 from ..bucket.codec import decode_items
 from ..bucket.damage import QUARANTINE_SUFFIX
-from ..bucket.document import item_id
+from ..bucket.document import is_consumed, item_id
 from ..bucket.options import DLQ_SUFFIX
 from ..bucket.times import to_datetime
 from ..stream.core import META_ID, META_SUFFIX
@@ -31,7 +31,6 @@ __all__ = [
     "Rates",
     "classify",
     "counts_pipeline",
-    "is_done",
     "item_views",
     "requeued_headers",
     "shorten",
@@ -192,11 +191,6 @@ def age(now: float, t: datetime | None) -> float | None:
     return max(0.0, round(now - t.timestamp(), 3))
 
 
-def is_done(done: bytes | None, i: int) -> bool:
-    """Whether item ``i`` of a bucket is consumed (bit ``i & 7`` of byte ``i >> 3``)."""
-    return bool(done) and i >> 3 < len(done or b"") and bool((done or b"")[i >> 3] & (1 << (i & 7)))
-
-
 def shorten(value: Any, limit: int = PREVIEW_CHARS) -> str:
     text = json.dumps(_jsonable(value), ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -233,7 +227,7 @@ def item_views(doc: dict[str, Any], now: float, *, stream: bool = False) -> list
     nexts = doc.get("next") or {}
     views = []
     for i, it in enumerate(items):
-        if not stream and is_done(doc.get("done"), i):
+        if not stream and is_consumed(doc.get("done"), i):
             continue
         payload = it.get("p")
         views.append(

@@ -20,6 +20,7 @@ from typing import Any, TypeGuard
 import bson
 
 from ..errors import DamagedBucket
+from .document import is_consumed
 
 __all__ = [
     "QUARANTINE_SUFFIX",
@@ -148,7 +149,7 @@ def recover(bucket: dict[str, Any]) -> Recovery:
     n = stored_n if _is_int(stored_n) and stored_n >= 0 else len(found)
     done = bucket.get("done")
     if isinstance(done, bytes) and len(done) == (n + 7) // 8:
-        consumed = {i for i in range(n) if done[i >> 3] & (1 << (i & 7))}
+        consumed = {i for i in range(n) if is_consumed(done, i)}
     else:
         consumed = set()
     items = [it for i, it in enumerate(found) if i not in consumed]

@@ -1,5 +1,5 @@
-"""The bucket document's fields every queue kind shares: item ids, a queue object's
-member id and the partition a key picks."""
+"""The bucket document's fields every queue kind shares: item ids, the done bitmap, a
+queue object's member id and the partition a key picks."""
 
 from __future__ import annotations
 
@@ -37,6 +37,14 @@ def partition_of(key: Any, partitions: int) -> int:
         return key % partitions
     raw = key.encode() if isinstance(key, str) else bytes(key)
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") % partitions
+
+
+def is_consumed(done: bytes | bytearray | None, index: int) -> bool:
+    """Whether item ``index`` is marked consumed in a bucket's ``done`` bitmap (bit
+    ``index & 7`` of byte ``index >> 3``; a missing or short bitmap marks nothing)."""
+    return (
+        done is not None and index >> 3 < len(done) and bool(done[index >> 3] & (1 << (index & 7)))
+    )
 
 
 def item_id(bucket_id: ObjectId, index: int) -> str:

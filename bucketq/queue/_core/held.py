@@ -12,6 +12,7 @@ from pymongo import DeleteOne, UpdateOne
 
 from ...bucket.codec import decode_items
 from ...bucket.damage import bucket_damage, check_items
+from ...bucket.document import is_consumed
 from ...bucket.times import from_datetime, to_datetime
 from ...errors import DamagedBucket, DecodeError
 from .messages import Message
@@ -115,7 +116,7 @@ class HeldBucket:
         return True
 
     def is_done(self, i: int) -> bool:
-        return bool(self.done[i >> 3] & (1 << (i & 7)))
+        return is_consumed(self.done, i)
 
     def ready_messages(self, now: float, max_tries: int | None) -> list[Message]:
         """Messages for every READY item (marks them RESERVED-to-be); over-tried items
