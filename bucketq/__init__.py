@@ -1,5 +1,8 @@
 """bucketq: a durable queue on MongoDB that packs many items into one bucket document."""
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     AckOutOfOrder,
     BucketQError,
@@ -26,26 +29,63 @@ from .errors import (
     TransportUnavailable,
     WriteConcernNotConfirmed,
 )
-from .queue import (
-    AsyncElementQueue,
-    AsyncQueue,
-    AsyncReceipt,
-    ElementQueue,
-    Message,
-    Queue,
-    QueueOptions,
-    Receipt,
-)
-from .stream import (
-    AsyncStreamConsumer,
-    AsyncStreamQueue,
-    StreamBatch,
-    StreamConsumer,
-    StreamOptions,
-    StreamQueue,
-)
 
-__version__ = "0.1.0"
+# The queue kinds load on first use (PEP 562), so ``import bucketq.sdk`` or a Spark
+# Python worker's ``import bucketq.spark`` loads only what it uses.
+_LAZY = {
+    "AsyncElementQueue": "queue",
+    "AsyncQueue": "queue",
+    "AsyncReceipt": "queue",
+    "ElementQueue": "queue",
+    "Message": "queue",
+    "Queue": "queue",
+    "QueueOptions": "queue",
+    "Receipt": "queue",
+    "AsyncStreamConsumer": "stream",
+    "AsyncStreamQueue": "stream",
+    "StreamBatch": "stream",
+    "StreamConsumer": "stream",
+    "StreamOptions": "stream",
+    "StreamQueue": "stream",
+}
+
+if TYPE_CHECKING:
+    from .queue import (
+        AsyncElementQueue,
+        AsyncQueue,
+        AsyncReceipt,
+        ElementQueue,
+        Message,
+        Queue,
+        QueueOptions,
+        Receipt,
+    )
+    from .stream import (
+        AsyncStreamConsumer,
+        AsyncStreamQueue,
+        StreamBatch,
+        StreamConsumer,
+        StreamOptions,
+        StreamQueue,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from ._version import version
+
+        return version()
+    sub = _LAZY.get(name)
+    if sub is None:
+        raise AttributeError(f"module 'bucketq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{sub}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AckOutOfOrder",

@@ -9,7 +9,7 @@ Every import in bucketq/ counts, a lazy one inside a function too. The rules:
    (``LAYERS``, top first); packages side by side in one layer do not import each other.
 2. Nothing imports another package's private module (a name starting with ``_`` below
    the package): packages meet through public names. The root's private modules
-   (``bucketq._validate``, ``_driver``, ``_guard``, ``_deps``) are the base layer that
+   (``bucketq._validate``, ``_driver``, ``_guard``, ``_deps``, ``_version``) are the base layer that
    everything shares.
 3. Every module of bucketq belongs to a layer: a new package is placed in ``LAYERS``.
 """
@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, ...]] = [
         "bucketq._driver",
         "bucketq._guard",
         "bucketq._validate",
+        "bucketq._version",
     ),
 ]
 BASE = LAYERS[-1]

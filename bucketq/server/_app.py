@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
+from .._version import version
 from ..errors import Overloaded
 from ..reservoir import BufferConfig
 from ..reservoir import from_env as buffer_from_env
@@ -76,7 +77,7 @@ def create_app(
 
     app = FastAPI(
         title="bucketq ingest",
-        version="0.1.0",
+        version=version(),
         description=DESCRIPTION,
         lifespan=lifespan,
         docs_url="/docs",
