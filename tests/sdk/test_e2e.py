@@ -367,8 +367,8 @@ SPILL_SCRIPT = textwrap.dedent(
     """
     import sys
     from bucketq.sdk import Client
-    url, key, svc, spill, n = sys.argv[1:6]
-    c = Client(url, key, service=svc, spill_dir=spill, shutdown_timeout=0.3)
+    url, key, svc, spill, n, shutdown_timeout = sys.argv[1:7]
+    c = Client(url, key, service=svc, spill_dir=spill, shutdown_timeout=float(shutdown_timeout))
     for i in range(int(n)):
         c.log("info", f"{svc}-{i}")
     # no close: the exit hook spills or sends, and replays what an earlier program left
@@ -384,23 +384,25 @@ def test_a_spill_left_by_an_exited_program_is_sent_by_the_next_short_lived_one(
     url = f"http://127.0.0.1:{dead_port()}"
     spill = tmp_path / "spill"
 
-    def run(service: str, n: int) -> str:
+    def run(service: str, n: int, shutdown_timeout: float) -> str:
         out = subprocess.run([sys.executable, "-c", SPILL_SCRIPT, url, key, service, str(spill),
-                              str(n)], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                             env=late.env)  # fmt: skip
+                              str(n), str(shutdown_timeout)], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT, env=late.env)  # fmt: skip
         assert out.returncode == 0, out.stderr
         return out.stderr
 
     try:
-        # A program exits while nothing listens: its records stay on disk, and it says
-        # where and how to send them.
-        said = run(svc, 30)
+        # A program exits while nothing listens (its exit waits out a short
+        # shutdown_timeout): its records stay on disk, and it says where and how to send them.
+        said = run(svc, 30, 0.3)
         assert len(spilled(spill)) == 30
         assert "records stay in the spill" in said and "bucketq sdk replay" in said
         late.start(int(url.rsplit(":", 1)[1]))
         # Another program (another service name) sending to the same server with the same
-        # key, alive for less than a monitor tick, sends them on its way out.
-        run(svc + "-b", 1)
+        # key, alive for less than a monitor tick, sends them on its way out. Its exit
+        # returns once nothing is pending: the long bound is for a busy machine, where
+        # 0.3 s spilled its own record (sent, but not confirmed in time).
+        run(svc + "-b", 1, 60)
         assert messages(late, key, svc) == Counter(f"{svc}-{i}" for i in range(30))
         assert messages(late, key, svc + "-b") == Counter([f"{svc}-b-0"])
         assert spilled(spill) == []
