@@ -315,7 +315,13 @@ class EmbeddedServer:
             return
         args = _process_args(pid)
         if not args or not any(_COMMAND in a for a in args) or str(self.storage_path) not in args:
-            return  # gone, or the pid is someone else's now
+            # gone (or the pid is someone else's now); a clean stop empties the file
+            log.warning(
+                "bucketq process %s ended without stopping its embedded server on %s "
+                "(killed?); the server is gone and its store recovers from its journal",
+                previous.get("owner"), self.storage_path,
+            )  # fmt: skip
+            return
         log.warning(
             "the embedded server pid %s of bucketq process %s (gone) still runs on %s; "
             "stopping it",

@@ -165,6 +165,7 @@ def test_embedded_store_dies_with_serve_and_its_directory_is_guarded(home: Path)
         log2 = home / "serve2.log"
         second = _serve(home, log2)
         _listening(second, log2)
+        assert f"bucketq process {first.pid} ended without stopping" in log2.read_text()
         listed = _bucketq(home, "keys", "list")
         assert "kept" in listed.stdout, listed.stderr  # same data, same credentials
 
