@@ -548,21 +548,32 @@ def one_line(exc: BaseException) -> str:
     return text[:400]
 
 
-def cli_count(lo: int = 0, hi: int | None = None) -> Any:
-    """An argparse ``type`` for a whole number in ``[lo, hi]``."""
+def cli_type(check: Callable[..., Any], what: str, **limits: Any) -> Any:
+    """An argparse ``type`` that reads the text as settings do (:func:`parse`): the same
+    reader and check, argparse's error without the option's name (argparse adds it)."""
     import argparse
 
-    def whole(text: str) -> int:
+    def read(text: str) -> Any:
         try:
-            value: int = parse(count, "it", text, lo=lo, hi=hi)
-        except ConfigurationError:
-            raise argparse.ArgumentTypeError(
-                f"must be a whole number {_range(lo, hi, open_lo=False, unit='')}; got {text!r}"
-            ) from None
-        return value
+            return parse(check, "it", text, **limits)
+        except ConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("it ").rstrip(".")) from None
 
-    whole.__name__ = "whole number"
-    return whole
+    read.__name__ = what
+    return read
+
+
+def cli_count(lo: int = 0, hi: int | None = None) -> Any:
+    """An argparse ``type`` for a whole number in ``[lo, hi]``."""
+    return cli_type(count, "whole number", lo=lo, hi=hi)
+
+
+def cli_number(
+    lo: float | None = 0.0, hi: float | None = None, *, open_lo: bool = False, unit: str = ""
+) -> Any:
+    """An argparse ``type`` for a finite number in ``[lo, hi]`` (``(lo, hi]`` when
+    ``open_lo``): never NaN or infinity."""
+    return cli_type(number, "number", lo=lo, hi=hi, open_lo=open_lo, unit=unit)
 
 
 def cli_count_list(lo: int = 1) -> Any:

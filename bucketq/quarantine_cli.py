@@ -44,7 +44,7 @@ def add_quarantine_parser(subparsers: Any) -> argparse.ArgumentParser:
         if cmd != "list":
             p.add_argument("--id", default=None, help="only this bucket (default: every one)")
         else:
-            p.add_argument("--limit", type=int, default=None, help="at most this many")
+            p.add_argument("--limit", type=v.cli_count(1), default=None, help="at most this many")
         p.set_defaults(func=run_quarantine)
     return qp
 

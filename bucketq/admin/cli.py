@@ -55,7 +55,12 @@ def add_queues_parser(subparsers: Any) -> argparse.ArgumentParser:
     dd.add_argument("--yes", action="store_true", help="requeue or purge without asking")
     common(dd)
     w = sub.add_parser("watch", help="a live table of `list`, refreshed every second, with rates")
-    w.add_argument("--interval", type=float, default=WATCH_INTERVAL, help="seconds (1)")
+    w.add_argument(
+        "--interval",
+        type=v.cli_number(0, open_lo=True, unit="seconds"),
+        default=WATCH_INTERVAL,
+        help="seconds (1)",
+    )
     w.add_argument("--count", type=v.cli_count(1), default=None,
                    help="stop after this many refreshes (default: until Ctrl-C)")  # fmt: skip
     common(w)

@@ -184,9 +184,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                          "next_batch returns it, change streams vs polling", __doc__)  # fmt: skip
     p.add_argument("--n", type=v.cli_count(1), default=DEFAULT_N,
                    help=f"buckets per mode (default {DEFAULT_N})")  # fmt: skip
-    p.add_argument("--gap-min", type=float, default=DEFAULT_GAP_MIN,
+    p.add_argument("--gap-min", type=v.cli_number(0, unit="seconds"), default=DEFAULT_GAP_MIN,
                    help=f"shortest pause between two pushes, s (default {DEFAULT_GAP_MIN})")  # fmt: skip
-    p.add_argument("--gap-max", type=float, default=DEFAULT_GAP_MAX,
+    p.add_argument("--gap-max", type=v.cli_number(0, unit="seconds"), default=DEFAULT_GAP_MAX,
                    help=f"longest pause between two pushes, s (default {DEFAULT_GAP_MAX})")  # fmt: skip
     add_run_arguments(p, "bucketq bench stream-wake", run, only=("mode", MODES))
     return p

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from .. import _validate as v
 from ..errors import ConfigurationError
 from ._options import DEFAULT_BATCH_SIZE
 from ._replay import replay
@@ -46,7 +47,7 @@ def add_sdk_parser(sub: Any) -> None:
     r.add_argument("dir", help="a spill directory (or a directory above several)")
     r.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8080")
     r.add_argument("--api-key", required=True, help="an API key of the project to send to")
-    r.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+    r.add_argument("--batch-size", type=v.cli_count(1), default=DEFAULT_BATCH_SIZE,
                    help=f"records per request (default {DEFAULT_BATCH_SIZE})")  # fmt: skip
     r.add_argument("--retryable-only", action="store_true",
                    help="leave records the server refused before (4xx) in the spill")  # fmt: skip

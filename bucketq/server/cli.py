@@ -10,21 +10,12 @@ import logging
 import sys
 from typing import Any
 
+from .. import _validate as v
 from ..errors import BucketQError
 from ._config import DEFAULT_DATABASE, LOG_LEVELS
 from ._run import DEFAULT_HOST, DEFAULT_PORT
 
 EXTRA = "bucketq[server]"
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1; got {text!r}")
-    return n
 
 
 def _setup_logging(level: str) -> None:
@@ -139,14 +130,17 @@ def add_parsers(sub: Any) -> None:
     )
     s.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     s.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)"
+        "--port",
+        type=v.cli_count(0, 65535),
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0: any free)",
     )
     _db_options(s)
     s.add_argument(
         "--data",
         help="embedded server's data directory (default: ~/.local/share/bucketq/serve-data)",
     )
-    s.add_argument("--workers", type=_positive, default=1,
+    s.add_argument("--workers", type=v.cli_count(1), default=1,
                    help="processes serving the one port (default 1); metrics count all of them")  # fmt: skip
     s.add_argument("--log-level", choices=LOG_LEVELS,
                    help="level of the log on stderr (default: $BUCKETQ_LOG_LEVEL, else info)")  # fmt: skip

@@ -172,6 +172,8 @@ DESCRIPTION = __doc__.split("\n\n")[0]
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The pipeline's options, on ``p`` (``bucketq pipeline`` and ``python -m`` share them)."""
+    from .. import _validate as v
+
     p.add_argument(
         "--uri",
         "--mongodb-uri",
@@ -182,19 +184,23 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--queue", default="logs", help="the stream-mode queue to read (default: logs)")
     p.add_argument("--out", default="pipeline-out", help="output directory (Parquet + checkpoint)")
     p.add_argument(
-        "--generate", type=int, default=0, metavar="N", help="push N synthetic log records first"
+        "--generate",
+        type=v.cli_count(0),
+        default=0,
+        metavar="N",
+        help="push N synthetic log records first",
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--duration",
-        type=float,
+        type=v.cli_number(0, unit="seconds"),
         default=0,
         help="stream for this many seconds (default: until drained)",
     )
     p.add_argument("--trigger", default="1 second", help="micro-batch interval (default: 1 second)")
     p.add_argument(
         "--max-rows",
-        type=int,
+        type=v.cli_count(1),
         default=None,
         help="rows per micro-batch at most (default: the source's maxRowsPerTrigger, 1,000,000)",
     )

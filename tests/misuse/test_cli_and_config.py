@@ -73,6 +73,10 @@ def _dead_port() -> int:
         (["bench", "--procs", "1,x"], ["--procs"]),
         (["server", "--port", "70000"], ["--port", "65535"]),
         (["server", "--port", "abc"], ["--port"]),
+        (["serve", "--port", "70000"], ["--port", "from 0 to 65535"]),
+        (["serve", "--workers", "0"], ["--workers", "at least 1; got '0'"]),
+        (["queues", "watch", "--interval", "nan"], ["--interval", "a finite number greater than 0"]),
+        (["bench", "stream-wake", "--gap-min", "-1"], ["--gap-min", "at least 0 seconds"]),
     ],
 )  # fmt: skip
 def test_a_bad_argument_is_one_line_and_exit_status_2(args, needles):
