@@ -526,6 +526,7 @@ async def _ingest_state(svc: Any) -> dict[str, Any]:
                                             "breaker_reason", "enqueued", "stored", "dead_lettered",
                                             "retried", "bypassed")})  # fmt: skip
     state["records"] = int(stats.get("enqueued", 0)) + int(stats.get("bypassed", 0))
+    in_flight = stats.get("in_flight_by_shard") or {}
     health = res.buffer_health()
     dead = set(health.get("dead_consumers") or [])
     try:
@@ -539,7 +540,7 @@ async def _ingest_state(svc: Any) -> dict[str, Any]:
         )
     state["per_shard"] = [
         {"shard": s, "pending": pend.get(s), "consumer": "stopped" if s in dead else "running",
-         "breaker": stats.get("breaker")}
+         "breaker": stats.get("breaker"), "in_flight": in_flight.get(s, 0)}
         for s in range(int(stats.get("shards") or 0))
     ]  # fmt: skip
     state["seconds_since_progress"] = health.get("seconds_since_progress")

@@ -112,6 +112,8 @@ class BufferedReservoir(Reservoir):
         self._pending = 0
         self._state = "new"
         self._consumers: dict[int, asyncio.Task[None]] = {}
+        #: Records each shard's flush consumer holds and is writing now (the console shows it).
+        self._in_flight: dict[int, int] = {}
         self._refresher: asyncio.Task[None] | None = None
         self._last_progress = time.monotonic()
         # Every counter from the start, so stats() always has the same keys (a poller
@@ -429,6 +431,7 @@ class BufferedReservoir(Reservoir):
                 if self._state != "running" and await self._done_draining(shard, deliveries):
                     return
                 continue
+            self._in_flight[shard] = len(deliveries)
             try:
                 await self._flush_held(shard, deliveries)
             except Exception as exc:  # noqa: BLE001 - unsettled deliveries come back; go on
@@ -436,6 +439,8 @@ class BufferedReservoir(Reservoir):
                             shard, len(deliveries))  # fmt: skip
                 self.breaker.record_failure()
                 await asyncio.sleep(guard.failed(exc))
+            finally:
+                self._in_flight[shard] = 0
 
     async def _flush_held(self, shard: int, deliveries: list[Delivery]) -> None:
         """``_flush`` while keeping the deliveries this consumer's: a keepalive every
@@ -602,6 +607,7 @@ class BufferedReservoir(Reservoir):
             "failures_in_window": self.breaker.failures_in_window(),
             "consecutive_failures": self.breaker.consecutive_failures,
             "overflowed": sorted(self.overflow.moved) if self.overflow is not None else [],
+            "in_flight_by_shard": dict(self._in_flight),
             **dict(self._counts),
         }
 
