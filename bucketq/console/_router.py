@@ -126,8 +126,10 @@ async def operator(request: Request) -> access.Operator | Response:
         op = await access.check_key(_svc(request), access.presented_key(request))
     except access.Denied as d:
         if _wants_json(request) or request.method != "GET":
-            return JSONResponse({"error": "Forbidden" if d.status == 403 else "Unauthorized",
-                                 "message": d.message}, status_code=d.status)  # fmt: skip
+            error = {401: "Unauthorized", 403: "Forbidden"}.get(d.status, "Service unavailable")
+            headers = {"Retry-After": "2"} if d.status == 503 else None
+            return JSONResponse({"error": error, "message": d.message}, status_code=d.status,
+                                headers=headers)  # fmt: skip
         if d.status == 401 and not request.cookies.get(access.COOKIE):
             return RedirectResponse(f"{PREFIX}/login?next={request.url.path}", status_code=303)
         return render(request, "denied.html", d.status, message=d.message, op=None)
