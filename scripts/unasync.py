@@ -37,7 +37,6 @@ SUBS = [
     (r"\bAsyncMongoClient\b", "MongoClient"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\b_async\b", "_sync"),
-    (r"pymongo ``MongoClient``", "pymongo ``MongoClient``"),
 ]
 
 HEADER = "# GENERATED from {src} by scripts/unasync.py. Do not edit;\n# edit the async file and run `python scripts/unasync.py`.\n"

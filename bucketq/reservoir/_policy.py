@@ -23,12 +23,6 @@ STORAGE_METHOD = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_met
 _mmh3_hash: Callable[..., int] | None = None
 
 
-def shard_count(shards: int, overflow_projects: Iterable[str] = ()) -> int:
-    """How many shards (and flush consumers) there are: ``shards``, plus one overflow
-    shard when hot projects are pinned."""
-    return shards + (1 if tuple(overflow_projects) else 0)
-
-
 def shard_for(
     project_id: str, shards: int, overflow_projects: frozenset[str] | set[str] = frozenset()
 ) -> int:
@@ -325,15 +319,6 @@ def replayed_entry(dead: Mapping[str, Any]) -> dict[str, Any]:
 def result(ingested: int = 0, failed: int = 0, errors: list[Any] | None = None) -> dict[str, Any]:
     """An ingest result: ``{"ingested", "failed", "errors"}``."""
     return {"ingested": ingested, "failed": failed, "errors": list(errors or [])}
-
-
-def merge_results(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    out = result()
-    for r in results:
-        out["ingested"] += int(r.get("ingested", 0))
-        out["failed"] += int(r.get("failed", 0))
-        out["errors"].extend(r.get("errors") or [])
-    return out
 
 
 @dataclass(slots=True)

@@ -40,7 +40,7 @@ class Transport:
     - ``start(shards)`` before anything else; ``stop()`` releases resources and keeps
       what is unacknowledged where the transport can (durable transports keep it for
       the next process). Both are idempotent.
-    - ``enqueue(shard, entry)`` / ``enqueue_many(shard, entries, delay)`` return once the
+    - ``enqueue_many(shard, entries, delay)`` returns once the
       transport has accepted the entries (``durable`` transports: once they survive
       the process). They raise :class:`~bucketq.errors.TransportError` otherwise.
       With a ``delay`` (seconds, the dispatch delay) the entries are accepted the same
@@ -83,9 +83,6 @@ class Transport:
 
     async def stop(self) -> None:
         return None
-
-    async def enqueue(self, shard: int, entry: dict[str, Any], delay: float = 0.0) -> None:
-        await self.enqueue_many(shard, [entry], delay)
 
     async def enqueue_many(
         self, shard: int, entries: Sequence[dict[str, Any]], delay: float = 0.0

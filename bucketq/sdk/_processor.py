@@ -77,7 +77,6 @@ class Endpoint:
     up: bool = field(default=True, init=False)
     paused_until: float = field(default=0.0, init=False)
     reason: str = field(default="", init=False)
-    downs: int = field(default=0, init=False)
 
     def available(self, now: float) -> bool:
         return self.up and now >= self.paused_until
@@ -86,7 +85,6 @@ class Endpoint:
         was = self.up
         self.up, self.reason = False, reason
         if was:
-            self.downs += 1
             if self.on_down is not None:
                 self.on_down.set()  # the health thread starts probing
         return was

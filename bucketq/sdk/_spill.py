@@ -118,7 +118,6 @@ class Spill:
         self._file: Any = None
         self._path: Path | None = None
         self._active_bytes = 0
-        self._active_lines = 0
         self._seq = 0
         self._total: int | None = None
         self._dirty = False
@@ -138,7 +137,7 @@ class Spill:
         f = open(path, "ab")  # noqa: SIM115 - held open across calls, closed by _close
         _lock(f.fileno(), wait=True)
         self._file, self._path = f, path
-        self._active_bytes = self._active_lines = 0
+        self._active_bytes = 0
         if self._total is None:
             self._total = self._disk_bytes()
 
@@ -174,7 +173,6 @@ class Spill:
                     self._open()
                 self._file.write(data)
                 self._active_bytes += len(data)
-                self._active_lines += n
                 self._total = (self._total or 0) + len(data)
                 self.written += n
                 if flush:

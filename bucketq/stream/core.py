@@ -29,7 +29,7 @@ from ..bucket.codec import decode_items
 from ..bucket.damage import check_items
 from ..bucket.options import DEFAULT_POLL_INTERVAL, CommonOptions, QueueOptions
 from ..bucket.packing import OpenBucket, Packer
-from ..bucket.times import from_datetime, to_datetime
+from ..bucket.times import to_datetime
 from ..errors import AckOutOfOrder, ConfigurationError, DamagedBucket, DecodeError
 
 __all__ = [
@@ -429,8 +429,3 @@ def idle_nap(idle: int, wait: float, poll_interval: float) -> float:
     that found nothing, at most ``poll_interval`` and at most ``wait`` (the time until a
     blocked number may be closed)."""
     return min(wait, 0.02 * 2 ** min(idle, 10), poll_interval)
-
-
-def age(doc: dict[str, Any], now: float) -> float:
-    at = doc.get("at")
-    return now - from_datetime(at) if at is not None else 0.0

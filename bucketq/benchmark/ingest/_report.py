@@ -151,13 +151,6 @@ def mismatches(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def markdown_table(doc: Mapping[str, Any]) -> str:
-    head, rows = table_rows(doc)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def _met(x: bool | None) -> str:
     if x is None:
         return "[dim]not run / not comparable[/]"

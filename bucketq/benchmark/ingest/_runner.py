@@ -36,6 +36,7 @@ from ._stats import (
     DEFAULT_RATE,
     DEFAULT_SWEEP_DURATION,
     DEFAULT_SWEEP_MAX_RATE,
+    MODES,
     SweepResult,
     SweepStep,
     end_to_end,
@@ -47,7 +48,6 @@ from ._stats import (
     schedule,
     targets,
 )
-from .cli import MODES
 
 log = logging.getLogger("bucketq.benchmark")
 

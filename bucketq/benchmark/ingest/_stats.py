@@ -9,6 +9,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+#: The modes, in the order they run and are shown.
+MODES = ("off", "memory", "redis", "bucketq", "passthrough")
+
 #: Defaults of a run: the seed's k6 scenario (100 requests/s of 10 logs for 3 minutes).
 DEFAULT_RATE = 100.0
 DEFAULT_BATCH = 10

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ...embedded import URI_ENV
-
-#: The modes, in the order they run and are shown.
-MODES = ("off", "memory", "redis", "bucketq", "passthrough")
+from ._stats import MODES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

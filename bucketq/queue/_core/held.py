@@ -288,10 +288,6 @@ def plan_flush(
     return plan, unwritable
 
 
-def renew_write(b: HeldBucket, now: float, lease: float) -> UpdateOne:
-    return UpdateOne(fenced_filter(b), {"$set": {"lease.until": to_datetime(now + lease)}})
-
-
 def needs_renewal(b: HeldBucket, now: float, lease: float) -> bool:
     """Renew once a third of the lease is used, so two renewals can fail before it runs out."""
     return b.until - now < lease * 2 / 3
