@@ -29,6 +29,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .. import _validate as v
+
 log = logging.getLogger("bucketq.reservoir")
 
 CLOSED = 0
@@ -51,12 +53,12 @@ class CircuitBreaker:
     on every change; one that raises is logged and the others still run.
     """
 
-    pending_threshold: int
-    failure_threshold: int
-    cooldown: float
-    window: float
+    pending_threshold: int = v.option(check=v.count, lo=1)
+    failure_threshold: int = v.option(check=v.count, lo=1)
+    cooldown: float = v.option(check=v.number, lo=0.0, hi=None)
+    window: float = v.option(check=v.number, lo=0.0, hi=None, open_lo=True)
     clock: Callable[[], float] = time.monotonic
-    rule: str = "consecutive"
+    rule: str = v.option("consecutive", v.choice, options=RULES)
     consecutive_failures: int = field(default=0, init=False)
     reason: str = field(default="", init=False)
     listeners: list[Listener] = field(default_factory=list, init=False)
@@ -65,8 +67,7 @@ class CircuitBreaker:
     _failures: deque[float] = field(default_factory=deque, init=False)
 
     def __post_init__(self) -> None:
-        if self.rule not in RULES:
-            raise ValueError(f"rule must be one of {', '.join(RULES)}; got {self.rule!r}")
+        v.check_options(self)
 
     @property
     def state(self) -> int:

@@ -33,6 +33,7 @@ from typing import Any
 
 from bson import json_util
 
+from .. import _validate as v
 from .._deps import require
 from ..errors import TransportError, TransportTimeout, TransportUnavailable
 from ._config import DEFAULT_STREAM_PREFIX
@@ -90,6 +91,9 @@ class RedisTransport(Transport):
         claim_idle: float = DEFAULT_CLAIM_IDLE,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
+        claim_idle = v.number("claim_idle", claim_idle, lo=0.0, hi=None, open_lo=True)
+        socket_timeout = v.number("socket_timeout", socket_timeout, lo=0.0, hi=None, open_lo=True)
+        prefix = v.text("prefix", prefix) or prefix
         self._redis_mod = require("redis", "reservoir")
         require("redis.asyncio", "reservoir")
         if client is None:

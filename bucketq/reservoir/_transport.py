@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .. import _validate as v
 from ..errors import TransportUnavailable
 from ._policy import dead_entry, replayed_entry
 
@@ -162,7 +163,7 @@ class MemoryTransport(Transport):
     durable = False
 
     def __init__(self, *, capacity: int = 100_000) -> None:
-        self.capacity = capacity
+        self.capacity = v.count("capacity", capacity, lo=1)
         self._shards: dict[int, _MemShard] = {}
         self._dlq: list[dict[str, Any]] = []
         self._dropped = 0

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from bucketq.errors import ConfigurationError
 from bucketq.reservoir import CLOSED, HALF_OPEN, OPEN, BufferedReservoir, CircuitBreaker
 from fast_settings import FAST_BUFFER
 
@@ -59,8 +60,13 @@ def test_consecutive_rule_opens_on_failed_flushes_in_a_row_and_a_success_resets(
     fake_clock.advance(3600)  # no window: time alone does not forgive
     b.record_failure()
     assert b.state == OPEN and "3 flushes failed in a row (threshold 3)" in b.reason
-    with pytest.raises(ValueError, match="rule"):
-        breaker(fake_clock, rule="sometimes")
+    # Its options are checked as every option is, the error naming the option.
+    for bad, says in [({"rule": "sometimes"}, "rule must be one of 'consecutive', 'window'"),
+                      ({"failure_threshold": 0}, "failure_threshold must be a whole number"),
+                      ({"window": float("nan")}, "window must be a finite number"),
+                      ({"cooldown": -1.0}, "cooldown must be a finite number at least 0")]:  # fmt: skip
+        with pytest.raises(ConfigurationError, match=says):
+            breaker(fake_clock, **bad)
 
 
 async def test_a_flush_counts_once_and_refused_enqueues_do_not_count(backends):
