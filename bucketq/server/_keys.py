@@ -103,7 +103,7 @@ class KeyCache:
 
     Every wait is bounded by the caller's ``timeout`` (its request's remaining budget):
     past it the lookup raises ``OperationTimeout``. While MongoDB does not answer, a key
-    looked up before keeps its last known state, so a buffer with its own transport
+    looked up before keeps its last known state (after half the budget), so a buffer with its own transport
     (redis, memory) goes on accepting records; a key never seen raises.
 
     Known and unknown keys are remembered in two LRU maps of ``size`` entries each, so a
@@ -164,8 +164,11 @@ class KeyCache:
             # not cancel the lookup the others wait for.
             task = self._inflight[h] = asyncio.ensure_future(self._fetch(h, timeout, cold))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+        # A known key waits for its refresh half of the budget at most: past it, its last
+        # known state answers and the rest of the budget is the request's storage's.
+        wait = timeout if hit is None else timeout / 2
         try:
-            return await asyncio.wait_for(asyncio.shield(task), max(timeout, 0.001))
+            return await asyncio.wait_for(asyncio.shield(task), max(wait, 0.001))
         except Exception as exc:
             if hit is not None:
                 return hit[1]

@@ -167,7 +167,7 @@ class Service:
         # What is left of the request's deadline (its key lookup came out of it too).
         budget = remaining(self.config.ingest_timeout_ms / 1000)
         try:
-            with self.records.admit(len(records)):
+            with self.records.admit(len(records), budget):
                 call = getattr(self.reservoir, method)
                 aw = call(records, origin=origin) if self.buffered else call(records)
                 res = await asyncio.wait_for(aw, budget)

@@ -368,3 +368,26 @@ def test_invented_methods_and_paths_do_not_grow_metrics(limited: tuple[Serve, st
     assert 'method="other"' in text
     # a handful of new series (method "other", the unmatched route, their statuses)
     assert len(text.encode()) - before < 20_000, len(text.encode()) - before
+
+
+def test_the_record_gate_refuses_what_storage_cannot_get_through_in_half_the_budget() -> None:
+    from bucketq.errors import Overloaded
+    from bucketq.server._admission import RecordGate
+
+    now = [0.0]
+    gate = RecordGate(10_000, 5, clock=lambda: now[0])
+    # storage gets through 1,000 records a second (measured while busy)
+    for _ in range(3):
+        with gate.admit(500, budget=5.0):
+            now[0] += 0.5
+    assert gate.rate == 1000
+    with gate.admit(2000, budget=5.0):  # alone: always let through
+        with gate.admit(400, budget=5.0):  # 2,400 ahead-and-own: 2.4 s < 2.5 s
+            with pytest.raises(Overloaded, match="Storage is behind") as e:
+                gate.admit(200, budget=5.0).__enter__()  # 2.6 s > half the budget
+            assert e.value.status == 503 and e.value.retry_after == 5
+        now[0] += 1.0
+    assert gate.in_flight == 0
+    with pytest.raises(Overloaded, match="BUCKETQ_MAX_RECORDS_IN_FLIGHT"):
+        with gate.admit(9_000), gate.admit(1_001):
+            pass

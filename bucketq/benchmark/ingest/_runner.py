@@ -378,6 +378,13 @@ def run(
         env["versions"].update(
             {d: _version(d) for d in ("fastapi", "uvicorn", "pydantic", "redis", "starlette")}
         )
+        mongo_pid = embedded.pid if embedded is not None else None
+        if st.limits:
+            return _run_limits(ui, st, tuple(modes_run), env, json_path, t_start,
+                               lambda mode, rate, duration, batch, **kw: run_mode(
+                                   server_uri, observer, mode, rate=rate, duration=duration,
+                                   batch=batch, redis_url=st.redis_url,
+                                   drain_timeout=st.drain_timeout, mongo_pid=mongo_pid, **kw))  # fmt: skip
         ui.headline(
             f"[bold]bucketq bench ingest[/]: {', '.join(modes_run)} at {st.rate:g} requests/s × "
             f"{st.batch} logs for {st.duration:g} s each, one `bucketq serve` per mode, on "
@@ -386,7 +393,6 @@ def run(
         )
         for m, why in skipped.items():
             ui.skipped(m, why)
-        mongo_pid = embedded.pid if embedded is not None else None
 
         def one(mode: str, rate: float, duration: float) -> dict[str, Any]:
             with ui.mode_running(mode, rate) as progress:
@@ -395,12 +401,6 @@ def run(
                                 drain_timeout=st.drain_timeout, mongo_pid=mongo_pid,
                                 progress=progress)  # fmt: skip
 
-        if st.limits:
-            return _run_limits(ui, st, tuple(modes_run), env, json_path, t_start,
-                               lambda mode, rate, duration, batch, **kw: run_mode(
-                                   server_uri, observer, mode, rate=rate, duration=duration,
-                                   batch=batch, redis_url=st.redis_url,
-                                   drain_timeout=st.drain_timeout, mongo_pid=mongo_pid, **kw))  # fmt: skip
         with ui.runs():
             for mode in modes_run:
                 try:
