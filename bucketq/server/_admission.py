@@ -203,9 +203,14 @@ class RecordGate:
 
     #: Share of a request's remaining budget its records may be expected to wait.
     WAIT_SHARE = 0.5
-    #: Busy seconds per throughput sample, and the weight of a new sample.
+    #: Busy seconds per throughput sample, and the weight of a new sample (one lower than
+    #: the estimate replaces it: a slowdown counts at once, a recovery gradually).
     SAMPLE_S = 0.5
     ALPHA = 0.5
+    #: Records in flight at most before the rate is measured: at the start of a burst
+    #: nothing is known, and admitting all of it is what timed out (measured: 45
+    #: requests' records stored after their 503 in the first seconds of an overload).
+    COLD_RECORDS = 2000
 
     def __init__(self, limit: int, retry_after: float, clock: Any = None) -> None:
         import time
@@ -230,6 +235,11 @@ class RecordGate:
             raise Overloaded(
                 f"{ahead} records are waiting for storage, the most at once "
                 "(BUCKETQ_MAX_RECORDS_IN_FLIGHT)",
+                self.retry_after,
+            )
+        if ahead and self.rate is None and ahead + n > self.COLD_RECORDS:
+            raise Overloaded(
+                f"{ahead} records are waiting for storage, whose rate is not known yet",
                 self.retry_after,
             )
         if ahead and self.rate and (ahead + n) / self.rate > self.WAIT_SHARE * budget:
@@ -258,8 +268,10 @@ class RecordGate:
         self._done += done
         if self._busy >= self.SAMPLE_S:
             sample = self._done / self._busy
-            self.rate = sample if self.rate is None else (
-                self.ALPHA * sample + (1 - self.ALPHA) * self.rate)  # fmt: skip
+            if self.rate is None or sample < self.rate:
+                self.rate = sample
+            else:
+                self.rate = self.ALPHA * sample + (1 - self.ALPHA) * self.rate
             self._busy, self._done = 0.0, 0
 
 

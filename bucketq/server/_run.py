@@ -137,6 +137,9 @@ def serve(
             lifespan="on",
             http=configure_protocol(cfg),
         )
+        # Listening before the app logs "listening on" in its startup: uvicorn listens
+        # only after the startup, and a client told the URL was refused in between.
+        sock.listen(BACKLOG)
         server = uvicorn.Server(uv)
         # uvicorn restores these handlers after its graceful shutdown and re-raises the
         # signal it caught: with the defaults the process would die there, before the
