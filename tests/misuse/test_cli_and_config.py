@@ -15,10 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bucketq import ConfigurationError, QueueOptions, reservoir, server
 from bucketq._deps import require, require_all
-from bucketq._validate import cli_count
+from bucketq._validate import cli_count, count
 from bucketq.errors import MissingDependency
 from bucketq.reservoir import BufferConfig
 from bucketq.reservoir._config import from_env
@@ -282,3 +284,29 @@ def test_the_docs_tables_are_rendered_from_the_code(doc, render):
     assert m.group(1) == render(), (
         f"regenerate docs/{doc}'s table with {render.__module__}.{render.__name__}()"
     )
+
+
+#: Every whole-number setting read from text, in every table.
+WHOLE_SETTINGS = [
+    s
+    for table in (reservoir.SETTINGS, server.SETTINGS, spark_ops.OPTIONS)
+    for s in table
+    if s.check is count
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(WHOLE_SETTINGS), st.integers(-(10**7), 10**7))
+def test_every_whole_number_setting_reads_text_alike(setting, n):
+    """Written plainly, with underscores or with spaces, a number is itself in every
+    table; out of its range it is refused with the setting's name and the text."""
+    lo, hi = setting.limits.get("lo", 0), setting.limits.get("hi")
+    texts = [str(n), f"{n:_}", f" {n} "]
+    if lo <= n and (hi is None or n <= hi):
+        assert {setting.parse(t) for t in texts} == {n}
+    else:
+        for t in texts:
+            with pytest.raises(ConfigurationError) as err:
+                setting.parse(t)
+            assert str(err.value).startswith(f"{setting.name} must be a whole number ")
+            assert str(err.value).endswith(f"; got {t!r}.")
