@@ -17,7 +17,7 @@ from bson.errors import BSONError, InvalidDocument
 
 from ..errors import DecodeError, PayloadNotEncodable
 
-__all__ = ["encode_item", "decode_items", "CODEC_OPTIONS", "collection"]
+__all__ = ["encode_item", "decode_items", "may_have_headers", "CODEC_OPTIONS", "collection"]
 
 CODEC_OPTIONS: bson.CodecOptions[dict[str, Any]] = bson.CodecOptions(
     tz_aware=True, tzinfo=bson.tz_util.utc
@@ -49,6 +49,16 @@ def encode_item(payload: Any, headers: dict[str, Any] | None = None) -> bytes:
             "Push dicts, lists, strings, numbers, booleans, None, bytes, datetimes "
             "or ObjectIds; convert other types first (for example with json.dumps)."
         ) from exc
+
+
+#: An item's headers in its BSON: an embedded document (type 0x03) named ``h``.
+_HEADERS_MARK = b"\x03h\x00"
+
+
+def may_have_headers(blob: bytes) -> bool:
+    """False when no item of a bucket's binary has headers (its bytes lack the headers'
+    element), so a reader need not look at each item for them; True when some may."""
+    return _HEADERS_MARK in blob
 
 
 def decode_items(blob: bytes) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 import bson
 
 from ..errors import DamagedBucket
-from .document import is_consumed
+from .document import done_bytes, is_consumed
 
 __all__ = [
     "QUARANTINE_SUFFIX",
@@ -63,8 +63,8 @@ def bucket_damage(doc: dict[str, Any]) -> str | None:
     if not _is_int(live) or not 0 <= live <= n:
         return f"its live count is {live!r}, not a whole number from 0 to n={n}"
     done = doc.get("done")
-    if done is not None and (not isinstance(done, bytes) or len(done) != (n + 7) // 8):
-        return f"its done bitmap is not {(n + 7) // 8} bytes of binary"
+    if done is not None and (not isinstance(done, bytes) or len(done) != done_bytes(n)):
+        return f"its done bitmap is not {done_bytes(n)} bytes of binary"
     tries = doc.get("tries")
     if tries is not None and (
         not isinstance(tries, dict)
@@ -148,7 +148,7 @@ def recover(bucket: dict[str, Any]) -> Recovery:
     stored_n = bucket.get("n")
     n = stored_n if _is_int(stored_n) and stored_n >= 0 else len(found)
     done = bucket.get("done")
-    if isinstance(done, bytes) and len(done) == (n + 7) // 8:
+    if isinstance(done, bytes) and len(done) == done_bytes(n):
         consumed = {i for i in range(n) if is_consumed(done, i)}
     else:
         consumed = set()

@@ -47,6 +47,48 @@ def is_consumed(done: bytes | bytearray | None, index: int) -> bool:
     )
 
 
+def done_bytes(n: int) -> int:
+    """The length of the ``done`` bitmap of a bucket of ``n`` items: one bit per item."""
+    return (n + 7) // 8
+
+
+def done_bitmap(n: int, stored: bytes | None = None) -> bytearray:
+    """A bucket's ``done`` bitmap of ``n`` items to change in memory: a copy of the
+    ``stored`` one, else one with no item consumed (:func:`done_bytes` long)."""
+    return bytearray(stored) if stored else bytearray(done_bytes(n))
+
+
+def mark_consumed(done: bytearray, index: int) -> None:
+    """Mark item ``index`` consumed in a ``done`` bitmap (see :func:`done_bitmap`)."""
+    done[index >> 3] |= 1 << (index & 7)
+
+
+def open_items(doc: dict[str, Any], n: int) -> list[int]:
+    """The indexes of a stored bucket's ``n`` items that are not consumed yet."""
+    done = doc.get("done")
+    if not done:
+        return list(range(n))
+    return [i for i in range(n) if not is_consumed(done, i)]
+
+
+def item_tries(doc: dict[str, Any], indexes: list[int]) -> list[int]:
+    """How often each of a stored bucket's items at ``indexes`` was tried (rolled back)."""
+    tries = doc.get("tries")
+    if not tries:
+        return [0] * len(indexes)
+    return [int(tries.get(str(i), 0)) for i in indexes]
+
+
+def item_mature(doc: dict[str, Any], indexes: list[int]) -> list[datetime | None]:
+    """When each of a stored bucket's items at ``indexes`` is due: its own ``next`` time
+    (set by a rollback with a delay), else the bucket's ``mature``."""
+    mature = doc.get("mature")
+    nxt = doc.get("next")
+    if not nxt:
+        return [mature] * len(indexes)
+    return [nxt.get(str(i), mature) for i in indexes]
+
+
 def item_id(bucket_id: ObjectId, index: int) -> str:
     return f"{bucket_id}.{index}"
 

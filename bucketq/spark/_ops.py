@@ -31,7 +31,7 @@ from pymongo import MongoClient
 
 from .. import _validate as v
 from .. import bucket
-from ..bucket.codec import CODEC_OPTIONS, decode_items, encode_item
+from ..bucket.codec import CODEC_OPTIONS, decode_items, encode_item, may_have_headers
 from ..bucket.deadline import client_timeouts
 from ..embedded import URI_ENV
 from ..errors import ConfigurationError, PayloadTooLarge
@@ -279,9 +279,6 @@ def _json_list(values: list[Any]) -> list[bytes]:
 ARROW_BATCH_ROWS = 10_000
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 _US = _dt.timedelta(microseconds=1)
-#: An item's headers in its BSON (an embedded document named ``h``): a bucket binary
-#: without these bytes has no item with headers, so no item is looked at for them.
-_HEADERS_MARK = b"\x03h\x00"
 
 
 def _micros(t: Any) -> int | None:
@@ -345,7 +342,7 @@ class Columns:
             self.payload += pay
         else:
             self.payload += _json_list([it["p"] for it in items])
-        if _HEADERS_MARK in blob:
+        if may_have_headers(blob):
             self.headers += [None if (h := it.get("h")) is None else json_bytes(h) for it in items]
         else:
             self.headers += [None] * len(items)
@@ -367,24 +364,19 @@ class Columns:
     def add_queue(self, doc: dict[str, Any]) -> None:
         blob = doc["items"]
         items = decode_items(blob)
-        done = doc.get("done") or b""
-        if done:
-            keep = [i for i in range(len(items)) if not done[i >> 3] & (1 << (i & 7))]
+        keep = bucket.open_items(doc, len(items))
+        if len(keep) < len(items):
             items = [items[i] for i in keep]
-        else:
-            keep = list(range(len(items)))
         n = len(items)
-        tries = doc.get("tries") or {}
-        nxt = doc.get("next") or {}
-        mature = _micros(doc.get("mature"))
         self.seq += [doc.get("seq")] * n
         self.bucket += [str(doc["_id"])] * n
         self.index += keep
-        if nxt:
-            self.mature += [_micros(nxt[str(i)]) if str(i) in nxt else mature for i in keep]
-        else:
-            self.mature += [mature] * n
-        self.tries += [int(tries.get(str(i), 0)) for i in keep] if tries else [0] * n
+        times = bucket.item_mature(doc, keep)
+        # Items without a next time share the bucket's mature: convert it once.
+        common = doc.get("mature")
+        micros = _micros(common)
+        self.mature += [micros if t is common else _micros(t) for t in times]
+        self.tries += bucket.item_tries(doc, keep)
         self._items(blob, items)
 
     def record_batch(self):

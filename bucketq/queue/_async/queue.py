@@ -362,10 +362,10 @@ class AsyncQueue(AsyncQueueApi):
             )
             if doc is None or index >= doc["n"]:
                 return False
-            done = bytearray(doc.get("done") or bytes((doc["n"] + 7) // 8))
-            if done[index >> 3] & (1 << (index & 7)):
+            done = bucket.done_bitmap(doc["n"], doc.get("done"))
+            if bucket.is_consumed(done, index):
                 return False
-            done[index >> 3] |= 1 << (index & 7)
+            bucket.mark_consumed(done, index)
             flt = {"_id": bid, "done": doc.get("done"), "live": doc["live"],
                    **bucket.not_leased(now)}  # fmt: skip
             if doc["live"] <= 1:

@@ -12,7 +12,7 @@ from pymongo import DeleteOne, UpdateOne
 
 from ...bucket.codec import decode_items
 from ...bucket.damage import bucket_damage, check_items
-from ...bucket.document import is_consumed
+from ...bucket.document import done_bitmap, is_consumed, mark_consumed
 from ...bucket.times import from_datetime, to_datetime
 from ...errors import DamagedBucket, DecodeError
 from .messages import Message
@@ -48,8 +48,7 @@ class HeldBucket:
         self.token = token
         self.n: int = doc["n"]
         self.mature = from_datetime(doc["mature"])
-        raw_done = doc.get("done")
-        self.done = bytearray(raw_done) if raw_done else bytearray((self.n + 7) // 8)
+        self.done = done_bitmap(self.n, doc.get("done"))
         self.live: int = doc.get("live", self.n)
         self.tries: dict[int, int] = {int(k): v for k, v in (doc.get("tries") or {}).items()}
         self.next: dict[int, float] = {
@@ -92,7 +91,7 @@ class HeldBucket:
         if not self.takeover and not self.next and done.count(0) == len(done):
             return  # a fresh bucket (the common case): every item is ready
         for i in range(self.n):
-            if done[i >> 3] & (1 << (i & 7)):
+            if is_consumed(done, i):
                 state[i] = DONE
             elif self.next.get(i, 0.0) > now:
                 state[i] = WAITING
@@ -163,7 +162,7 @@ class HeldBucket:
         if self.lost or self.released or self.state[i] != RESERVED:
             return False
         self.state[i] = DONE
-        self.done[i >> 3] |= 1 << (i & 7)
+        mark_consumed(self.done, i)
         self.live -= 1
         self.outstanding -= 1
         if self.next:
@@ -192,7 +191,7 @@ class HeldBucket:
         """The item is safely in the dead-letter queue: mark it consumed."""
         if self.state[i] != DONE:
             self.state[i] = DONE
-            self.done[i >> 3] |= 1 << (i & 7)
+            mark_consumed(self.done, i)
             self.live -= 1
             self.outstanding -= 1
             self.next.pop(i, None)
