@@ -208,10 +208,12 @@ def _watch(args: argparse.Namespace, ins: Any) -> int:
     shown = 0
     live: Any = None
     if not args.json:
+        from .._deps import require
+
         try:
-            from rich.live import Live
-        except ImportError:
-            print("bucketq queues watch needs rich: pip install 'bucketq[bench]'", file=sys.stderr)
+            Live = require("rich.live", "bench", "bucketq queues watch (without --json)").Live
+        except BucketQError as exc:
+            print(f"bucketq queues watch: {exc}", file=sys.stderr)
             return 2
         live = Live(auto_refresh=False)
         live.start()
