@@ -60,10 +60,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     objects = [svc.tee] if svc.tee is not None else []
     collector = QueueCollector(snapshot=watch.metric_rows, objects=objects)
     svc.registry.register(collector)
+    svc.shared_collectors.append(collector)
     app.state.console = watch
     try:
         yield
     finally:
+        svc.shared_collectors.remove(collector)
         svc.registry.unregister(collector)
         await watch.stop()
 

@@ -51,6 +51,9 @@ class Service:
         #: The buffer's stop ran out of time: ``bucketq serve`` then exits 1 whether or
         #: not the process gets to end by itself before the forced exit.
         self.stop_incomplete = False
+        #: Collectors whose figures are the same in every process (the queue sizes the
+        #: console's watch reads): with ``--workers``, ``/metrics`` adds this worker's.
+        self.shared_collectors: list[Any] = []
 
     async def open(self) -> Service:
         from pymongo import AsyncMongoClient

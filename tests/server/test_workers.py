@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 from pymongo import MongoClient
 
+from bucketq.queue import Queue
 from bucketq.server import _keys
 from waiting import eventually
 
@@ -60,7 +61,8 @@ def test_two_workers_one_port_metrics_of_both_and_a_graceful_stop(
     db = f"bqw_{secrets.token_hex(5)}"
     key = _keys.create_key(mongo_client[db], "workers")
     serve = Serve(mongo_uri, db, tmp_path / "serve.log", "--workers", "2",
-                  RESERVOIR_BUFFER_ENABLED="true", RESERVOIR_BUFFER_TRANSPORT="memory").start()  # fmt: skip
+                  RESERVOIR_BUFFER_ENABLED="true", RESERVOIR_BUFFER_TRANSPORT="memory",
+                  BUCKETQ_WATCH_QUEUES="jobs").start()  # fmt: skip
     try:
         assert serve.proc is not None
         workers = eventually(lambda: len(w := _children(serve.proc.pid)) == 2 and w,
@@ -75,6 +77,13 @@ def test_two_workers_one_port_metrics_of_both_and_a_graceful_stop(
             n = metric(text, "bucketq_http_requests_total", route="/api/v1/ingest", status="200")
             assert n == REQUESTS, text
             assert metric(text, "reservoir_buffer_enqueued_total") == 2 * REQUESTS, text
+        # The watched queue's sizes (the same in every worker), whichever worker answers.
+        with Queue(mongo_client[db], "jobs") as q:
+            q.push_many(range(3), durable=True)
+        jobs = 'bucketq_queue_items{kind="queue",queue="jobs",state="ready"} 3.0'
+        for _ in range(4):
+            eventually(lambda: jobs in httpx.get(serve.url + "/metrics", headers={"Connection": "close"}).text,
+                       30, what="/metrics to export the watched queue")  # fmt: skip
 
         # SIGTERM: each worker stops its buffer (flushes what it holds), then the parent ends
         assert serve.terminate(signal.SIGTERM) == 0, serve.output()

@@ -64,5 +64,7 @@ async def metrics(svc: Svc) -> Response:
 
         every = prom.CollectorRegistry()
         multiprocess.MultiProcessCollector(every)
+        for c in svc.shared_collectors:
+            every.register(c)
         text = prom.generate_latest(every)
     return Response(text, media_type=prom.CONTENT_TYPE_LATEST)
