@@ -106,24 +106,20 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-def _process_args(pid: int) -> list[str] | None:
+def _process_args(pid: int) -> str | None:
     """The command line of a live process, None when it is gone (or a zombie)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        raw = b""
-    if raw:
-        return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
     if Path("/proc/self").exists():
-        return None  # no command line: a zombie
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        return raw.replace(b"\0", b" ").decode(errors="replace").strip() or None  # "": zombie
     try:  # no /proc (macOS)
         out = subprocess.run(["ps", "-p", str(pid), "-o", "command="], capture_output=True,
                              text=True, timeout=5, check=False).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.split() or None
+    return out.strip() or None
 
 
 def _alive(pid: int) -> bool:
@@ -314,7 +310,7 @@ class EmbeddedServer:
         if not isinstance(pid, int) or pid == os.getpid():
             return
         args = _process_args(pid)
-        if not args or not any(_COMMAND in a for a in args) or str(self.storage_path) not in args:
+        if not args or _COMMAND not in args or str(self.storage_path) not in args:
             # gone (or the pid is someone else's now); a clean stop empties the file
             log.warning(
                 "bucketq process %s ended without stopping its embedded server on %s "
