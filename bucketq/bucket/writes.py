@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -30,6 +31,35 @@ def split_write_errors(exc: Any) -> tuple[list[Any], set[Any]]:
     dups = [e["op"]["_id"] for e in errs if e.get("code") == 11000]
     failed = {e["op"]["_id"] for e in errs if e.get("code") != 11000}
     return dups, failed
+
+
+@dataclass(frozen=True, slots=True)
+class InsertOutcome:
+    """What an insert of documents that raised left behind."""
+
+    #: ``_id``s found taken: an earlier attempt of ours landed, or (a stream) another's number.
+    taken: list[Any]
+    #: ``_id``s not stored for another reason.
+    failed: set[Any]
+    #: The others were stored but the server did not confirm the write concern.
+    unconfirmed: bool
+
+
+def insert_outcome(exc: BaseException, ids: list[Any]) -> InsertOutcome | None:
+    """What a failed insert of the documents with ``ids`` stored, the one reading of a
+    write error every insert shares (bucket queue, stream, per-element queue): a bulk
+    write's errors, one document's duplicate key, a write concern not confirmed. None for
+    any other error: it says nothing of what was stored."""
+    from pymongo.errors import BulkWriteError, DuplicateKeyError, WriteConcernError
+
+    if isinstance(exc, BulkWriteError):
+        taken, failed = split_write_errors(exc)
+        return InsertOutcome(taken, failed, bulk_write_concern_failed(exc))
+    if isinstance(exc, DuplicateKeyError):  # insert_one
+        return InsertOutcome(list(ids), set(), False)
+    if isinstance(exc, WriteConcernError):
+        return InsertOutcome([], set(), True)
+    return None
 
 
 def backoff(

@@ -282,6 +282,15 @@ class AsyncProducer:
         delay = writes.backoff(attempt, self._opts.retry_base, self._opts.retry_cap)
         await async_sleep(deadlines.backoff_within(delay, deadline, _now()))
 
+    async def insert(self, col: Any, docs: list[dict[str, Any]]) -> None:
+        """Insert sealed buckets' documents in one command: ``insert_one`` for one, else an
+        unordered ``insert_many`` (each lands or fails alone); a failure is read with
+        ``writes.insert_outcome``."""
+        if len(docs) == 1:
+            await col.insert_one(docs[0])
+        else:
+            await col.insert_many(docs, ordered=False)
+
     async def retry_insert(self, exc: BaseException, deadline: float, attempt: int) -> bool:
         """The retry step of every bucket insert (bucket queue and stream alike): False
         when ``exc`` is neither transient nor unanswered, or the budget is spent;

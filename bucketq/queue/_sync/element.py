@@ -125,13 +125,13 @@ class ElementQueue(QueueApi):
                 self._col.insert_one(docs[0])
             else:
                 self._col.insert_many(docs)
-        except WriteConcernError as exc:
-            self._stats["write_concern_unconfirmed"] += len(docs)
-            raise bucket.write_concern_unconfirmed("queue", self.name, exc) from exc
-        except BulkWriteError as exc:
-            if not exc.details.get("writeErrors") and bucket.bulk_write_concern_failed(exc):
+        except (BulkWriteError, WriteConcernError) as exc:
+            out = bucket.insert_outcome(exc, [d["_id"] for d in docs])
+            if out is not None and out.unconfirmed and not out.taken and not out.failed:
                 self._stats["write_concern_unconfirmed"] += len(docs)
                 raise bucket.write_concern_unconfirmed("queue", self.name, exc) from exc
+            if not isinstance(exc, BulkWriteError):
+                raise
             n = int(exc.details.get("nInserted", 0))
             self._stats["push_failed"] += len(docs) - n
             raise PushFailed(

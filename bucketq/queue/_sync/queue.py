@@ -14,10 +14,7 @@ from typing import Any
 
 from bson import ObjectId
 from pymongo.errors import (
-    BulkWriteError,
-    DuplicateKeyError,
     PyMongoError,
-    WriteConcernError,
 )
 
 from ... import bucket
@@ -165,26 +162,17 @@ class Queue(QueueApi):
         while docs:
             try:
                 with self._producer.attempt(deadline):
-                    if len(docs) == 1:
-                        self._col.insert_one(next(iter(docs.values())))
-                    else:
-                        self._col.insert_many(list(docs.values()), ordered=False)
-                docs.clear()
-            except DuplicateKeyError:
-                docs.clear()  # an earlier attempt landed
-            except WriteConcernError as exc:  # stored; the write concern was not confirmed
-                for k in docs:
-                    by_id[k].error = bucket.write_concern_unconfirmed("queue", self.name, exc)
+                    self._producer.insert(self._col, list(docs.values()))
                 docs.clear()
             except PyMongoError as exc:
-                if isinstance(exc, BulkWriteError):
-                    _, failed = bucket.split_write_errors(exc)
-                    if bucket.bulk_write_concern_failed(exc):
-                        for k in docs.keys() - failed:
+                out = bucket.insert_outcome(exc, list(docs))
+                if out is not None:  # a taken id is an earlier attempt that landed
+                    if out.unconfirmed:
+                        for k in docs.keys() - out.failed:
                             by_id[k].error = bucket.write_concern_unconfirmed(
                                 "queue", self.name, exc
                             )
-                    docs = {k: v for k, v in docs.items() if k in failed}
+                    docs = {k: v for k, v in docs.items() if k in out.failed}
                     if not docs:
                         break
                 attempt += 1

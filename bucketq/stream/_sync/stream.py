@@ -192,26 +192,19 @@ class StreamQueue(Closing):
                         core.bucket_document(seqs[ob.id], ob.items, ob.id, now, stage)
                         for ob in todo
                     ]
-                    if len(docs) == 1:
-                        self._col.insert_one(docs[0])
-                    else:
-                        self._col.insert_many(docs, ordered=False)
+                    self._producer.insert(self._col, docs)
                 todo = []
-            except WriteConcernError as exc:  # stored; the write concern was not confirmed
-                for ob in todo:
-                    ob.error = bucket.write_concern_unconfirmed("stream", self.name, exc)
-                todo = []
-            except (DuplicateKeyError, BulkWriteError) as exc:
-                if isinstance(exc, BulkWriteError):
-                    dups, failed = bucket.split_write_errors(exc)
-                    if bucket.bulk_write_concern_failed(exc):
-                        for ob in todo:
-                            if seqs[ob.id] not in failed and seqs[ob.id] not in dups:
-                                ob.error = bucket.write_concern_unconfirmed(
-                                    "stream", self.name, exc
-                                )
-                else:  # insert_one: the single bucket
-                    dups, failed = [seqs[todo[0].id]], set()
+            except (DuplicateKeyError, BulkWriteError, WriteConcernError) as exc:
+                out = bucket.insert_outcome(exc, [seqs[ob.id] for ob in todo])
+                assert out is not None  # an insert's error, read the one way
+                dups, failed = out.taken, out.failed
+                if out.unconfirmed:  # stored; the write concern was not confirmed
+                    for ob in todo:
+                        if seqs[ob.id] not in failed and seqs[ob.id] not in dups:
+                            ob.error = bucket.write_concern_unconfirmed("stream", self.name, exc)
+                if not dups and not failed:
+                    todo = []
+                    continue
                 by_seq = {seqs[ob.id]: ob for ob in todo}
                 try:
                     with self._producer.attempt(deadline):
