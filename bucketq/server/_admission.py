@@ -10,7 +10,8 @@ Three layers, outermost first:
 - :class:`Admission`, an ASGI middleware: ingest and read requests past
   ``BUCKETQ_MAX_REQUESTS_IN_FLIGHT`` are answered 503 + ``Retry-After`` at once (the
   operations routes are never refused, so ``/health`` answers throughout); each request
-  gets a deadline (:func:`remaining`) every store call it makes is bounded by; a body not
+  gets a deadline (:func:`remaining`) every store call it makes is bounded by (started
+  when it arrives, started again once its body is in); a body not
   received whole within ``BUCKETQ_BODY_TIMEOUT_MS`` is a 408; and an answer given before
   the body was read whole closes the connection (a 413 does not read the rest).
 - :class:`RecordGate`: records handed to the reservoir and not yet answered stay within
@@ -132,6 +133,10 @@ class Admission:
                 raise BodyTimeout(cfg.body_timeout_ms) from None
             if message.get("type") == "http.request" and not message.get("more_body", False):
                 body_whole = True
+                if bounded:
+                    # The body is in: storage gets the whole budget again (a slow upload,
+                    # bounded by BUCKETQ_BODY_TIMEOUT_MS, is not storage's time).
+                    _deadline.set(loop.time() + budget)
             return message
 
         async def closing_send(message: Any) -> None:
