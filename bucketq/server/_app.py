@@ -25,7 +25,7 @@ from ..reservoir import from_env as buffer_from_env
 from ._admission import Admission, AdmissionMetrics, BodyTimeout
 from ._config import ServerConfig, from_env
 from ._http_errors import on_body_timeout, on_http, on_overloaded, on_validation
-from ._middleware import BodyLimit, HttpMetrics, JsonBody, LastResort, Observe, RequestId
+from ._middleware import BodyLimit, HttpMetrics, LastResort, Observe, RequestId
 from ._routes import ingest, ops, otlp, query
 from ._service import AT_FORCED_EXIT, Service
 
@@ -88,7 +88,6 @@ def create_app(
     app.add_exception_handler(Overloaded, on_overloaded)  # type: ignore[arg-type]
     app.add_exception_handler(BodyTimeout, on_body_timeout)  # type: ignore[arg-type]
     # add_middleware wraps: the last added is the outermost.
-    app.add_middleware(JsonBody)
     app.add_middleware(BodyLimit, max_body=cfg.max_body_bytes)
     # Admission control (_admission): inside Observe and RequestId, so its refusals are
     # counted and carry a request id.
@@ -100,4 +99,24 @@ def create_app(
 
     for r in (ingest.router, otlp.router, query.router, ops.router, console):
         app.include_router(r)
+    _document_bodies(app)
     return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """The JSON ingest routes read their bodies themselves (within limits, after the key
+    is checked): their body models join the OpenAPI components here (FastAPI's
+    "extending OpenAPI" hook), so the served schema documents them as before."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        first = app.openapi_schema is None
+        schema = build()
+        if first:
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, body in ingest.body_schemas().items():
+                schemas.setdefault(name, body)
+            schema["components"]["schemas"] = dict(sorted(schemas.items()))
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

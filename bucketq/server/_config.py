@@ -19,6 +19,10 @@ from ..errors import ConfigurationError
 DEFAULT_MAX_BODY_BYTES = 5 * 1024 * 1024
 #: Most records one request may carry.
 DEFAULT_MAX_RECORDS = 1000
+#: Most levels of objects and arrays in a record's free-form fields (``metadata``,
+#: ``attributes``, ``labels``, OTLP attribute values); MongoDB refuses documents nested
+#: past 100 levels, and reads past 255 could not be answered.
+DEFAULT_MAX_DEPTH = 32
 #: How long an API key lookup is cached; a revoked key stops working within this.
 DEFAULT_KEY_CACHE_MS = 1000
 #: ``Retry-After`` (seconds) of a 429/503 answer.
@@ -88,6 +92,9 @@ class ServerConfig:
         help="Largest request body (OTLP: after gunzip); larger answers 413.")
     max_records: int = v.option(DEFAULT_MAX_RECORDS, v.count, lo=1, env="BUCKETQ_MAX_RECORDS",
         help="Most records per request; more answers 413.")
+    max_depth: int = v.option(DEFAULT_MAX_DEPTH, v.count, lo=1, hi=64, env="BUCKETQ_MAX_DEPTH",
+        help="Most levels of nesting in a record's `metadata`, `attributes` or `labels` (OTLP: "
+             "attribute values); deeper answers 422 naming the field (OTLP: the record is rejected).")
     key_cache_ms: int = v.option(DEFAULT_KEY_CACHE_MS, v.count, lo=0, hi=1000, env="BUCKETQ_KEY_CACHE_MS",
         help="How long a key lookup is cached (at most 1000: a revoked key fails within a second).")
     retry_after_s: int = v.option(DEFAULT_RETRY_AFTER_S, v.count, lo=1, env="BUCKETQ_RETRY_AFTER_S",

@@ -79,29 +79,33 @@ def _field(loc: tuple[Any, ...]) -> tuple[int | None, str]:
     return index, text or "body"
 
 
+def invalid(errors: list[Any], *, prefix: tuple[Any, ...] = (), stored: bool = True) -> ApiError:
+    """The 422 for pydantic ``errors`` (locations under ``prefix``): each named field
+    with its record's index; ``stored``: the request was one that stores (not a read)."""
+    details = []
+    for e in errors[:100]:
+        index, field = _field((*prefix, *e.get("loc", ())))
+        details.append({"index": index, "field": field, "message": e.get("msg", "invalid")})
+    first = details[0] if details else {"field": "body", "message": "invalid"}
+    where = f" (record {first['index']})" if first.get("index") is not None else ""
+    note = " Nothing of this request was stored." if stored else ""
+    return ApiError(
+        422,
+        "Validation error",
+        f"{first['field']}{where}: {first['message']}.{note}",
+        details=details,
+    )
+
+
 async def on_validation(request: Request, exc: RequestValidationError) -> Response:
-    errors = exc.errors()
+    errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
         e = errors[0]
         why = (e.get("ctx") or {}).get("error", "JSON decode error")
         return error_response(
             request, ApiError(400, "Malformed JSON", f"The body is not valid JSON: {why}.")
         )
-    details = []
-    for e in errors[:100]:
-        index, field = _field(tuple(e.get("loc", ())))
-        details.append({"index": index, "field": field, "message": e.get("msg", "invalid")})
-    first = details[0] if details else {"field": "body", "message": "invalid"}
-    where = f" (record {first['index']})" if first.get("index") is not None else ""
-    return error_response(
-        request,
-        ApiError(
-            422,
-            "Validation error",
-            f"{first['field']}{where}: {first['message']}. Nothing of this request was stored.",
-            details=details,
-        ),
-    )
+    return error_response(request, invalid(errors, stored=request.method not in ("GET", "HEAD")))
 
 
 async def on_overloaded(request: Request, exc: Overloaded) -> Response:
@@ -129,6 +133,7 @@ async def on_http(request: Request, exc: HTTPException) -> Response:
 def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI ``responses`` of a JSON route's error answers."""
     what = {400: "Malformed body or parameter.", 401: "Missing, unknown or revoked API key.",
-            413: "Body or record count over the limit.", 422: "A field is invalid (named, with the record's index).",
+            413: "Body or record count over the limit.",
+            415: "Unsupported Content-Encoding (send gzip, deflate or none).", 422: "A field is invalid (named, with the record's index).",
             503: "Storage unavailable; nothing was acknowledged. Retry after Retry-After."}  # fmt: skip
     return {c: {"model": ErrorOut, "description": what[c]} for c in codes}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -26,9 +27,13 @@ def _to_utc(v: datetime) -> datetime:
         raise ValueError("time is out of range once converted to UTC") from None
 
 
+_NUMBER = re.compile(r"^\s*[-+]?[0-9]+(\.[0-9]*)?\s*$")
+
+
 def _iso_text(v: Any) -> Any:
-    """A time comes as ISO 8601 text (as the schema says), not as a number."""
-    if isinstance(v, str | datetime):
+    """A time comes as ISO 8601 text (as the schema says), not as a number, nor as a
+    number in a string (``"1"``, which pydantic would read as epoch seconds)."""
+    if isinstance(v, datetime) or (isinstance(v, str) and not _NUMBER.match(v)):
         return v
     raise ValueError("time must be an ISO 8601 string, e.g. 2024-05-01T10:00:00Z")
 

@@ -11,9 +11,7 @@ length) is rejected and counted in the answer's ``partial_success``.
 from __future__ import annotations
 
 import base64
-import gzip
 import json
-import zlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -56,24 +54,6 @@ def media_type(content_type: str | None) -> str | None:
     return None
 
 
-def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
-    """Undo ``Content-Encoding`` (gzip, deflate or none); more than ``limit`` bytes
-    decompressed raises OverflowError."""
-    enc = (encoding or "identity").strip().lower()
-    if enc in ("", "identity"):
-        return body
-    if enc not in ("gzip", "deflate"):
-        raise OtlpError(f"Content-Encoding {encoding!r} is not supported; use gzip or none.", 415)
-    d = zlib.decompressobj(wbits=31 if enc == "gzip" else 15)
-    try:
-        out = d.decompress(body, limit + 1)
-    except (zlib.error, gzip.BadGzipFile) as exc:
-        raise OtlpError(f"The body is not valid {enc}: {exc}") from None
-    if len(out) > limit or d.unconsumed_tail:
-        raise OverflowError(limit)
-    return out
-
-
 def _hex_to_b64(node: Any, path: str = "") -> Any:
     if isinstance(node, dict):
         out = {}
@@ -91,28 +71,29 @@ def _hex_to_b64(node: Any, path: str = "") -> Any:
     return node
 
 
-def decode(kind: str, body: bytes, mtype: str) -> Message:
-    """The export request of ``kind`` ("logs" or "traces") from ``body``."""
-    cls = (
-        logs_service_pb2.ExportLogsServiceRequest
-        if kind == "logs"
-        else trace_service_pb2.ExportTraceServiceRequest
-    )
+def _request_class(kind: str) -> Any:
+    if kind == "logs":
+        return logs_service_pb2.ExportLogsServiceRequest
+    return trace_service_pb2.ExportTraceServiceRequest
+
+
+def parse_protobuf(kind: str, body: bytes) -> Message:
+    """The export request of ``kind`` ("logs" or "traces") from protobuf ``body``."""
+    cls = _request_class(kind)
     msg = cls()
-    if mtype == PROTOBUF:
-        try:
-            msg.ParseFromString(body)
-        except (DecodeError, RuntimeWarning, ValueError) as exc:
-            raise OtlpError(
-                f"The body is not a valid OTLP protobuf {cls.__name__}: {exc}"
-            ) from None
-        return msg
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise OtlpError(f"The body is not valid JSON: {exc}") from None
+        msg.ParseFromString(body)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise OtlpError(f"The body is not a valid OTLP protobuf {cls.__name__}: {exc}") from None
+    return msg
+
+
+def from_json(kind: str, data: Any) -> Message:
+    """The export request of ``kind`` from a decoded OTLP JSON document."""
+    cls = _request_class(kind)
     if not isinstance(data, dict):
         raise OtlpError(f"The body must be a JSON object ({cls.__name__}).")
+    msg = cls()
     try:
         json_format.ParseDict(_hex_to_b64(data), msg, ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
@@ -120,21 +101,72 @@ def decode(kind: str, body: bytes, mtype: str) -> Message:
     return msg
 
 
-def _value(v: Any) -> Any:
+def decode(kind: str, body: bytes, mtype: str) -> Message:
+    """The export request of ``kind`` from ``body`` (no limits: the service decodes with
+    ``_decode`` first)."""
+    if mtype == PROTOBUF:
+        return parse_protobuf(kind, body)
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise OtlpError(f"The body is not valid JSON: {exc}") from None
+    return from_json(kind, data)
+
+
+_JSON_PATHS = {
+    "logs": (("resourceLogs", "resource_logs"), ("scopeLogs", "scope_logs"),
+             ("logRecords", "log_records")),
+    "traces": (("resourceSpans", "resource_spans"), ("scopeSpans", "scope_spans"),
+               ("spans",)),
+}  # fmt: skip
+
+
+def json_record_count(kind: str, data: Any) -> int:
+    """How many records an OTLP JSON document carries (lengths only: nothing is mapped);
+    a part of the wrong shape counts nothing (the mapping refuses it)."""
+
+    def items(node: Any, names: tuple[str, ...]) -> list[Any]:
+        if isinstance(node, dict):
+            for n in names:
+                v = node.get(n)
+                if isinstance(v, list):
+                    return v
+        return []
+
+    top, mid, leaf = _JSON_PATHS[kind]
+    return sum(len(items(scope, leaf)) for group in items(data, top) for scope in items(group, mid))
+
+
+class TooDeep(ValueError):
+    """An attribute value nested past the service's depth limit."""
+
+
+def _value(v: Any, depth: int, limit: int) -> Any:
     which = v.WhichOneof("value")
     if which is None:
         return None
+    if which in ("array_value", "kvlist_value") and depth >= limit:
+        raise TooDeep(f"nested more than {limit} levels deep (BUCKETQ_MAX_DEPTH)")
     if which == "array_value":
-        return [_value(x) for x in v.array_value.values]
+        return [_value(x, depth + 1, limit) for x in v.array_value.values]
     if which == "kvlist_value":
-        return _attrs(v.kvlist_value.values)
+        return _attrs(v.kvlist_value.values, depth + 1, limit)
     if which == "bytes_value":
         return v.bytes_value.hex()
     return getattr(v, which)
 
 
-def _attrs(kvs: Any) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in kvs if kv.key}
+def _attrs(kvs: Any, depth: int = 1, limit: int = 64) -> dict[str, Any]:
+    """Attributes as a dict at nesting ``depth`` (1: a record's own); a value nested
+    past ``limit`` raises :class:`TooDeep` naming its key."""
+    out = {}
+    for kv in kvs:
+        if kv.key:
+            try:
+                out[kv.key] = _value(kv.value, depth, limit)
+            except TooDeep as exc:
+                raise TooDeep(f"attribute {kv.key[:100]!r} {exc}") from None
+    return out
 
 
 def _time(ns: int) -> datetime:
@@ -151,8 +183,8 @@ def _level(number: int, text: str) -> str:
     return t if t in _TEXT_LEVELS else "info"
 
 
-def _resource(resource: Any) -> tuple[str, dict[str, Any]]:
-    attrs = _attrs(resource.attributes)
+def _resource(resource: Any, limit: int) -> tuple[str, dict[str, Any]]:
+    attrs = _attrs(resource.attributes, 2, limit)  # stored under metadata.resource
     service = attrs.pop("service.name", None)
     return (str(service) if service else "unknown"), attrs
 
@@ -162,20 +194,28 @@ _Converted = dict[str, Any] | str
 
 
 def _convert(
-    resources: Any, scopes: str, items: str,
+    resources: Any, scopes: str, items: str, limit: int,
     one: Callable[[Any, str, dict[str, Any], Any], _Converted],
 ) -> tuple[list[dict[str, Any]], int, str]:  # fmt: skip
     """(records, rejected, why): ``one(item, service, resource attributes, scope)`` for
     every item under every resource's ``scopes`` and every scope's ``items``; ``why`` is
-    the first rejection's reason."""
+    the first rejection's reason. Resource attributes nested past ``limit`` reject the
+    resource's records."""
     out: list[dict[str, Any]] = []
     rejected = 0
     why = ""
     for group in resources:
-        service, res = _resource(group.resource)
+        try:
+            service, res = _resource(group.resource, limit)
+            bad = ""
+        except TooDeep as exc:
+            service, res, bad = "", {}, f"resource {exc}"
         for scope in getattr(group, scopes):
             for item in getattr(scope, items):
-                rec = one(item, service, res, scope.scope)
+                try:
+                    rec = bad or one(item, service, res, scope.scope)
+                except TooDeep as exc:
+                    rec = str(exc)
                 if isinstance(rec, str):
                     rejected += 1
                     why = why or rec
@@ -184,15 +224,21 @@ def _convert(
     return out, rejected, why
 
 
-def log_records(msg: Any, project: str, now: datetime) -> tuple[list[dict[str, Any]], int, str]:
-    """(records, rejected, why) for an ExportLogsServiceRequest."""
+def log_records(
+    msg: Any, project: str, now: datetime, max_depth: int = 64
+) -> tuple[list[dict[str, Any]], int, str]:
+    """(records, rejected, why) for an ExportLogsServiceRequest; attribute values nested
+    more than ``max_depth`` levels reject their record."""
 
     def one(lr: Any, service: str, res: dict[str, Any], scope: Any) -> _Converted:
         if len(lr.trace_id) not in (0, 16) or len(lr.span_id) not in (0, 8):
             return "trace_id must be 16 bytes and span_id 8 bytes"
         ns = lr.time_unix_nano or lr.observed_time_unix_nano
-        body = _value(lr.body) if lr.HasField("body") else None
-        meta = _attrs(lr.attributes)
+        try:
+            body = _value(lr.body, 0, max_depth) if lr.HasField("body") else None
+        except TooDeep as exc:
+            return f"body {exc}"
+        meta = _attrs(lr.attributes, 1, max_depth)
         if res:
             meta["resource"] = res
         if scope.name:
@@ -214,16 +260,18 @@ def log_records(msg: Any, project: str, now: datetime) -> tuple[list[dict[str, A
             rec["span_id"] = lr.span_id.hex()
         return rec
 
-    return _convert(msg.resource_logs, "scope_logs", "log_records", one)
+    return _convert(msg.resource_logs, "scope_logs", "log_records", max_depth, one)
 
 
-def span_records(msg: Any, project: str, now: datetime) -> tuple[list[dict[str, Any]], int, str]:
-    """(records, rejected, why) for an ExportTraceServiceRequest."""
+def span_records(
+    msg: Any, project: str, now: datetime, max_depth: int = 64
+) -> tuple[list[dict[str, Any]], int, str]:
+    """(records, rejected, why) for an ExportTraceServiceRequest (``max_depth`` as for logs)."""
 
     def one(sp: Any, service: str, res: dict[str, Any], scope: Any) -> _Converted:
         if len(sp.trace_id) != 16 or len(sp.span_id) != 8:
             return "a span needs a 16-byte trace_id and an 8-byte span_id"
-        attrs = _attrs(sp.attributes)
+        attrs = _attrs(sp.attributes, 1, max_depth)
         if res:
             attrs["resource"] = res
         start = _time(sp.start_time_unix_nano) if sp.start_time_unix_nano else now
@@ -249,7 +297,7 @@ def span_records(msg: Any, project: str, now: datetime) -> tuple[list[dict[str, 
             rec["attributes"] = attrs
         return rec
 
-    return _convert(msg.resource_spans, "scope_spans", "spans", one)
+    return _convert(msg.resource_spans, "scope_spans", "spans", max_depth, one)
 
 
 def success(kind: str, rejected: int, why: str, mtype: str) -> bytes:

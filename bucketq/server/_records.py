@@ -25,18 +25,24 @@ def check_count(n: int, limit: int) -> None:
         )
 
 
-def unstorable(records: list[dict[str, Any]]) -> list[tuple[int, str, str]]:
-    """(index, field, why) of each record BSON cannot encode (a NUL in a key, a lone
-    surrogate in a string, an integer over 64 bits): caught here, before anything is
-    queued, instead of failing at storage time."""
+#: What one request may store beyond its decoded body, per record: room for what OTLP
+#: copies into every record (resource and scope attributes).
+STORED_PER_RECORD = 8 * 1024
+
+
+def encoded(records: list[dict[str, Any]]) -> tuple[int, list[tuple[int, str, str]]]:
+    """(BSON bytes of the records BSON can encode, (index, field, why) of each record
+    it cannot: a NUL in a key, a lone surrogate in a string, an integer over 64 bits),
+    found here, before anything is queued, instead of failing at storage time."""
+    total = 0
     bad = []
     for i, r in enumerate(records):
         try:
-            bson.encode(r)
+            total += len(bson.encode(r))
         except Exception as exc:  # noqa: BLE001 - InvalidDocument, UnicodeEncodeError, OverflowError
             field = next((k for k, v in r.items() if not _encodes({k: v})), "")
             bad.append((i, field, f"cannot be stored: {type(exc).__name__}: {exc}"[:300]))
-    return bad
+    return total, bad
 
 
 def _encodes(doc: dict[str, Any]) -> bool:
@@ -47,8 +53,25 @@ def _encodes(doc: dict[str, Any]) -> bool:
         return False
 
 
-def check_storable(name: str, records: list[dict[str, Any]]) -> None:
-    bad = unstorable(records)
+def check_amplification(stored: int, decoded: int, records: int) -> None:
+    """413 when the records would take more than twice the decoded body plus
+    :data:`STORED_PER_RECORD` per record: a small body must not fill the storage."""
+    allowed = 2 * decoded + STORED_PER_RECORD * records
+    if stored > allowed:
+        raise ApiError(
+            413,
+            "Payload too large",
+            f"Stored, these {records} records would take {stored} bytes from a body of "
+            f"{decoded} bytes; at most {allowed} (twice the body plus "
+            f"{STORED_PER_RECORD} per record). Put less in attributes shared by many "
+            "records (OTLP resource and scope attributes are stored with every record), "
+            "or send fewer records per request.",
+        )
+
+
+def check_storable(name: str, records: list[dict[str, Any]], decoded: int) -> None:
+    """422 naming the first record BSON cannot store; 413 past :func:`check_amplification`."""
+    size, bad = encoded(records)
     if bad:
         details = [
             {"index": i, "field": f"{name}[{i}].{f}" if f else f"{name}[{i}]", "message": why}
@@ -58,6 +81,7 @@ def check_storable(name: str, records: list[dict[str, Any]]) -> None:
         raise ApiError(422, "Validation error",
                        f"{first['field']} (record {first['index']}): {first['message']}. "
                        "Nothing of this request was stored.", details=details)  # fmt: skip
+    check_amplification(size, decoded, len(records))
 
 
 def log_record(project: str, r: LogIn) -> dict[str, Any]:

@@ -8,9 +8,14 @@ import hashlib
 import logging
 import os
 import threading
-from typing import Annotated, Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from functools import partial
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from ..errors import BucketQError, Overloaded
 from ..reservoir import BufferConfig, BufferedReservoir, MongoReservoir, wrap_reservoir
@@ -20,6 +25,12 @@ from ._http_errors import ApiError
 from ._keys import KeyCache
 
 log = logging.getLogger("bucketq.server")
+
+#: Bodies up to this many bytes (decoded) are decoded on the event loop; larger ones in
+#: :data:`DECODE_THREADS` threads (pure-Python steps there let the loop run every 5 ms).
+DECODE_INLINE_BYTES = 64 * 1024
+DECODE_THREADS = 2
+T = TypeVar("T")
 
 #: Seconds the buffer's stop may take beyond ``RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS``
 #: (counting what is left, stopping the transport) before the service gives up on it.
@@ -48,6 +59,9 @@ class Service:
         self.reservoir: Any = None
         self.keys: KeyCache | None = None
         self.tee: Any = None
+        self._idempotency_index = False
+        #: Decoding of large bodies runs here, off the event loop (a bounded pool).
+        self.decoder = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="bucketq-decode")
         #: The buffer's stop ran out of time: ``bucketq serve`` then exits 1 whether or
         #: not the process gets to end by itself before the forced exit.
         self.stop_incomplete = False
@@ -100,6 +114,14 @@ class Service:
         )
         return self
 
+    async def offload(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``: inline for a body of ``size`` bytes up to
+        :data:`DECODE_INLINE_BYTES` (cheaper than a thread hop), else in :attr:`decoder`,
+        so that a large body's decoding leaves the event loop free to answer others."""
+        if size <= DECODE_INLINE_BYTES:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.decoder, partial(fn, *args))
+
     @property
     def buffered(self) -> bool:
         return isinstance(self.reservoir, BufferedReservoir)
@@ -131,6 +153,7 @@ class Service:
                 await asyncio.wait_for(self.tee.close(), DEFAULT_STOP_MARGIN)
             except Exception:
                 log.exception("closing the tee stream failed")
+        self.decoder.shutdown(wait=False, cancel_futures=True)
         if self.client is not None:
             await self.client.close()
 
@@ -160,12 +183,22 @@ class Service:
         records: list[dict[str, Any]],
         idempotency_key: str | None,
         origin: str = "api",
+        *,
+        route: str = "",
     ) -> int:
         """Hand ``records`` to the reservoir; raise a 503 unless every one was accepted.
-        ``origin="otlp"``: a collector batched them already (the buffer does not delay them)."""
+        ``origin="otlp"``: a collector batched them already (the buffer does not delay them).
+        Each record gets its stable ``_id`` here: from ``route`` and the idempotency key
+        when there is one (a retry makes the same ids), else a fresh one per request."""
         if idempotency_key:
             for i, r in enumerate(records):
-                r["_id"] = record_id(project, kind, idempotency_key, i)
+                r["_id"] = record_id(project, route or kind, idempotency_key, i)
+        else:
+            # One random prefix per request and the record's index: unique without a
+            # uuid4 per record (the reservoir keeps a record's _id as its id).
+            prefix = os.urandom(12).hex()
+            for i, r in enumerate(records):
+                r["_id"] = f"{prefix}{i:08x}"
         method = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_metrics"}[kind]
         # What is left of the request's deadline (its key lookup came out of it too).
         budget = remaining(self.config.ingest_timeout_ms / 1000)
@@ -209,6 +242,43 @@ class Service:
                 raise self.unavailable("The tee stream is unavailable.") from exc
         return len(records)
 
+    async def claim_idempotency_key(self, route: str, project: str, key: str, digest: str) -> None:
+        """Remember that ``key`` on ``route`` was sent with a body of ``digest``; a 422
+        when it was sent before with another body (its records would silently be the
+        first body's). Kept :data:`IDEMPOTENCY_TTL_S`; store calls within the ingest budget."""
+        coll = self.db[IDEMPOTENCY_COLLECTION]
+        kid = hashlib.sha256(f"{project}\x00{route}\x00{key}".encode()).hexdigest()
+        budget = self.config.ingest_timeout_ms / 1000
+        try:
+            if not self._idempotency_index:
+                await asyncio.wait_for(
+                    coll.create_index("at", expireAfterSeconds=IDEMPOTENCY_TTL_S), budget
+                )
+                self._idempotency_index = True
+            try:
+                await asyncio.wait_for(
+                    coll.insert_one({"_id": kid, "digest": digest, "at": datetime.now(UTC)}),
+                    budget,
+                )
+                return
+            except DuplicateKeyError:
+                first = await asyncio.wait_for(coll.find_one({"_id": kid}), budget)
+        except (TimeoutError, PyMongoError) as exc:
+            log.warning("idempotency key store: %s: %s", type(exc).__name__, exc)
+            raise self.unavailable("The idempotency key store is unavailable.") from exc
+        if first is not None and first.get("digest") != digest:
+            raise ApiError(
+                422,
+                "Idempotency key reused",
+                f"Idempotency-Key {key[:80]!r} was already used on {route} with another body; "
+                "a retry must send the same body. Use a new key for new content. "
+                "Nothing of this request was stored.",
+            )
+
+
+#: Where idempotency keys are remembered, and for how long (seconds).
+IDEMPOTENCY_COLLECTION = "idempotency_keys"
+IDEMPOTENCY_TTL_S = 24 * 3600
 
 #: Called before a forced exit (``bucketq serve`` stops its embedded server there).
 AT_FORCED_EXIT: list[Any] = []
@@ -233,9 +303,10 @@ def exit_soon(delay: float, code: int) -> None:
     t.start()
 
 
-def record_id(project: str, kind: str, key: str, index: int) -> str:
-    """The stable ``_id`` of record ``index`` of a request sent with ``Idempotency-Key: key``."""
-    return hashlib.sha256(f"{project}\x00{kind}\x00{key}\x00{index}".encode()).hexdigest()
+def record_id(project: str, route: str, key: str, index: int) -> str:
+    """The stable ``_id`` of record ``index`` of a request to ``route`` sent with
+    ``Idempotency-Key: key``: keys are scoped per project and route."""
+    return hashlib.sha256(f"{project}\x00{route}\x00{key}\x00{index}".encode()).hexdigest()
 
 
 def tee_item(project: str, r: dict[str, Any]) -> dict[str, Any]:

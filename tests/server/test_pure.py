@@ -78,7 +78,7 @@ def test_otlp_severity_and_bodies() -> None:
     assert rejected == 0 and records[0]["message"] == "[3]" and records[0]["time"] == now
     assert records[0]["service"] == "unknown"
     with pytest.raises(_otlp.OtlpError):
-        _otlp.decode("logs", b"[1]", _otlp.JSON)
+        _otlp.from_json("logs", [1])
     assert _otlp.media_type("application/json; charset=utf-8") == _otlp.JSON
     assert _otlp.media_type("text/plain") is None
 

@@ -1,55 +1,110 @@
 """``POST /api/v1/ingest`` (logs), ``/spans`` and ``/metrics``: the LogTide-shaped JSON API.
 
-Each route is "the count limit -> records of the key's project -> a BSON check naming
-the body's field -> one reservoir call -> answer", in :func:`_ingest`.
+The key is checked first (a dependency), then :func:`_ingest` reads the body within its
+limits (``_decode``: encoding, size, record count and nesting as it decodes), validates
+the records with the body's model, builds the stored records, checks that BSON can
+store them and how much they would store, and makes one reservoir call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
 
 from .._auth import IdempotencyKey, Project
-from .._http_errors import documented
+from .._config import ServerConfig
+from .._decode import decompress, encoding_of, json_records
+from .._http_errors import documented, invalid
 from .._models import Accepted, LogsIn, MetricsIn, SpansIn
-from .._records import check_count, check_storable, log_record, metric_record, span_record
+from .._records import check_storable, log_record, metric_record, span_record
 from .._service import Service, Svc
 
 PREFIX = "/api/v1/ingest"
 
 router = APIRouter(tags=["ingest"])
-_ROUTE: dict[str, Any] = {
-    "response_model": Accepted,
-    "responses": documented(400, 401, 413, 422, 503),
-}
 
 
-async def _ingest(svc: Service, kind: str, field: str, project: str, items: Sequence[Any],
-                  to_record: Callable[[str, Any], dict[str, Any]], idem: str | None) -> Accepted:  # fmt: skip
-    check_count(len(items), svc.config.max_records)
-    records = [to_record(project, x) for x in items]
-    check_storable(field, records)
-    n = await svc.accept(kind, project, records, idem)
+@dataclass(frozen=True)
+class _Body:
+    """One route's body: the record kind, the body's model and list field, and what
+    makes a stored record of one validated item."""
+
+    kind: str
+    model: type[BaseModel]
+    field: str
+    to_record: Callable[[str, Any], dict[str, Any]]
+
+    def openapi(self) -> dict[str, Any]:
+        """The route's documented request body (the body is read by :func:`_ingest`)."""
+        ref = {"$ref": f"#/components/schemas/{self.model.__name__}"}
+        return {"requestBody": {"content": {"application/json": {"schema": ref}}, "required": True}}
+
+
+_LOGS = _Body("log", LogsIn, "logs", log_record)
+_SPANS = _Body("span", SpansIn, "spans", span_record)
+_METRICS = _Body("metric", MetricsIn, "metrics", metric_record)
+_ROUTE: dict[str, Any] = {"response_model": Accepted,
+                          "responses": documented(400, 401, 413, 415, 422, 503)}  # fmt: skip
+
+
+def body_schemas() -> dict[str, Any]:
+    """The JSON schemas of the bodies, for the OpenAPI document's components."""
+    _, top = models_json_schema(
+        [(b.model, "validation") for b in (_LOGS, _SPANS, _METRICS)],
+        ref_template="#/components/schemas/{model}",
+    )
+    schemas: dict[str, Any] = top.get("$defs", {})
+    return schemas
+
+
+async def _ingest(request: Request, svc: Service, project: str, idem: str | None,
+                  body: _Body) -> Accepted:  # fmt: skip
+    cfg = svc.config
+    encoding = encoding_of(request.headers.get("content-encoding"))
+    raw = decompress(await request.body(), encoding, cfg.max_body_bytes)
+    records = await svc.offload(len(raw), _records, raw, body, project, cfg)
+    route = request.url.path
+    if idem:
+        await svc.claim_idempotency_key(route, project, idem, hashlib.sha256(raw).hexdigest())
+    n = await svc.accept(body.kind, project, records, idem, route=route)
     return Accepted(received=n, timestamp=datetime.now(UTC))
 
 
-@router.post(PREFIX, name="ingest", summary="Ingest log records", **_ROUTE)
-async def ingest(body: LogsIn, svc: Svc, project: Project,
+def _records(raw: bytes, body: _Body, project: str, cfg: ServerConfig) -> list[dict[str, Any]]:
+    """The stored records of a decoded body: within the limits, valid, storable."""
+    items = json_records(raw, body.field, max_records=cfg.max_records, max_depth=cfg.max_depth)
+    try:
+        parsed = body.model.model_validate({} if items is None else {body.field: items})
+    except ValidationError as exc:
+        raise invalid(exc.errors(include_url=False)) from None
+    records = [body.to_record(project, x) for x in getattr(parsed, body.field)]
+    check_storable(body.field, records, len(raw))
+    return records
+
+
+@router.post(PREFIX, name="ingest", summary="Ingest log records",
+             openapi_extra=_LOGS.openapi(), **_ROUTE)  # fmt: skip
+async def ingest(request: Request, svc: Svc, project: Project,
                  idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
-    return await _ingest(svc, "log", "logs", project, body.logs, log_record, idempotency_key)
+    return await _ingest(request, svc, project, idempotency_key, _LOGS)
 
 
-@router.post(PREFIX + "/spans", name="ingest_spans", summary="Ingest spans", **_ROUTE)
-async def ingest_spans(body: SpansIn, svc: Svc, project: Project,
+@router.post(PREFIX + "/spans", name="ingest_spans", summary="Ingest spans",
+             openapi_extra=_SPANS.openapi(), **_ROUTE)  # fmt: skip
+async def ingest_spans(request: Request, svc: Svc, project: Project,
                        idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
-    return await _ingest(svc, "span", "spans", project, body.spans, span_record, idempotency_key)
+    return await _ingest(request, svc, project, idempotency_key, _SPANS)
 
 
-@router.post(PREFIX + "/metrics", name="ingest_metrics", summary="Ingest metric samples", **_ROUTE)
-async def ingest_metrics(body: MetricsIn, svc: Svc, project: Project,
+@router.post(PREFIX + "/metrics", name="ingest_metrics", summary="Ingest metric samples",
+             openapi_extra=_METRICS.openapi(), **_ROUTE)  # fmt: skip
+async def ingest_metrics(request: Request, svc: Svc, project: Project,
                          idempotency_key: IdempotencyKey = None) -> Accepted:  # fmt: skip
-    return await _ingest(svc, "metric", "metrics", project, body.metrics, metric_record,
-                         idempotency_key)  # fmt: skip
+    return await _ingest(request, svc, project, idempotency_key, _METRICS)
