@@ -4,11 +4,11 @@ before work proportional to what it carries. Pure: no I/O.
 - :func:`decompress`: ``Content-Encoding`` gzip (every member) or deflate, in bounded
   steps with an output cap; a truncated or corrupt stream is a 400, more than the body
   limit a 413, another encoding a 415.
-- :func:`json_records`: the records array of a JSON API body, decoded one record at a
-  time (C decoder per record): the record past ``max_records`` stops decoding (413); a
-  record nested deeper than ``max_depth`` is refused naming its field (422); NaN and
-  Infinity (not JSON), invalid UTF-8 and nesting too deep for the decoder (about 1,000
-  levels) are a 400 "Malformed JSON" with the reason.
+- :func:`json_records`: the records array of a JSON API body (the C decoder, once the
+  values are counted): more than ``max_records`` is a 413; a record's field nested
+  deeper than ``max_depth`` is refused naming the field (422); NaN and Infinity (not
+  JSON), invalid UTF-8 and nesting too deep for the decoder (about 1,000 levels) are a
+  400 "Malformed JSON" with the reason.
 - :func:`json_document`: a whole JSON document (OTLP JSON) under the same rules.
 - Both count the values a body holds before decoding it (:func:`check_values`): more
   than :data:`VALUES_PER_RECORD` per record the request may carry is a 413.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Mapping
 from json.scanner import make_scanner
 from typing import Any, cast
 
@@ -122,6 +121,12 @@ def too_many_values(budget: int) -> ApiError:
     )
 
 
+def few_values(body: bytes, budget: int) -> bool:
+    """Whether ``body`` surely holds at most ``budget`` JSON values (commas and brackets
+    bound them; one C pass each)."""
+    return body.count(b",") + body.count(b"[") + body.count(b"{") <= budget
+
+
 def check_values(text: str, budget: int) -> None:
     """413 when the JSON ``text`` holds more than ``budget`` values, before it is
     decoded: commas and brackets bound them (one C pass); only when they are more than
@@ -152,113 +157,63 @@ def depth(value: Any, limit: int) -> int:
     return deepest
 
 
-class _Reader:
-    """A cursor over JSON text: values come from the C scanner, one at a time."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.i = _WS.match(text, 0).end()  # type: ignore[union-attr]
-
-    def char(self) -> str:
-        return self.text[self.i : self.i + 1]
-
-    def skip(self, c: str) -> bool:
-        if self.text.startswith(c, self.i):
-            self.i = _WS.match(self.text, self.i + 1).end()  # type: ignore[union-attr]
-            return True
-        return False
-
-    def expect(self, c: str) -> None:
-        if not self.skip(c):
-            raise malformed(f"expecting {c!r} at character {self.i}")
-
-    def value(self) -> Any:
-        start = self.i
-        try:
-            v, self.i = _SCAN(self.text, start)
-        except StopIteration:
-            raise malformed(f"expecting a value at character {start}") from None
-        except json.JSONDecodeError as exc:
-            raise malformed(f"{exc.msg} at character {exc.pos}") from None
-        except ValueError as exc:  # NaN, Infinity
-            raise malformed(f"{exc} (at character {start})") from None
-        except RecursionError:
-            raise malformed(f"it is nested too deeply to decode (at character {start})") from None
-        self.i = _WS.match(self.text, self.i).end()  # type: ignore[union-attr]
-        return v
-
-    def end(self) -> None:
-        if self.i != len(self.text):
-            raise malformed(f"extra data at character {self.i}")
+def _document(text: str) -> Any:
+    """The one JSON value ``text`` holds (whitespace around it allowed), else a 400."""
+    start = _WS.match(text, 0).end()  # type: ignore[union-attr]
+    try:
+        value, end = _SCAN(text, start)
+    except StopIteration:
+        try:  # the C scanner does not say where; the full decoder does (bounded: counted)
+            json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            where = f" at character {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
+            raise malformed(f"{getattr(exc, 'msg', exc)}{where}") from None
+        raise malformed(f"expecting a value at character {start}") from None
+    except json.JSONDecodeError as exc:
+        raise malformed(f"{exc.msg} at character {exc.pos}") from None
+    except ValueError as exc:  # NaN, Infinity
+        raise malformed(str(exc)) from None
+    except RecursionError:
+        raise malformed("it is nested too deeply to decode") from None
+    end = _WS.match(text, end).end()  # type: ignore[union-attr]
+    if end != len(text):
+        raise malformed(f"extra data at character {end}")
+    return value
 
 
 def json_records(body: bytes, field: str, *, max_records: int, max_depth: int) -> Any:
-    """The value of ``field`` of the JSON object ``body``; when it is an array, its
-    elements are decoded one at a time and the one past ``max_records`` stops decoding
-    (413). A record nested more than ``max_depth`` levels below its own object is a 422
-    naming ``field[i].key``. Not an object (or no ``field``): None, for the model to
-    refuse with a 422."""
+    """The value of ``field`` of the JSON object ``body`` (None when the body is not an
+    object or has no ``field``: the model refuses that with a 422). Its values are
+    counted before it is decoded (:func:`check_values`, 413); more than ``max_records``
+    records is a 413; a record's field nested more than ``max_depth`` levels is a 422
+    naming ``field[i].key``."""
     text = _text(body)
     check_values(text, VALUES_PER_RECORD * max_records)
-    r = _Reader(text)
-    if r.char() != "{":
-        r.value()  # a malformed body is a 400 before a wrong shape is a 422
-        r.end()
-        return None
-    r.expect("{")
-    found: Any = None
-    if not r.skip("}"):
-        while True:
-            if r.char() != '"':
-                raise malformed(f"expecting a property name at character {r.i}")
-            key = r.value()
-            r.expect(":")
-            if key != field:
-                r.value()  # another member: decoded (bounded by the body) and ignored
-            elif r.char() == "[":
-                found = _array(r, field, max_records, max_depth)
-            else:
-                found = r.value()
-            if r.skip(","):
-                continue
-            r.expect("}")
-            break
-    r.end()
-    return found
-
-
-def _array(r: _Reader, field: str, max_records: int, max_depth: int) -> list[Any]:
-    r.expect("[")
-    items: list[Any] = []
-    if r.skip("]"):
-        return items
-    text = r.text
-    while True:
-        start = r.i
-        item = r.value()
-        items.append(item)
+    doc = _document(text)
+    items = doc.get(field) if isinstance(doc, dict) else None
+    if isinstance(items, list):
         if len(items) > max_records:
             raise too_many(max_records)
-        # A record's own object is one level: more brackets than max_depth + 1 may
-        # nest past the limit; only then is it measured.
-        if text.count("{", start, r.i) + text.count("[", start, r.i) > max_depth + 1:
-            if depth(item, max_depth + 1) > max_depth + 1:
-                raise too_deep(f"{field}[{len(items) - 1}]", item, max_depth)
-        if r.skip(","):
-            continue
-        r.expect("]")
-        return items
+        for i, rec in enumerate(items):
+            if type(rec) is dict:
+                for k, v in rec.items():
+                    check_depth(v, max_depth, f"{field}[{i}].{k}", i)
+    return items
 
 
-def too_deep(where: str, item: Any, max_depth: int) -> ApiError:
-    """The 422 for a record nested past ``max_depth``, naming the first field that is."""
-    name = where
-    if isinstance(item, Mapping):
-        for k, v in item.items():
-            if depth(v, max_depth) > max_depth:
-                name = f"{where}.{k}"
-                break
-    index = int(where.rsplit("[", 1)[1].rstrip("]")) if where.endswith("]") else None
+def check_depth(value: Any, max_depth: int, name: str, index: int | None) -> None:
+    """A 422 naming ``name`` when ``value`` nests more than ``max_depth`` levels."""
+    # Only a container holding a container may be deeper than one level.
+    t = type(value)
+    for x in value.values() if t is dict else value if t is list else ():
+        if type(x) is dict or type(x) is list:
+            if depth(value, max_depth) > max_depth:
+                raise too_deep(name, index, max_depth)
+            return
+
+
+def too_deep(name: str, index: int | None, max_depth: int) -> ApiError:
+    """The 422 for a field nested past ``max_depth``."""
     message = f"nested more than {max_depth} levels deep (BUCKETQ_MAX_DEPTH)"
     return ApiError(
         422,
@@ -273,10 +228,7 @@ def json_document(body: bytes, *, budget: int) -> Any:
     when it holds more than ``budget`` values."""
     text = _text(body)
     check_values(text, budget)
-    r = _Reader(text)
-    doc = r.value()
-    r.end()
-    return doc
+    return _document(text)
 
 
 # -- OTLP protobuf wire format --------------------------------------------------------------

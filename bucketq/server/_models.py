@@ -132,7 +132,7 @@ class ErrorOut(BaseModel):
 
 class LogOut(BaseModel):
     id: str
-    time: datetime
+    time: datetime | None = Field(description="null when the stored record has no valid time.")
     service: str | None = None
     level: str | None = None
     message: str | None = None

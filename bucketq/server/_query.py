@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -18,8 +19,12 @@ class CursorError(ValueError):
     """The cursor is not one this service handed out."""
 
 
-def encode_cursor(doc: dict[str, Any]) -> str:
-    t = doc["time"]
+def encode_cursor(doc: dict[str, Any]) -> str | None:
+    """The cursor after ``doc``; None when its stored time is not a time (no page
+    boundary can follow it)."""
+    t = doc.get("time")
+    if not isinstance(t, datetime):
+        return None
     if t.tzinfo is None:
         t = t.replace(tzinfo=UTC)
     oid = doc["_id"]
@@ -73,13 +78,46 @@ def logs_filter(
     return flt
 
 
+#: Levels of a stored value shown by a read; deeper parts are replaced by a note (the
+#: ingest refuses deeper metadata, but other writers may have stored it).
+SHOWN_DEPTH = 64
+_SCALARS = (str, int, bool, type(None))
+
+
 def log_out(doc: dict[str, Any]) -> dict[str, Any]:
-    """A stored log document as the API shows it."""
-    out = {
-        k: doc.get(k)
-        for k in ("time", "service", "level", "message", "metadata", "trace_id", "span_id")
-    }
-    out["id"] = str(doc["_id"])
-    if out["time"] is not None and out["time"].tzinfo is None:
-        out["time"] = out["time"].replace(tzinfo=UTC)
+    """A stored log document as the API shows it, whatever was stored: values JSON can
+    carry (times as ISO 8601, other BSON types as text), nesting cut at
+    :data:`SHOWN_DEPTH`, metadata that is not an object under ``value``."""
+    t = doc.get("time")
+    if isinstance(t, datetime):
+        time: str | None = (t if t.tzinfo else t.replace(tzinfo=UTC)).isoformat()
+    else:
+        time = None
+    meta = doc.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        meta = {"value": meta}
+    out: dict[str, Any] = {"id": str(doc.get("_id")), "time": time}
+    for k in ("service", "level", "message", "trace_id", "span_id"):
+        v = doc.get(k)
+        out[k] = v if v is None or isinstance(v, str) else str(plain(v, 1))
+    out["metadata"] = None if meta is None else plain(meta, 1)
     return out
+
+
+def plain(v: Any, level: int) -> Any:
+    """``v`` as JSON can carry it (see :func:`log_out`)."""
+    if isinstance(v, _SCALARS):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)
+    if isinstance(v, dict | list | tuple) and level > SHOWN_DEPTH:
+        return f"(nested deeper than {SHOWN_DEPTH} levels: not shown)"
+    if isinstance(v, dict):
+        return {str(k): plain(x, level + 1) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [plain(x, level + 1) for x in v]
+    if isinstance(v, datetime):
+        return (v if v.tzinfo else v.replace(tzinfo=UTC)).isoformat()
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v)

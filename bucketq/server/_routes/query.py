@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
+from fastapi.responses import Response
 
 from .. import _query
 from .._admission import remaining
@@ -33,7 +35,7 @@ async def read_logs(
     q: Annotated[str | None, Query(max_length=200, description="Substring of the message (any case).")] = None,
     limit: Annotated[int, Query(ge=1, le=DEFAULT_QUERY_MAX_LIMIT)] = 100,
     cursor: Annotated[str | None, Query(max_length=500, description="next_cursor of the previous page.")] = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> Response:  # fmt: skip
     try:
         after = _query.decode_cursor(cursor) if cursor else None
     except _query.CursorError as exc:
@@ -55,4 +57,11 @@ async def read_logs(
         ) from exc
     page = docs[:limit]
     nxt = _query.encode_cursor(page[-1]) if len(docs) > limit else None
-    return {"logs": [_query.log_out(d) for d in page], "next_cursor": nxt}
+    body = {"logs": [_query.log_out(d) for d in page], "next_cursor": nxt}
+    # Rendered here, not by the response model: stored data (written by any client of
+    # the database) must not make a read fail; log_out made every value JSON.
+    try:
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate stored by another writer
+        text = json.dumps(body, separators=(",", ":")).encode()
+    return Response(text, media_type="application/json")
