@@ -118,12 +118,16 @@ class Admission:
         budget = (cfg.read_timeout_ms if path == READ_PATH else cfg.ingest_timeout_ms) / 1000
         token = _deadline.set(loop.time() + budget) if bounded else None
         body_whole = not _has_body(scope)
-        body_by = loop.time() + cfg.body_timeout_ms / 1000
+        body_by: float | None = None
 
         async def timed_receive() -> Any:
-            nonlocal body_whole
+            nonlocal body_whole, body_by
             if body_whole:
                 return await receive()
+            if body_by is None:
+                # From when the route starts reading it: the key is checked first, and a
+                # slow key lookup is not the client's delay.
+                body_by = loop.time() + cfg.body_timeout_ms / 1000
             try:
                 # asyncio.timeout, not wait_for: no task per body chunk
                 async with asyncio.timeout_at(body_by):

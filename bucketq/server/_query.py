@@ -19,13 +19,13 @@ class CursorError(ValueError):
     """The cursor is not one this service handed out."""
 
 
-def encode_cursor(doc: dict[str, Any]) -> str | None:
-    """The cursor after ``doc``; None when its stored time is not a time (no page
-    boundary can follow it)."""
+def encode_cursor(doc: dict[str, Any]) -> str:
+    """The cursor after ``doc``. A stored time that is not a time (another writer's)
+    makes a cursor after every time: the pages end there."""
     t = doc.get("time")
     if not isinstance(t, datetime):
-        return None
-    if t.tzinfo is None:
+        t = datetime.min.replace(tzinfo=UTC)
+    elif t.tzinfo is None:
         t = t.replace(tzinfo=UTC)
     oid = doc["_id"]
     raw = {"t": t.isoformat(), "i": str(oid), "o": isinstance(oid, ObjectId)}
@@ -85,14 +85,12 @@ _SCALARS = (str, int, bool, type(None))
 
 
 def log_out(doc: dict[str, Any]) -> dict[str, Any]:
-    """A stored log document as the API shows it, whatever was stored: values JSON can
-    carry (times as ISO 8601, other BSON types as text), nesting cut at
+    """A stored log document as the API shows it, whatever was stored: ``time`` an aware
+    datetime (None when the stored one is not a time), every other value one JSON can
+    carry (times in metadata as ISO 8601, other BSON types as text), nesting cut at
     :data:`SHOWN_DEPTH`, metadata that is not an object under ``value``."""
     t = doc.get("time")
-    if isinstance(t, datetime):
-        time: str | None = (t if t.tzinfo else t.replace(tzinfo=UTC)).isoformat()
-    else:
-        time = None
+    time = (t if t.tzinfo else t.replace(tzinfo=UTC)) if isinstance(t, datetime) else None
     meta = doc.get("metadata")
     if meta is not None and not isinstance(meta, dict):
         meta = {"value": meta}

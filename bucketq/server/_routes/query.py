@@ -57,9 +57,12 @@ async def read_logs(
         ) from exc
     page = docs[:limit]
     nxt = _query.encode_cursor(page[-1]) if len(docs) > limit else None
-    body = {"logs": [_query.log_out(d) for d in page], "next_cursor": nxt}
+    logs = [_query.log_out(d) for d in page]
     # Rendered here, not by the response model: stored data (written by any client of
     # the database) must not make a read fail; log_out made every value JSON.
+    for rec in logs:
+        rec["time"] = rec["time"].isoformat() if rec["time"] is not None else None
+    body = {"logs": logs, "next_cursor": nxt}
     try:
         text = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     except UnicodeEncodeError:  # a lone surrogate stored by another writer
