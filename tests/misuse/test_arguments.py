@@ -198,10 +198,11 @@ async def test_remove_with_a_negative_index_loses_nothing(bucket_kind):
             await resolve(q.remove(f"{bucket}.{bad}"))
     assert await resolve(q.remove(f"{bucket}.6")) is False  # past the end: nothing there
     got = []
-    while (m := await resolve(q.reserve(timeout=2))) is not None:
+    while len(got) < 6 and (m := await resolve(q.reserve(timeout=10))) is not None:
         got.append(m.payload)
         await resolve(q.commit(m))
     assert sorted(got) == list(range(6))
+    assert await resolve(q.reserve(timeout=0)) is None
 
 
 # -- the stream ---------------------------------------------------------------------------

@@ -178,8 +178,8 @@ async def _drain_serves_sync(f):
     served = [m.payload["i"]]
     q.commit(m)
 
-    def consumer():
-        while (m := q.reserve(timeout=1)) is not None:
+    def consumer():  # ends with the 20th item, or when drain() gave up on the rest
+        while len(served) < 20 and (m := q.reserve(timeout=10)) is not None:
             served.append(m.payload["i"])
             q.commit(m)
             time.sleep(0.01)
