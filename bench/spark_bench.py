@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Items/s from bucketq queues into Parquet through the ``bucketq`` Spark data source
-on local[2], beside Spark's own floors for the same rows.
+on local[2] (or a standalone cluster), beside Spark's own floors for the same rows.
 
     python bench/spark_bench.py --repeat 3      # 100,000 items, medians of 3 runs
     python bench/spark_bench.py --quick         # 20,000 items
     python bench/spark_bench.py --json out.json --mongodb-uri mongodb://...
+    python bench/spark_bench.py --master spark://127.0.0.1:7077 --conf spark.executor.memory=512m
 
 Contenders, run one after the other in ONE process against ONE server, ``--repeat``
 times (each run with new queues, a new checkpoint and new output):
@@ -272,7 +273,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true", help="20,000 items")
     ap.add_argument("--repeat", type=int, default=1, help="runs; medians are printed")
     ap.add_argument("--mongodb-uri", default=None)
-    ap.add_argument("--master", default="local[2]")
+    ap.add_argument(
+        "--master", default="local[2]", help="local[N] or a standalone cluster's spark://host:port"
+    )
+    ap.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable), e.g. spark.executor.memory=512m on a cluster",
+    )
     ap.add_argument(
         "--max-rows", type=int, default=None, help="maxRowsPerTrigger (default: the source's)"
     )
@@ -287,7 +297,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
 
     from bucketq.embedded import mongodb
-    from bucketq.spark import register
+    from bucketq.spark import prepare_session, register
 
     tmp = Path(tempfile.mkdtemp(prefix="bucketq-spark-bench-"))
     runs: list[dict[str, Any]] = []
@@ -299,13 +309,18 @@ def main(argv: list[str]) -> int:
         client = MongoClient(uri)
         db = client["bucketq_spark_bench"]
         client.drop_database(db.name)
-        spark = (
+        builder = (
             SparkSession.builder.master(args.master)
             .appName("bucketq-spark-bench")
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
         )
+        settings = prepare_session(args.master)
+        settings.update(kv.split("=", 1) for kv in args.conf)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
         spark.dataSource.register(ArrowFileSource)
@@ -334,6 +349,7 @@ def main(argv: list[str]) -> int:
         "pymongo": pymongo.version,
         "server": server,
         "master": args.master,
+        "conf": args.conf,
         "n": n,
         "repeat": args.repeat,
         "payload_bytes": round(sum(len(json.dumps(p)) for p in payloads(1000)) / 1000),

@@ -7,13 +7,17 @@
     df = spark.read.format("bucketq").option("uri", uri).option("queue", "events").load()
 
 See docs/spark.md for the options, the streaming read and the exactly-once writes.
+:func:`prepare_session` gives the settings bucketq's own sessions use (loopback binding
+for a local master, Python workers that import the compiled pyspark).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BucketQDataSource", "register"]
+from ._session import prepare_session
+
+__all__ = ["BucketQDataSource", "prepare_session", "register"]
 
 
 def _need_pyspark() -> None:

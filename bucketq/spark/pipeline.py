@@ -23,10 +23,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-LOG_SCHEMA = "ts TIMESTAMP, project STRING, service STRING, level STRING, message STRING"
+#: A record's fields as ``bucketq serve`` tees them. ``metadata`` is an object of any shape
+#: (numbers, nested objects, an exception): read as STRING, Spark keeps its JSON text, so
+#: no field or type is lost and records with different keys share one column (query it
+#: with ``get_json_object(metadata, '$.order')`` or ``from_json`` with your schema).
+LOG_SCHEMA = (
+    "ts TIMESTAMP, project STRING, service STRING, level STRING, message STRING, "
+    "metadata STRING, trace_id STRING, span_id STRING"
+)
 PROJECTS = ("acme", "globex", "initech")
 SERVICES = ("api", "worker", "billing", "auth")
 LEVELS = ("debug", "info", "info", "info", "warn", "error")
+REGIONS = ("eu", "us")
 
 
 def fake_logs(n: int, seed: int = 1, start: datetime | None = None) -> list[dict[str, Any]]:
@@ -40,23 +48,33 @@ def fake_logs(n: int, seed: int = 1, start: datetime | None = None) -> list[dict
             "service": rng.choice(SERVICES),
             "level": rng.choice(LEVELS),
             "message": f"request {i} took {rng.randint(1, 900)} ms",
+            "metadata": {"request": i, "region": rng.choice(REGIONS)},
         }
         for i in range(n)
     ]
 
 
-def build_session(master: str = "local[*]", shuffle_partitions: int = 2) -> Any:
+def build_session(
+    master: str = "local[*]", shuffle_partitions: int = 2, bind_address: str | None = None
+) -> Any:
+    """The pipeline's session: bound to 127.0.0.1 for a local master unless
+    ``bind_address`` (or ``$SPARK_LOCAL_IP``) says otherwise; no console progress bar
+    (the pipeline prints its own lines)."""
     from pyspark.sql import SparkSession
 
     from . import register
+    from ._session import prepare_session
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("bucketq-pipeline")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .getOrCreate()
     )
+    for key, value in prepare_session(master, bind_address).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
@@ -138,7 +156,7 @@ def run(args: argparse.Namespace, uri: str) -> int:
     from pyspark.sql import SparkSession
 
     owned = SparkSession.getActiveSession() is None  # reuse a caller's session, never stop it
-    spark = build_session(args.master)
+    spark = build_session(args.master, bind_address=args.bind_address)
     try:
         query = start_query(
             spark, uri, args.database, args.queue, out, trigger=args.trigger, max_rows=args.max_rows
@@ -205,6 +223,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="rows per micro-batch at most (default: the source's maxRowsPerTrigger, 1,000,000)",
     )
     p.add_argument("--master", default="local[*]")
+    p.add_argument(
+        "--bind-address",
+        default=None,
+        help="address Spark's driver binds to (default: $SPARK_LOCAL_IP, else 127.0.0.1 "
+        "for a local master, else Spark's choice)",
+    )
     return p
 
 

@@ -11,10 +11,6 @@ import subprocess
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-# Spark binds to the host's address, and on a loaded machine its Python workers then
-# fail to connect back to the JVM; loopback always answers. The query processes the
-# tests start inherit it.
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def _missing(reason: str) -> None:
@@ -48,23 +44,39 @@ except ImportError:
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
+#: An application's settings on the test cluster (tests/spark/test_cluster.py): one
+#: executor of one core and 512 MiB on each of its two workers.
+CLUSTER_APP = {
+    "spark.executor.cores": "1",
+    "spark.cores.max": "2",
+    "spark.executor.memory": "512m",
+    "spark.executor.extraJavaOptions": JVM_OPTIONS,
+}
+
+
 def spark_session(app: str, master: str = "local[2,2]"):
+    """A session as bucketq's own are built (bound to loopback, Python workers importing
+    the compiled pyspark: bucketq/spark/_session.py says why); ``local[2,2]`` is
+    local[2] with a failed task retried once."""
     from pyspark.sql import SparkSession
 
-    from bucketq.spark import register
+    from bucketq.spark import prepare_session, register
 
-    spark = (
-        SparkSession.builder.master(
-            master
-        )  # local[2, maxFailures=2]: a failed task is retried once
+    builder = (
+        SparkSession.builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
-        .getOrCreate()
     )
+    if master.startswith("spark://"):  # the standalone cluster: one small executor per worker
+        for key, value in CLUSTER_APP.items():
+            builder = builder.config(key, value)
+    for key, value in prepare_session(master).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark

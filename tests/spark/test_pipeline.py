@@ -3,6 +3,9 @@ and day, and per-minute counts per service and level."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from bucketq import cli
@@ -40,6 +43,13 @@ def test_pipeline_streams_logs_into_partitioned_parquet_with_counts(
             "2025-01-01",
             "2025-01-02",
         }
+        # each record's metadata as its JSON text (nothing of it dropped)
+        meta = {
+            int(re.match(r"request (\d+) ", r.message)[1]): json.loads(r.metadata)
+            for r in logs.select("message", "metadata").collect()
+        }
+        assert sorted(meta) == list(range(3000))
+        assert all(m["request"] == i and m["region"] in ("eu", "us") for i, m in meta.items())
         counts = spark.read.parquet(str(out / "counts"))
         assert counts.groupBy().sum("count").first()[0] == 3000
         expected = {(r.minute, r.service, r.level): r["count"] for r in counts.collect()}
