@@ -88,6 +88,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: of the suite (its ~2.5 minutes were then the run's last). Other units follow, the
 #: ones with more tests first (xdist's own default).
 LONGEST_FIRST = (
+    "spark-cluster",
     "spark-restarts",
     "spark",
     "bench-run",

@@ -1,20 +1,60 @@
 """A streaming query the Spark tests run in their own process and SIGKILL mid-run.
 
-python spark_worker.py parquet URI DB QUEUE OUT CHECKPOINT [MAX_ROWS [HOLD_AFTER FLAG]]
-python spark_worker.py copy URI DB QUEUE TARGET CHECKPOINT [MAX_ROWS]
+python spark_worker.py [--master URL] parquet URI DB QUEUE OUT CHECKPOINT [MAX_ROWS [HOLD_AFTER FLAG]]
+python spark_worker.py [--master URL] copy URI DB QUEUE TARGET CHECKPOINT [MAX_ROWS]
+python spark_worker.py [--master URL] drain URI DB QUEUE OUT CHECKPOINT [MAX_ROWS]
 
 With HOLD_AFTER, the task that meets a seq past it creates FLAG and waits there (the
-query is held inside that micro-batch until it is killed).
+query is held inside that micro-batch until it is killed). ``drain`` runs the parquet
+query until the queue is drained, stops it and prints the stored rows (what Spark reads
+back from OUT: ``[seq, index, payload]`` as JSON) on its last line. ``--master``
+defaults to local[2].
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import spark_session
+
+
+def committed_batches(checkpoint: Path) -> int:
+    d = checkpoint / "commits"
+    return len([p for p in d.iterdir() if p.name.isdigit()]) if d.exists() else 0
+
+
+def kill_when(args: list[str], log: Path, until, what: str, timeout: float = 240,
+              env: dict[str, str] | None = None) -> None:  # fmt: skip
+    """Run ``spark_worker.py args`` (a streaming query in a process and JVM of its own),
+    wait for ``until()``, then SIGKILL the process and its JVM. A query that dies fails
+    the test at once, one that hangs after ``timeout`` seconds, each with its log."""
+    from waiting import eventually  # tests/ is on the test process's path, not the query's
+
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, __file__, *args], stdout=out,
+                             stderr=subprocess.STDOUT, start_new_session=True, env=env)  # fmt: skip
+    try:
+
+        def ready() -> bool:
+            assert p.poll() is None, f"the streaming query died (exit {p.returncode})"
+            return until()
+
+        try:
+            eventually(ready, timeout=timeout, interval=0.1, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its log:\n{log.read_text()[-3000:]}") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone if it died
+            os.killpg(p.pid, signal.SIGKILL)  # the whole group: its JVM too
+        p.wait()
 
 
 def hold_past(after: int, flag: str):
@@ -70,10 +110,27 @@ def start(spark, mode, uri, db, queue, out, checkpoint, *, max_rows=200, availab
     return w.trigger(processingTime="200 milliseconds").start()
 
 
+def drain(spark, uri, db, queue, out, checkpoint, max_rows):
+    q = start(spark, "parquet", uri, db, queue, out, checkpoint, max_rows=max_rows)
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    rows = spark.read.parquet(out).select("seq", "index", "payload").collect()
+    print(json.dumps([[r.seq, r["index"], r.payload] for r in rows]))
+
+
 if __name__ == "__main__":
-    mode, uri, db, queue, out, checkpoint = sys.argv[1:7]
-    max_rows = int(sys.argv[7]) if len(sys.argv) > 7 else 200
-    hold = (int(sys.argv[8]), sys.argv[9]) if len(sys.argv) > 9 else None
-    spark = spark_session("bucketq-killed-query", "local[2]")
-    q = start(spark, mode, uri, db, queue, out, checkpoint, max_rows=max_rows, hold=hold)
-    q.awaitTermination()
+    argv = sys.argv[1:]
+    master = "local[2]"
+    if argv[0] == "--master":
+        master, argv = argv[1], argv[2:]
+    mode, uri, db, queue, out, checkpoint = argv[:6]
+    max_rows = int(argv[6]) if len(argv) > 6 else 200
+    hold = (int(argv[7]), argv[8]) if len(argv) > 8 else None
+    spark = spark_session("bucketq-killed-query", master)
+    if mode == "drain":
+        drain(spark, uri, db, queue, out, checkpoint, max_rows)
+    else:
+        q = start(spark, mode, uri, db, queue, out, checkpoint, max_rows=max_rows, hold=hold)
+        q.awaitTermination()

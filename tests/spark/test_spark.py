@@ -4,23 +4,19 @@ streaming writes with a failing task and a replayed micro-batch (no duplicates).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from spark_worker import committed_batches, kill_when
 
 from bucketq.bucket.codec import decode_items
 from bucketq.queue import Queue
 from bucketq.spark import _ops as ops
 from bucketq.spark.source import BucketQDataSource
 from bucketq.stream import StreamQueue
-from waiting import eventually
 
 pytestmark = pytest.mark.spark
 
@@ -191,41 +187,13 @@ def test_batch_write_of_100k_rows_lands_exactly_100k_items_despite_a_failed_task
     assert items[5] == {"id": items[5]["id"], "name": f"row-{items[5]['id']}"}
 
 
-def _committed_batches(checkpoint: Path) -> int:
-    d = checkpoint / "commits"
-    return len([p for p in d.iterdir() if p.name.isdigit()]) if d.exists() else 0
-
-
-def _kill_when(args: list[str], log: Path, until, what: str, timeout: float = 240) -> None:
-    """Run ``spark_worker.py args`` (a streaming query in a process and JVM of its own),
-    wait for ``until()``, then SIGKILL the process and its JVM. A query that dies fails
-    the test at once, one that hangs after ``timeout`` seconds, each with its log."""
-    with open(log, "w") as out:
-        p = subprocess.Popen([sys.executable, WORKER, *args], stdout=out,
-                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
-
-        def ready() -> bool:
-            assert p.poll() is None, f"the streaming query died (exit {p.returncode})"
-            return until()
-
-        try:
-            eventually(ready, timeout=timeout, interval=0.1, what=what)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; its log:\n{log.read_text()[-3000:]}") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the group is gone if it died
-            os.killpg(p.pid, signal.SIGKILL)  # the whole group: its JVM too
-        p.wait()
-
-
 def _run_killed(mode, uri, db_name, queue, out, checkpoint, min_batches):
     checkpoint.mkdir(parents=True)
-    _kill_when([mode, uri, db_name, queue, str(out), str(checkpoint)],
+    kill_when([mode, uri, db_name, queue, str(out), str(checkpoint)],
                checkpoint.with_suffix(".log"),
-               lambda: _committed_batches(checkpoint) >= min_batches,
+               lambda: committed_batches(checkpoint) >= min_batches,
                f"{min_batches} committed batches")  # fmt: skip
-    return _committed_batches(checkpoint)
+    return committed_batches(checkpoint)
 
 
 @RESTARTS
@@ -319,13 +287,13 @@ def test_available_now_after_a_query_killed_in_its_third_micro_batch_reads_all_o
     flag = tmp_path / "holding"
     # 2,000 rows (20 buckets) per batch: the third batch (id 2) is the first past seq 40.
     try:
-        _kill_when(["parquet", mongo_uri, db_name, "logs", str(out), str(ckpt), "2000", "40",
+        kill_when(["parquet", mongo_uri, db_name, "logs", str(out), str(ckpt), "2000", "40",
                     str(flag)], tmp_path / "query.log", flag.exists,
                    "the third micro-batch running")  # fmt: skip
     finally:
         flag.unlink(missing_ok=True)
     planned = sorted(int(f.name) for f in (ckpt / "offsets").iterdir() if f.name.isdigit())
-    assert planned == [0, 1, 2] and _committed_batches(ckpt) == 2, "killed inside batch 2"
+    assert planned == [0, 1, 2] and committed_batches(ckpt) == 2, "killed inside batch 2"
     assert q.position()["acked"] == 40, "batches 0 and 1 acknowledged when batch 2 started"
 
     query = start(spark, "parquet", mongo_uri, db_name, "logs", str(out), str(ckpt),
@@ -342,4 +310,4 @@ def test_available_now_after_a_query_killed_in_its_third_micro_batch_reads_all_o
         f"{30_000 - len(got)} items unread, {sum(c > 1 for c in got.values())} read twice"
     )
     assert len({(r.seq, r["index"]) for r in rows}) == 30_000
-    assert _committed_batches(ckpt) >= 15
+    assert committed_batches(ckpt) >= 15

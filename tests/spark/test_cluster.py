@@ -1,0 +1,194 @@
+"""The data source on Spark's own standalone cluster: a master and two workers, each a
+process of its own (started from the installed pyspark, bound to 127.0.0.1), one
+executor per worker. `bucketq pipeline --master spark://...` and a streaming query
+SIGKILLed and restarted from its checkpoint run their drivers in processes of their own,
+as a user's would, and their tasks on the two workers' executors.
+
+One cluster for the module (the xdist group keeps its tests on one worker, so it starts
+once); no local session is started in this process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import CLUSTER_APP, JVM_OPTIONS
+from spark_worker import committed_batches, kill_when
+
+from bucketq.stream import StreamQueue
+from waiting import eventually
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark-cluster")]
+
+WORKER = str(Path(__file__).with_name("spark_worker.py"))
+#: A whole driver's run (its JVM, two executors, the query): a generous bound, never
+#: waited, under pytest's own 300 s so that a run that hangs fails with its output.
+RUN_TIMEOUT = 240
+
+
+def run_driver(args: list[str]) -> subprocess.CompletedProcess:
+    """Run a driver process to its end; a run that hangs fails with what it printed."""
+    try:
+        return subprocess.run(args, capture_output=True, text=True, env=driver_env(),
+                              timeout=RUN_TIMEOUT)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        said = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(
+            errors="replace"
+        )
+        raise AssertionError(
+            f"{args[1:4]} still running after {RUN_TIMEOUT} s:\n{said[-4000:]}"
+        ) from None
+
+
+class Cluster:
+    """A standalone master and two workers (``spark-class``), stopped with their executors."""
+
+    def __init__(self, home: Path, logs: Path) -> None:
+        self.home, self.logs = home, logs
+        self.procs: list[subprocess.Popen] = []
+        self.work = [logs / "work-1", logs / "work-2"]
+        self.url = ""
+
+    def _start(self, name: str, *args: str) -> Path:
+        log = self.logs / f"{name}.log"
+        env = dict(
+            os.environ,
+            SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_DAEMON_MEMORY="256m",
+            SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS,
+            SPARK_NO_DAEMONIZE="1",
+        )
+        with open(log, "w") as out:
+            self.procs.append(
+                subprocess.Popen(
+                    [str(self.home / "bin" / "spark-class"), *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )  # fmt: skip
+            )
+        return log
+
+    def _wait_log(self, log: Path, pattern: str, what: str) -> re.Match:
+        def seen() -> re.Match | None:
+            assert all(p.poll() is None for p in self.procs), f"{what}: a process exited"
+            return re.search(pattern, log.read_text())
+
+        try:
+            return eventually(seen, timeout=120, interval=0.1, what=what)
+        except AssertionError as exc:
+            tails = "\n".join(
+                f"--- {p.name}\n{p.read_text()[-2000:]}" for p in self.logs.glob("*.log")
+            )
+            raise AssertionError(f"{exc}\n{tails}") from None
+
+    def start(self) -> Cluster:
+        master = self._start("master", "org.apache.spark.deploy.master.Master",
+                             "--host", "127.0.0.1", "--port", "0", "--webui-port", "0")  # fmt: skip
+        m = self._wait_log(master, r"Starting Spark master at (spark://127\.0\.0\.1:\d+)",
+                           "the master listening")  # fmt: skip
+        self.url = m[1]
+        for i, work in enumerate(self.work, 1):
+            work.mkdir()
+            self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", self.url,
+                        "--host", "127.0.0.1", "--cores", "1", "--memory", "768m",
+                        "--webui-port", "0", "--work-dir", str(work))  # fmt: skip
+        self._wait_log(
+            master, r"(?s)(Registering worker 127\.0\.0\.1.*){2}", "two workers registered"
+        )
+        return self
+
+    def stop(self) -> None:
+        for p in self.procs:  # each group: the worker's executors too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def apps_ran_on(self) -> list[int]:
+        """How many applications each worker ran executors for (their work directories)."""
+        return [len(list(w.glob("app-*"))) for w in self.work]
+
+
+@pytest.fixture(scope="module")
+def cluster(java, tmp_path_factory):
+    import pyspark
+
+    c = Cluster(Path(pyspark.__file__).parent, tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+def driver_env() -> dict[str, str]:
+    """A driver process's environment: the cluster's executor settings and small JVMs
+    through ``PYSPARK_SUBMIT_ARGS`` (what spark-submit's ``--conf`` would say)."""
+    conf = " ".join(f"--conf {k}={v}" for k, v in CLUSTER_APP.items() if "Java" not in k)
+    opts = f'--driver-java-options "{JVM_OPTIONS}" --conf "spark.executor.extraJavaOptions={JVM_OPTIONS}"'
+    return dict(os.environ, PYSPARK_SUBMIT_ARGS=f"{conf} {opts} pyspark-shell")
+
+
+def test_pipeline_runs_on_a_standalone_cluster(cluster, mongo_uri, mongo_client, db_name, tmp_path):
+    out = tmp_path / "out"
+    before = cluster.apps_ran_on()
+    try:
+        run = run_driver(
+            [sys.executable, "-m", "bucketq", "pipeline", "--master", cluster.url, "--uri", mongo_uri,
+             "--database", db_name, "--generate", "3000", "--out", str(out), "--trigger", "0 seconds"]
+        )  # fmt: skip
+    finally:
+        mongo_client.drop_database(db_name)
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said[-4000:]
+    lines = run.stdout.splitlines()
+    assert any(
+        re.fullmatch(r"streamed into .*: 3000 records in total; ran .* s", x) for x in lines
+    ), "the summary is a line of its own: " + run.stdout
+    assert {p.name for p in (out / "logs").iterdir() if p.name.startswith("project=")} == {
+        "project=acme",
+        "project=globex",
+        "project=initech",
+    }
+    assert [a - b for a, b in zip(cluster.apps_ran_on(), before, strict=True)] == [1, 1], (
+        "the application's executors ran on both workers"
+    )
+
+
+def test_streaming_query_killed_and_restarted_on_a_standalone_cluster_is_exactly_once(
+    cluster, db, mongo_uri, db_name, tmp_path
+):
+    q = StreamQueue(db, "logs", bucket_max_size=50, bucket_max_wait=0.05)
+    pushed = [{"n": i} for i in range(3000)]
+    q.push_many(pushed[:2000], durable=True)  # 40 buckets; 200 rows per trigger
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    ckpt.mkdir()
+    kill_when(["--master", cluster.url, "parquet", mongo_uri, db_name, "logs", str(out), str(ckpt)],
+              tmp_path / "killed.log", lambda: committed_batches(ckpt) >= 3,
+              "3 committed batches on the cluster", env=driver_env())  # fmt: skip
+    assert committed_batches(ckpt) >= 3
+    q.push_many(pushed[2000:], durable=True)  # more arrive while it is down
+    run = run_driver(
+        [sys.executable, WORKER, "--master", cluster.url, "drain", mongo_uri, db_name, "logs",
+         str(out), str(ckpt), "1000"]
+    )  # fmt: skip
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    assert Counter(json.loads(p)["n"] for _, _, p in rows) == Counter(range(3000)), (
+        "each item exactly once"
+    )
+    assert len({(s, i) for s, i, _ in rows}) == 3000
+    assert q.position()["acked"] >= 40
