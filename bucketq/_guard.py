@@ -7,6 +7,9 @@ itself. Anything else is a bug or a surprise, and must not end the loop: a
 once per distinct failure (the same failure again is logged at debug level, so an
 outage does not flood the log), and says how long to back off (bounded) before the
 loop goes on. Only ``close()`` ends a loop.
+
+:func:`backoff` is the one back-off every retry uses (inserts, claims, the change-stream
+watcher, the reservoir's records, these loops).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, MutableMapping
+from contextlib import nullcontext
 from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
-__all__ = ["DEFAULT_GUARD_BASE", "DEFAULT_GUARD_CAP", "LoopGuard"]
+__all__ = ["DEFAULT_GUARD_BASE", "DEFAULT_GUARD_CAP", "LoopGuard", "backoff"]
 
 #: The first back-off after an unexpected failure (seconds); it doubles on each one.
 DEFAULT_GUARD_BASE = 0.1
@@ -30,6 +35,26 @@ RESET_AFTER = 60.0
 _SEEN = 64
 
 
+def backoff(
+    attempt: int,
+    base: float,
+    cap: float,
+    rng: Callable[[], float] = random.random,
+    *,
+    full_jitter: bool = False,
+) -> float:
+    """Seconds to wait after failed try ``attempt`` (1, 2, ...): ``base`` doubled per
+    attempt, at most ``cap``, with jitter. Two rules, each for a reason: "equal" jitter
+    (the default: half fixed, half random) never comes back sooner than half the delay, so
+    a failed record or loop does not return at once; "full" jitter (``full_jitter``: uniform
+    from 0) spreads many writers or consumers contending for one collection the most
+    (bucket inserts, claims, change streams)."""
+    ceiling = min(cap, base * 2 ** min(max(attempt - 1, 0), 32))
+    if full_jitter:
+        return rng() * ceiling
+    return ceiling / 2 + rng() * ceiling / 2
+
+
 @dataclass(eq=False)
 class LoopGuard:
     """One per loop. ``failed(exc)`` counts and logs ``exc`` and returns the back-off."""
@@ -38,6 +63,10 @@ class LoopGuard:
     stats: MutableMapping[str, int]
     log: logging.Logger
     _: KW_ONLY
+    #: The key of ``stats`` that counts the failures.
+    counter: str = "loop_errors"
+    #: Held while counting, when ``stats`` is shared by threads.
+    lock: Any = None
     base: float = DEFAULT_GUARD_BASE
     cap: float = DEFAULT_GUARD_CAP
     clock: Callable[[], float] = time.monotonic
@@ -50,8 +79,7 @@ class LoopGuard:
 
     def delay(self) -> float:
         """The back-off for the current attempt: half fixed, half jittered, at most ``cap``."""
-        d = min(self.cap, self.base * 2 ** min(self.attempt - 1, 30))
-        return d / 2 + self.rng() * d / 2
+        return backoff(self.attempt, self.base, self.cap, self.rng)
 
     def failed(self, exc: BaseException) -> float:
         now = self.clock()
@@ -59,7 +87,8 @@ class LoopGuard:
             self.attempt = 0
         self._last = now
         self.attempt += 1
-        self.stats["loop_errors"] = self.stats.get("loop_errors", 0) + 1
+        with self.lock or nullcontext():
+            self.stats[self.counter] = self.stats.get(self.counter, 0) + 1
         wait = self.delay()
         key = (type(exc).__qualname__, str(exc)[:200])
         if key in self._seen:
@@ -70,9 +99,10 @@ class LoopGuard:
             if len(self._seen) > _SEEN:
                 self._seen.popitem(last=False)
             self.log.error(
-                "%s failed unexpectedly; it goes on in %.2f s (counted in stats()['loop_errors'])",
+                "%s failed unexpectedly; it goes on in %.2f s (counted in stats()[%r])",
                 self.what,
                 wait,
+                self.counter,
                 exc_info=exc,
             )
         return wait

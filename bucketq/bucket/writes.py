@@ -1,13 +1,12 @@
 """The outcome of a write and whether to try it again: bulk write errors, an
-unconfirmed write concern, transient errors and the backoff between tries; and the
+unconfirmed write concern, transient errors (the back-off between tries is
+``bucketq._guard.backoff``); and the
 change-stream watcher's (``_async/wake.py``): a server without change streams, and its
 timings.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,13 +59,6 @@ def insert_outcome(exc: BaseException, ids: list[Any]) -> InsertOutcome | None:
     if isinstance(exc, WriteConcernError):
         return InsertOutcome([], set(), True)
     return None
-
-
-def backoff(
-    attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random
-) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
-    return rng() * min(cap, base * (2 ** min(attempt, 32)))
 
 
 def write_concern_unconfirmed(kind: str, name: str, exc: BaseException) -> BaseException:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._deps import require
+from .._guard import backoff
 
 #: The record kinds the buffer carries, with the storage method each one goes to.
 KINDS = ("log", "span", "metric")
@@ -70,10 +71,9 @@ def retry_delay(
     attempts: int, base: float, cap: float, rng: Callable[[], float] = random.random
 ) -> float:
     """Seconds to wait before delivering a record again after its ``attempts``-th failure:
-    exponential from ``base``, capped at ``cap``, with "equal jitter" (half fixed, half
-    random) so retries spread out but never come back at once."""
-    ceiling = min(cap, base * (2 ** min(max(attempts - 1, 0), 32)))
-    return ceiling / 2 + rng() * ceiling / 2
+    the one back-off (:func:`bucketq._guard.backoff`: exponential from ``base``, capped at
+    ``cap``, "equal jitter"), so retries spread out but never come back at once."""
+    return backoff(attempts, base, cap, rng)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._guard import LoopGuard
 from ._options import DRAIN_BATCH_SIZE, DRAIN_START_PERCENT, DRAIN_STOP_PERCENT, LOGGER_NAME, Config
 from ._policy import DOWN, OK, REFUSED, RETRY, Outcome, should_start_drain, should_stop_drain
 from ._queue import SafeQueue
@@ -168,6 +169,9 @@ class Processor:
         }
         self._lost: dict[str, int] = {}
         self.last_error = ""
+        # Drains and replays are threads that come and go: one guard each across them.
+        self._drain_guard = self._guard("drain worker")
+        self._replay_guard = self._guard("replay")
 
     def _start(self) -> None:
         for i in range(self.cfg.workers):
@@ -385,6 +389,7 @@ class Processor:
     def _worker_loop(self) -> None:
         sender = Sender(self.cfg)
         cfg = self.cfg
+        guard = self._guard("worker")
         try:
             while not self._stop.is_set():
                 try:
@@ -396,12 +401,13 @@ class Processor:
                                                  fill_wait=cfg.batch_wait)  # fmt: skip
                     if batch:
                         self._send_items(sender, batch, drain=False)
-                except Exception:  # noqa: BLE001 - _went_wrong logs it with its traceback
-                    self._went_wrong("worker")
+                except Exception as exc:  # noqa: BLE001 - the guard logs it with its traceback
+                    self._stop.wait(guard.failed(exc))
         finally:
             sender.close()
 
     def _monitor_loop(self) -> None:
+        guard = self._guard("monitor")
         while not self._stop.is_set():
             try:
                 self._wake.wait(_MONITOR_TICK)
@@ -426,15 +432,15 @@ class Processor:
                 ):
                     self._replay_wanted = False
                     self._replay_thread = self._spawn(self._replay, "replay")
-            except Exception:  # noqa: BLE001 - _went_wrong logs it with its traceback
-                self._went_wrong("monitor")
+            except Exception as exc:  # noqa: BLE001 - the guard logs it with its traceback
+                self._stop.wait(guard.failed(exc))
 
-    def _went_wrong(self, loop: str) -> None:
-        """What a long-running loop does with a failure it did not expect (inside its
-        ``except``): count it, log it with its traceback, pause briefly, go on."""
-        self._count("worker_errors")
-        log.exception("bucketq.sdk %s error; going on", loop)
-        self._stop.wait(0.1)
+    def _guard(self, loop: str) -> LoopGuard:
+        """What a background thread does with a failure it did not expect, as every
+        bucketq loop does (``bucketq._guard``): count it (``stats()["worker_errors"]``),
+        log it with its traceback once per distinct failure, and back off (bounded)."""
+        return LoopGuard(f"bucketq.sdk {loop}", self.counters, log,
+                         counter="worker_errors", lock=self._lock)  # fmt: skip
 
     def _maybe_drain(self) -> None:
         running = self._drain_thread is not None and self._drain_thread.is_alive()
@@ -457,12 +463,12 @@ class Processor:
                     break
                 if self._send_items(sender, batch, drain=True) != OK:
                     break
-        except Exception:
-            self._count("worker_errors")
-            log.exception("bucketq.sdk drain worker error")
+        except Exception as exc:  # noqa: BLE001 - the guard logs it; the monitor starts another
+            self._drain_guard.failed(exc)
 
     def _health_loop(self) -> None:
         sender = Sender(self.cfg)
+        guard = self._guard("health probe")
         interval = self.cfg.health_interval
         wake = self._health_wake
         try:
@@ -488,8 +494,8 @@ class Processor:
                             if ep is self.primary:
                                 self._replay_wanted = True
                     self._stop.wait(next_probe)
-                except Exception:  # noqa: BLE001 - _went_wrong logs it with its traceback
-                    self._went_wrong("health probe")
+                except Exception as exc:  # noqa: BLE001 - the guard logs it with its traceback
+                    self._stop.wait(guard.failed(exc))
         finally:
             sender.close()
 
@@ -523,11 +529,9 @@ class Processor:
                 # Went away again, or someone was still writing: try again when it is up.
                 self._replay_wanted = True
                 self._stop.wait(0.5)
-        except Exception:
-            self._count("worker_errors")
+        except Exception as exc:  # noqa: BLE001 - the guard logs it; the monitor tries again
             self._replay_wanted = True
-            log.exception("bucketq.sdk replay error; will try again")
-            self._stop.wait(1.0)
+            self._stop.wait(self._replay_guard.failed(exc))
         finally:
             sender.close()
 

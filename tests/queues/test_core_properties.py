@@ -7,12 +7,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pymongo import DeleteOne, UpdateOne
 
+from bucketq._guard import backoff
 from bucketq.bucket import item_id, not_leased, parse_item_id
 from bucketq.bucket.codec import encode_item
 from bucketq.bucket.options import BUCKET_OVERHEAD, QueueOptions
 from bucketq.bucket.packing import OpenBucket, Packer
 from bucketq.bucket.times import to_datetime
-from bucketq.bucket.writes import backoff, may_retry
+from bucketq.bucket.writes import may_retry
 from bucketq.queue._core.claims import claim_request
 from bucketq.queue._core.counts import ready_filter
 from bucketq.queue._core.held import HeldBucket, needs_renewal, plan_flush, state_write
@@ -154,8 +155,10 @@ def test_held_bucket_state_stays_consistent(n, script):
 @given(st.integers(0, 60), st.floats(0.01, 2), st.floats(0.1, 60))
 def test_backoff_is_bounded(attempt, base, cap):
     for r in (0.0, 0.5, 0.999):
-        d = backoff(attempt, base, cap, rng=lambda r=r: r)
-        assert 0 <= d <= min(cap, base * 2 ** min(attempt, 32))
+        for full in (False, True):
+            d = backoff(attempt, base, cap, rng=lambda r=r: r, full_jitter=full)
+            ceiling = min(cap, base * 2 ** min(max(attempt - 1, 0), 32))
+            assert (0 if full else ceiling / 2) <= d <= ceiling
 
 
 @given(st.floats(0.3, 600), st.floats(0, 600))

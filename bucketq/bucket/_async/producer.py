@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _validate as v
+from ..._guard import backoff
 from ...errors import QueueFull
 from .. import deadline as deadlines
 from .. import document, options, packing, writes
@@ -279,7 +280,7 @@ class AsyncProducer:
         )
 
     async def backoff(self, attempt: int, deadline: float) -> None:
-        delay = writes.backoff(attempt, self._opts.retry_base, self._opts.retry_cap)
+        delay = backoff(attempt, self._opts.retry_base, self._opts.retry_cap, full_jitter=True)
         await async_sleep(deadlines.backoff_within(delay, deadline, _now()))
 
     async def insert(self, col: Any, docs: list[dict[str, Any]]) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _validate as v
+from ..._guard import backoff
 from ...errors import QueueFull
 from .. import deadline as deadlines
 from .. import document, options, packing, writes
@@ -277,7 +278,7 @@ class Producer:
         )
 
     def backoff(self, attempt: int, deadline: float) -> None:
-        delay = writes.backoff(attempt, self._opts.retry_base, self._opts.retry_cap)
+        delay = backoff(attempt, self._opts.retry_base, self._opts.retry_cap, full_jitter=True)
         sleep(deadlines.backoff_within(delay, deadline, _now()))
 
     def insert(self, col: Any, docs: list[dict[str, Any]]) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 from pymongo.errors import InvalidOperation, PyMongoError
 
+from ..._guard import backoff
 from .. import writes
 from ..concurrency import Mutex, Notifier, Worker
 
@@ -197,7 +198,7 @@ class WakeWatcher:
             return attempt
         attempt += 1
         self.stats["change_stream_errors"] += 1
-        delay = writes.backoff(attempt, 0.1, 5.0)
+        delay = backoff(attempt, 0.1, 5.0, full_jitter=True)
         self.logger.info(
             "%s: %s failed (%s); the consumer polls meanwhile, opening it again in %.2f s",
             self.what,

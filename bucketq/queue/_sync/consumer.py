@@ -25,6 +25,7 @@ from pymongo.errors import BulkWriteError, PyMongoError
 
 from ... import _validate as v
 from ... import bucket
+from ..._guard import backoff
 from ...bucket import Quarantine, Runtime, WakeWatcher
 from ...bucket import deadline as deadlines
 from ...bucket.concurrency import Lock, Mutex, Notifier, Worker, sleep
@@ -276,7 +277,8 @@ class Consumer:
                 idle_attempt += 1
                 log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
                 self._fetch_wake.wait(
-                    gen, bucket.backoff(idle_attempt, 0.1, self.options.poll_interval) + 0.05
+                    gen,
+                    backoff(idle_attempt, 0.1, self.options.poll_interval, full_jitter=True) + 0.05,
                 )
                 continue
             if got:
