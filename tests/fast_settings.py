@@ -31,6 +31,10 @@ FAST_STREAM = {"bucket_max_size": 10, "bucket_max_wait": 0.05, "poll_interval": 
 #: marked down probed again five times a second.
 FAST_SDK = {"batch_wait": 0.02, "health_interval": 0.2}
 
+#: Options of the reservoir's bucketq shard queues: a dead consumer's lease runs out
+#: within seconds, so its records come back to another process.
+FAST_SHARD_QUEUE = {"lease": 3.0, "state_flush_period": 0.2, "poll_interval": 0.2}
+
 #: A reservoir buffer: few shards, small and young batches, short retry delays, a
 #: breaker that stays out of the way unless a test wants it.
 FAST_BUFFER = BufferConfig(

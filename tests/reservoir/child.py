@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/: fast_settings
 
 from pymongo import AsyncMongoClient
 
@@ -29,8 +30,7 @@ from bucketq.reservoir import (
     MongoReservoir,
     install_signal_handlers,
 )
-
-QUICK_QUEUE = {"lease": 2.0, "state_flush_period": 0.2, "poll_interval": 0.2}
+from fast_settings import FAST_SHARD_QUEUE
 
 
 class SlowMongo(MongoReservoir):
@@ -59,7 +59,7 @@ def make_transport(name: str, prefix: str, db, redis_url: str, cfg: BufferConfig
     if name == "bucketq":
         from bucketq.reservoir import BucketqTransport
 
-        opts = dict(QUICK_QUEUE, lease=max(QUICK_QUEUE["lease"], 2 * age))
+        opts = dict(FAST_SHARD_QUEUE, lease=max(FAST_SHARD_QUEUE["lease"], 2 * age))
         return BucketqTransport(db, prefix=prefix, queue_options=opts)
     from bucketq.reservoir import MemoryTransport, PassthroughTransport
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from bucketq.reservoir import MemoryTransport, PassthroughTransport, Reservoir
+from fast_settings import FAST_SHARD_QUEUE
 
 TRANSPORTS = ["memory", "passthrough", "redis", "bucketq"]
 
@@ -128,7 +129,7 @@ class Backends:
         if name == "bucketq":
             from bucketq.reservoir import BucketqTransport
 
-            options.setdefault("queue_options", QUICK_QUEUE)
+            options.setdefault("queue_options", FAST_SHARD_QUEUE)
             return BucketqTransport(self.adb(), prefix=self.prefix.replace(":", "_"), **options)
         raise ValueError(name)
 
@@ -142,10 +143,6 @@ class Backends:
             await self.mongo_clients[0].drop_database(self.db_name)
         for c in self.mongo_clients:
             await c.close()
-
-
-#: Shard queue options for tests: a dead consumer's lease runs out within seconds.
-QUICK_QUEUE = {"lease": 3.0, "state_flush_period": 0.2, "poll_interval": 0.2}
 
 
 @pytest.fixture

@@ -8,11 +8,12 @@ import time
 import pytest
 
 from bucketq.reservoir._policy import new_entry
+from fast_settings import FAST_SHARD_QUEUE
 
-from .conftest import QUICK_QUEUE, TRANSPORTS
+from .conftest import TRANSPORTS
 
 #: The bucketq transport on partitioned shard queues, too (``queue_options``).
-PARTITIONED = {**QUICK_QUEUE, "partitions": 4}
+PARTITIONED = {**FAST_SHARD_QUEUE, "partitions": 4}
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -178,7 +179,7 @@ async def test_durable_unsettled_deliveries_come_back_to_a_new_consumer(backends
     """A consumer that took entries and vanished (no ack): a new transport object (a new
     process, as far as the backend can tell) gets them again (on partitioned shard
     queues, the new one starts its claims at another partition)."""
-    quick = {"lease": 1.5, "state_flush_period": 0.2, "poll_interval": 0.2}
+    quick = {**FAST_SHARD_QUEUE, "lease": 1.5}  # the new consumer waits out the vanished one's
     opts: dict = (
         {"claim_idle": 0.5}
         if name == "redis"
