@@ -197,18 +197,19 @@ def json_records(body: bytes, field: str, *, max_records: int, max_depth: int) -
         for i, rec in enumerate(items):
             if type(rec) is dict:
                 for k, v in rec.items():
-                    check_depth(v, max_depth, f"{field}[{i}].{k}", i)
+                    check_depth(v, max_depth, field, i, k)
     return items
 
 
-def check_depth(value: Any, max_depth: int, name: str, index: int | None) -> None:
-    """A 422 naming ``name`` when ``value`` nests more than ``max_depth`` levels."""
+def check_depth(value: Any, max_depth: int, field: str, index: int, name: str) -> None:
+    """A 422 naming ``field[index].name`` when ``value`` nests more than ``max_depth``
+    levels."""
     # Only a container holding a container may be deeper than one level.
     t = type(value)
     for x in value.values() if t is dict else value if t is list else ():
         if type(x) is dict or type(x) is list:
             if depth(value, max_depth) > max_depth:
-                raise too_deep(name, index, max_depth)
+                raise too_deep(f"{field}[{index}].{name}", index, max_depth)
             return
 
 
