@@ -92,6 +92,7 @@ LONGEST_FIRST = (
     "spark-restarts",
     "spark",
     "bench-run",
+    "readme_walk",
     "tests/server/test_lifecycle.py",
     "tests/faults/test_server_restart.py",
     "tests/faults/test_frozen.py",

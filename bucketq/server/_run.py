@@ -17,7 +17,9 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ log = logging.getLogger("bucketq.server")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 URI_FILE = "serve.uri"
+#: Seconds a command waits for a starting ``bucketq serve`` to write :data:`URI_FILE`.
+STARTING_WAIT = 60.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: prometheus_client's multiprocess directory (read when it is first imported).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -48,13 +52,51 @@ def state_dir() -> Path:
     return Path(base) / "bucketq"
 
 
-def embedded_uri() -> str | None:
-    """The URI a running ``bucketq serve`` with embedded storage wrote, if any."""
+def embedded_uri(wait: float = STARTING_WAIT) -> str | None:
+    """The URI a running ``bucketq serve`` with embedded storage wrote, if any. While a
+    ``bucketq serve`` of this user is running and the file is not there yet (its embedded
+    server is starting), wait for it, ``wait`` seconds at most: ``bucketq serve &`` then
+    ``bucketq keys create`` works as typed."""
     path = state_dir() / URI_FILE
+    deadline = time.monotonic() + wait
+    told = False
+    while True:
+        try:
+            uri = path.read_text().strip() or None
+        except OSError:
+            uri = None
+        if uri is not None or time.monotonic() >= deadline:
+            return uri
+        pid = _running_serve()
+        if pid is None:
+            return None
+        if not told:
+            told = True
+            print(f"waiting for bucketq serve (pid {pid}) to start its embedded server "
+                  f"({wait:.0f} s at most) ...", file=sys.stderr)  # fmt: skip
+        time.sleep(0.2)
+
+
+def _running_serve() -> int | None:
+    """The pid of a ``bucketq serve`` process of this user, from ``/proc`` (None without it)."""
+    me, uid = os.getpid(), os.getuid()
     try:
-        return path.read_text().strip() or None
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
         return None
+    for pid in pids:
+        try:
+            if pid == me or os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # `bucketq serve ...` (the console script) and `python -m bucketq serve ...`
+        if any(
+            a.endswith(b"bucketq") and b == b"serve" for a, b in zip(args, args[1:], strict=False)
+        ):
+            return pid
+    return None
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -93,6 +135,10 @@ def serve(
     embedded: EmbeddedServer | None = None
     uri_file: Path | None = None
     sock = bind(host, port)  # fail on a busy port before starting anything
+    # Listening at once: a client that connects while storage and the app start waits in
+    # the backlog and is answered when they are up, instead of being refused (a script's
+    # `bucketq serve &` then `curl ...` works as typed).
+    sock.listen(BACKLOG)
     try:
         if not cfg.mongodb_uri:
             data_dir = Path(data) if data else private_dir(state_dir()) / "serve-data"
@@ -137,9 +183,6 @@ def serve(
             lifespan="on",
             http=configure_protocol(cfg),
         )
-        # Listening before the app logs "listening on" in its startup: uvicorn listens
-        # only after the startup, and a client told the URL was refused in between.
-        sock.listen(BACKLOG)
         server = uvicorn.Server(uv)
         # uvicorn restores these handlers after its graceful shutdown and re-raises the
         # signal it caught: with the defaults the process would die there, before the
@@ -193,8 +236,6 @@ def _serve_workers(
             lifespan="on",
             http=configure_protocol(cfg),
         )
-        # Listening now: a connection made before a worker is up waits in the backlog.
-        sock.listen(BACKLOG)
         supervisor = Multiprocess(uv, sockets=[sock])
         log.info("bucketq serve listening on http://%s:%d (%d workers)",
                  host, sock.getsockname()[1], workers)  # fmt: skip

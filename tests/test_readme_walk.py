@@ -1,0 +1,109 @@
+"""The README's ingest path, walked as a new user would: its shell blocks for serve, keys,
+curl, the OpenTelemetry example and the tee stream into ``bucketq pipeline``, and its SDK
+snippet, run as they are written, in one shell, with a temporary HOME and no MongoDB URI
+(the embedded server, as a new user gets it). So the README cannot drift from what works.
+
+What the walk changes, and why: a free port in place of 8080 (the suite runs in parallel);
+``python -m pip install`` lines are left out (the test extra has installed what they
+install); the SDK snippet runs as a file with ``KEY`` from the shell, followed by one query
+for its record; the JVM gets the Spark tests' start-up options. Everything else is the
+README's text.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The pipeline's JVM as the Spark tests start theirs (tests/spark/conftest.py): the client
+#: compiler and the serial collector start it in about 60% of the time.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("readme_walk")]
+
+
+def section(readme: str, heading: str) -> str:
+    start = readme.index(heading)
+    end = readme.find("\n## ", start + len(heading))
+    return readme[start : end if end > 0 else len(readme)]
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    return [body for kind, body in FENCE.findall(text) if kind == lang]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def walk_script(readme: str, port: int) -> str:
+    ingest = blocks(section(readme, "## The ingest service"), "sh")
+    assert len(ingest) == 3, "the ingest section's shell blocks: serve/keys/curl, OTel, Parquet"
+    serve, otel, parquet = ingest
+    (sdk,) = blocks(section(readme, "## The logging SDK"), "python")[:1]
+
+    def shell(block: str) -> str:
+        kept = [ln for ln in block.splitlines() if not ln.startswith("python -m pip install")]
+        text = "\n".join(kept).replace("bucketq serve &", f"bucketq serve --port {port} &")
+        return text.replace("8080", str(port))
+
+    return "\n".join([
+        "set -e -o pipefail",
+        "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT",
+        shell(serve),
+        "echo",
+        shell(otel),
+        "echo",
+        "cat > sdk_snippet.py <<'PY'",
+        "import os",
+        'KEY = os.environ["KEY"]',
+        sdk.replace("8080", str(port)),
+        "PY",
+        'KEY="$KEY" python sdk_snippet.py',
+        f'curl -s "localhost:{port}/api/v1/logs?service=sdk_snippet" -H "X-API-Key: $KEY"',
+        "echo",
+        shell(parquet),
+    ])  # fmt: skip
+
+
+def test_the_readme_ingest_path_works_as_written(tmp_path):
+    if shutil.which("java") is None and not os.environ.get("CI"):
+        pytest.skip("the pipeline step needs a Java runtime")
+    port = free_port()
+    script = walk_script((ROOT / "README.md").read_text(), port)
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    shutil.copytree(ROOT / "examples", work / "examples")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BUCKETQ_", "RESERVOIR_", "XDG_", "OTEL_"))}  # fmt: skip
+    env.update(HOME=str(home), PYTHONPATH=str(ROOT),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+               JAVA_TOOL_OPTIONS=JVM_OPTIONS)  # fmt: skip
+    out = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=280, stdin=subprocess.DEVNULL)  # fmt: skip
+    said = out.stdout + "\n--- stderr ---\n" + out.stderr
+    assert out.returncode == 0, said
+    assert out.stdout.count('"received":1') == 2, said  # the first ingest and the tee's
+    assert "payment declined" in out.stdout, said  # GET /api/v1/logs found it
+    assert '"service":"checkout"' in out.stdout and "cart abandoned" in out.stdout, said
+    assert "order placed" in out.stdout, said  # the SDK snippet's record, read back
+    assert "1 records in total" in out.stdout, said  # only what the tee saw
+    import pyarrow.parquet as pq
+
+    stored = pq.read_table(work / "out" / "logs").to_pylist()
+    assert [r["message"] for r in stored] == ["to parquet"]
+    # The embedded store's files are the user's alone.
+    share = home / ".local" / "share" / "bucketq"
+    assert (share.stat().st_mode & 0o777) == 0o700
