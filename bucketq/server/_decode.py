@@ -270,13 +270,15 @@ def _varint(buf: bytes, i: int, end: int) -> tuple[int, int]:
 def protobuf_budget(kind: str, body: bytes, *, max_records: int, max_fields: int) -> int:
     """Walk the wire format of an OTLP export request of ``kind`` without parsing it:
     the record past ``max_records`` (413) or the field past ``max_fields`` (413) stops
-    the walk; a malformed frame is a 400. Returns the number of records."""
+    the walk; a malformed frame is a 400. Depth first: its memory is the nesting's, not
+    the body's. Returns the number of records."""
     records = 0
     fields = 0
-    stack: list[tuple[int, int, dict[int, Any]]] = [(0, len(body), PROTOBUF_SCHEMAS[kind])]
     buf = body
-    while stack:
-        i, end, schema = stack.pop()
+    stack: list[tuple[int, int, dict[int, Any]]] = []
+    schema: dict[int, Any] = PROTOBUF_SCHEMAS[kind]
+    i, end = 0, len(body)
+    while True:
         while i < end:
             fields += 1
             if fields > max_fields:
@@ -298,17 +300,23 @@ def protobuf_budget(kind: str, body: bytes, *, max_records: int, max_fields: int
                 i += 4
             elif wire == 2:
                 n, i = _varint(buf, i, end)
+                start, i = i, i + n
                 sub = schema.get(tag >> 3)
-                if sub is not None and i + n <= end:
+                if sub is not None and i <= end:
                     if isinstance(sub, tuple):
                         records += 1
                         if records > max_records:
                             raise too_many(max_records)
                         sub = sub[0]
-                    stack.append((i, i + n, sub))
-                i += n
+                    stack.append((i, end, schema))  # on after the sub-message
+                    i, end, schema = start, i, sub
+                    continue
             else:
                 raise ApiError(400, "Bad request", f"{_WIRE_BAD}: wire type {wire} at byte {i}.")
             if i > end:
                 raise ApiError(400, "Bad request", f"{_WIRE_BAD}: a field runs past its end.")
-    return records
+        if i > end:
+            raise ApiError(400, "Bad request", f"{_WIRE_BAD}: a field runs past its end.")
+        if not stack:
+            return records
+        i, end, schema = stack.pop()

@@ -111,3 +111,63 @@ async def test_an_exception_in_the_app_is_a_500_carrying_the_logged_request_id(c
     rid = dict(sent[0]["headers"])[b"x-request-id"].decode()
     assert json.loads(sent[1]["body"])["request_id"] == rid
     assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_bodies_are_decoded_within_their_limits() -> None:
+    """The decoding limits without a server: compressed streams, value and record counts
+    before decoding, nesting named by field, the protobuf wire walk (issue #24)."""
+    import gzip
+    import json
+    import zlib
+
+    pytest.importorskip("fastapi")
+    from starlette.exceptions import HTTPException
+
+    from bucketq.server import _decode as d
+
+    def status(fn, *args, **kw) -> int:
+        try:
+            fn(*args, **kw)
+        except HTTPException as exc:
+            return exc.status_code
+        return 200
+
+    assert d.decompress(gzip.compress(b"ab") + gzip.compress(b"cd"), "gzip", 10) == b"abcd"
+    assert d.decompress(zlib.compress(b"abc"), "deflate", 10) == b"abc"
+    gz = gzip.compress(b"x" * 1000)
+    for broken in (gz[:-4], gz[:10], b"\x1f\x8bjunk", gz + b"junk", zlib.compress(b"a") + b"z"):
+        assert status(d.decompress, broken, "gzip", 5000) == 400
+    assert status(d.decompress, gzip.compress(b"\0" * 10_000), "gzip", 9_999) == 413
+    assert status(d.encoding_of, "br") == 415 and d.encoding_of("X-GZIP") == "gzip"
+
+    # Commas and brackets inside strings are not values: such a body is taken.
+    text = json.dumps({"logs": [{"message": ", [ {" * 1000}]})
+    d.check_values(text, 100)
+    assert status(d.check_values, "[" + "0," * 200 + "0]", 100) == 413
+    logs = d.json_records(text.encode(), "logs", max_records=1, max_depth=2)
+    assert logs == [{"message": ", [ {" * 1000}]
+    assert status(d.json_records, b'{"logs": [{}, {}]}', "logs", max_records=1, max_depth=2) == 413
+    deep = json.dumps({"logs": [{"a": 1}, {"m": 1, "meta": {"x": [[1]]}}]}).encode()
+    try:
+        d.json_records(deep, "logs", max_records=5, max_depth=2)
+        raise AssertionError("not refused")
+    except HTTPException as exc:
+        assert exc.status_code == 422 and exc.details[0]["field"] == "logs[1].meta"  # type: ignore[attr-defined]
+    for raw in (b'{"a": NaN}', b'{"a": -Infinity}', b"\xff", b'{"a": 1} x', b"[" * 5000):
+        assert status(d.json_records, raw, "logs", max_records=100, max_depth=2) == 400, raw[:10]
+
+    # The wire walk: records and fields counted, depth first, before parsing.
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+
+    req = logs_service_pb2.ExportLogsServiceRequest()
+    sl = req.resource_logs.add().scope_logs.add()
+    for _ in range(5):
+        lr = sl.log_records.add()
+        lr.body.string_value = "m"
+        lr.attributes.add(key="a").value.array_value.values.add().int_value = 1
+    raw = req.SerializeToString()
+    assert d.protobuf_budget("logs", raw, max_records=5, max_fields=1000) == 5
+    assert status(d.protobuf_budget, "logs", raw, max_records=4, max_fields=1000) == 413
+    assert status(d.protobuf_budget, "logs", raw, max_records=5, max_fields=20) == 413
+    for broken in (raw[:-3], b"\x0a\xff\xff\xff\xff\x0f", b"\x0f"):
+        assert status(d.protobuf_budget, "logs", broken, max_records=5, max_fields=1000) == 400
