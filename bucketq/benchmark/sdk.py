@@ -140,11 +140,14 @@ def _delivery(url: str, key: str, n: int, spill: str) -> dict[str, Any]:
 
 
 def _ceiling(url: str, key: str, n: int) -> dict[str, Any]:
-    """The server's own rate: two threads POSTing ready-made batches of the SDK's
-    ``DEFAULT_BATCH_SIZE`` records (what its two workers send), no SDK in the way."""
+    """The server's own rate: two threads POSTing ready-made batches of the SDK's default
+    batch size (what its two workers send), no SDK in the way."""
     import urllib3
 
-    from ..sdk import DEFAULT_BATCH_SIZE as size
+    from ..sdk import Client
+
+    with Client(url, key) as client:  # only to read its default batch size
+        size = client.processor.cfg.batch_size
 
     batches = [
         json.dumps({"logs": [{"time": "2026-01-01T00:00:00+00:00", "service": "bench-ceiling",

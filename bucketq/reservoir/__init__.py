@@ -10,23 +10,30 @@ storage engine (docs/reservoir.md).
 
 ``redis``, ``mmh3`` and ``prometheus_client`` come with ``pip install 'bucketq[reservoir]'``
 and are imported only when used. See ``docs/reservoir.md``.
+
+What an ingest API calls:
+
+- :class:`BufferedReservoir`: the buffer; :class:`BufferConfig` its settings,
+  :func:`from_env` reads them from ``RESERVOIR_BUFFER_*``, :func:`config_table` renders
+  their table; :func:`wrap_reservoir` puts a buffer around a storage engine when the
+  settings enable one; :func:`install_signal_handlers` stops it gracefully on SIGTERM;
+  :func:`render_metrics` is its Prometheus text.
+- :class:`Reservoir`: the storage interface (returning :class:`IngestResult`;
+  :data:`STORAGE_METHOD` names the method of each record kind); :class:`MongoReservoir`
+  the MongoDB engine.
+- :class:`Transport` and :class:`Delivery`: the transport interface; the transports
+  :class:`MemoryTransport`, :class:`RedisTransport`, :class:`BucketqTransport` and
+  :class:`PassthroughTransport` (``BufferConfig.transport`` picks one).
+
+Errors are in :mod:`bucketq.errors` (``TransportError`` and its kinds, ``CircuitOpen``).
 """
 
-from ..errors import (
-    CircuitOpen,
-    ConfigurationError,
-    TransportError,
-    TransportTimeout,
-    TransportUnavailable,
-)
-from ._breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from ._buffered import BufferedReservoir, install_signal_handlers
-from ._config import SETTINGS, BufferConfig, Setting, config_table, from_env
-from ._factory import create_transport, wrap_reservoir
-from ._metrics import BufferMetrics, render_metrics
+from ._config import BufferConfig, config_table, from_env
+from ._factory import wrap_reservoir
+from ._metrics import render_metrics
 from ._mongo import MongoReservoir
-from ._policy import BatchPolicy, retry_delay, shard_for
-from ._reservoir import IngestResult, Reservoir
+from ._reservoir import STORAGE_METHOD, IngestResult, Reservoir
 from ._transport import Delivery, MemoryTransport, PassthroughTransport, Transport
 
 
@@ -44,36 +51,21 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "BatchPolicy",
+    "STORAGE_METHOD",
     "BucketqTransport",
     "BufferConfig",
-    "BufferMetrics",
     "BufferedReservoir",
-    "CLOSED",
-    "CircuitBreaker",
-    "CircuitOpen",
-    "ConfigurationError",
     "Delivery",
-    "HALF_OPEN",
     "IngestResult",
     "MemoryTransport",
     "MongoReservoir",
-    "OPEN",
     "PassthroughTransport",
     "RedisTransport",
     "Reservoir",
-    "SETTINGS",
-    "Setting",
     "Transport",
-    "TransportError",
-    "TransportTimeout",
-    "TransportUnavailable",
     "config_table",
-    "create_transport",
     "from_env",
     "install_signal_handlers",
     "render_metrics",
-    "retry_delay",
-    "shard_for",
     "wrap_reservoir",
 ]

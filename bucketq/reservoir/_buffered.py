@@ -28,7 +28,6 @@ from ._metrics import BufferMetrics
 from ._policy import (
     KINDS,
     ORIGINS,
-    STORAGE_METHOD,
     BatchPolicy,
     ProjectOverflow,
     new_entry,
@@ -37,7 +36,7 @@ from ._policy import (
     retry_delay,
     shard_for,
 )
-from ._reservoir import IngestResult, Reservoir
+from ._reservoir import STORAGE_METHOD, IngestResult, Reservoir
 from ._transport import Delivery, Transport
 
 log = logging.getLogger("bucketq.reservoir")

@@ -17,13 +17,13 @@ from typing import Any
 
 from ._metrics import BufferMetrics
 from ._policy import (
-    STORAGE_METHOD,
     WriteOutcome,
     exception_outcome,
     interpret,
     split,
     storage_record,
 )
+from ._reservoir import STORAGE_METHOD
 from ._transport import Delivery
 
 log = logging.getLogger("bucketq.reservoir")

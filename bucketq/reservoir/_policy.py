@@ -17,9 +17,8 @@ from typing import Any
 from .._deps import require
 from .._guard import backoff
 
-#: The record kinds the buffer carries, with the storage method each one goes to.
+#: The record kinds the buffer carries (each goes to its ``STORAGE_METHOD``).
 KINDS = ("log", "span", "metric")
-STORAGE_METHOD = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_metrics"}
 
 _mmh3_hash: Callable[..., int] | None = None
 

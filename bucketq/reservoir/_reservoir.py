@@ -19,6 +19,10 @@ class IngestResult(TypedDict):
     errors: list[Any]
 
 
+#: The :class:`Reservoir` method that stores each record kind.
+STORAGE_METHOD = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_metrics"}
+
+
 class Reservoir:
     """Log, span and metric storage, as the ingest API sees it.
 

@@ -13,62 +13,17 @@ when the primary is down, and what can be neither queued nor sent is appended to
 disk spill that is replayed when the primary answers again (``bucketq sdk replay``
 does it by hand). ``urllib3`` comes with ``pip install 'bucketq[sdk]'`` and is imported
 when the first sender starts. See ``docs/sdk.md``.
+
+What a program calls: :class:`IngestHandler` (a ``logging.Handler``) or :class:`Client`
+(``client.log(...)``, the same machinery without the logging module), each taking the
+options of ``docs/sdk.md`` as keywords; :func:`close_all` flushes and closes every
+handler and client now (the exit hook does it at exit); :func:`replay` re-sends a spill
+by hand and returns a :class:`ReplayResult`.
 """
 
 from ._client import Client, IngestHandler
-from ._options import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_BATCH_WAIT,
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_HEALTH_INTERVAL,
-    DEFAULT_MAX_RETRY_AFTER,
-    DEFAULT_QUEUE_SIZE,
-    DEFAULT_RETRY_BACKOFF,
-    DEFAULT_SHUTDOWN_TIMEOUT,
-    DEFAULT_SPILL_MAX_BYTES,
-    DEFAULT_SPILL_SEGMENT_BYTES,
-    DEFAULT_TIMEOUT,
-    DEFAULT_WORKERS,
-    DRAIN_BATCH_SIZE,
-    DRAIN_START_PERCENT,
-    DRAIN_STOP_PERCENT,
-    Config,
-    default_spill_root,
-    make_config,
-)
-from ._policy import Outcome, classify
-from ._processor import Processor, close_all
-from ._queue import SafeQueue
+from ._processor import close_all
 from ._replay import replay
-from ._spill import ReplayResult, Spill
+from ._spill import ReplayResult
 
-__all__ = [
-    "Client",
-    "Config",
-    "DEFAULT_BATCH_SIZE",
-    "DEFAULT_BATCH_WAIT",
-    "DEFAULT_CONNECT_TIMEOUT",
-    "DEFAULT_HEALTH_INTERVAL",
-    "DEFAULT_MAX_RETRY_AFTER",
-    "DEFAULT_QUEUE_SIZE",
-    "DEFAULT_RETRY_BACKOFF",
-    "DEFAULT_SHUTDOWN_TIMEOUT",
-    "DEFAULT_SPILL_MAX_BYTES",
-    "DEFAULT_SPILL_SEGMENT_BYTES",
-    "DEFAULT_TIMEOUT",
-    "DEFAULT_WORKERS",
-    "DRAIN_BATCH_SIZE",
-    "DRAIN_START_PERCENT",
-    "DRAIN_STOP_PERCENT",
-    "IngestHandler",
-    "Outcome",
-    "Processor",
-    "ReplayResult",
-    "SafeQueue",
-    "Spill",
-    "classify",
-    "close_all",
-    "default_spill_root",
-    "make_config",
-    "replay",
-]
+__all__ = ["Client", "IngestHandler", "ReplayResult", "close_all", "replay"]

@@ -18,7 +18,13 @@ from fastapi import Depends, Request
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from ..errors import BucketQError, Overloaded
-from ..reservoir import BufferConfig, BufferedReservoir, MongoReservoir, wrap_reservoir
+from ..reservoir import (
+    STORAGE_METHOD,
+    BufferConfig,
+    BufferedReservoir,
+    MongoReservoir,
+    wrap_reservoir,
+)
 from ._admission import AdmissionMetrics, RecordGate, remaining
 from ._config import DEFAULT_DATABASE, ServerConfig
 from ._http_errors import ApiError
@@ -199,7 +205,7 @@ class Service:
             prefix = os.urandom(12).hex()
             for i, r in enumerate(records):
                 r["_id"] = f"{prefix}{i:08x}"
-        method = {"log": "ingest", "span": "ingest_spans", "metric": "ingest_metrics"}[kind]
+        method = STORAGE_METHOD[kind]
         # What is left of the request's deadline (its key lookup came out of it too).
         budget = remaining(self.config.ingest_timeout_ms / 1000)
         try:

@@ -23,6 +23,7 @@ from bucketq._deps import require, require_all
 from bucketq._validate import cli_count, count
 from bucketq.errors import MissingDependency
 from bucketq.reservoir import BufferConfig
+from bucketq.reservoir import _config as reservoir_config
 from bucketq.reservoir._config import from_env
 from bucketq.sdk import _options as sdk_options
 from bucketq.spark import _ops as spark_ops
@@ -259,7 +260,7 @@ def test_one_collection_name_check_for_queues_streams_and_prefixes(bad):
 
 @pytest.mark.parametrize(
     "table",
-    [reservoir.SETTINGS, server.SETTINGS, spark_ops.OPTIONS, sdk_options.OPTIONS],
+    [reservoir_config.SETTINGS, server.SETTINGS, spark_ops.OPTIONS, sdk_options.OPTIONS],
     ids=["reservoir", "server", "spark", "sdk"],
 )
 def test_every_documented_default_reads_as_the_default(table):
@@ -289,7 +290,7 @@ def test_the_docs_tables_are_rendered_from_the_code(doc, render):
 #: Every whole-number setting read from text, in every table.
 WHOLE_SETTINGS = [
     s
-    for table in (reservoir.SETTINGS, server.SETTINGS, spark_ops.OPTIONS)
+    for table in (reservoir_config.SETTINGS, server.SETTINGS, spark_ops.OPTIONS)
     for s in table
     if s.check is count
 ]

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from bucketq.errors import ConfigurationError
-from bucketq.reservoir import CLOSED, HALF_OPEN, OPEN, BufferedReservoir, CircuitBreaker
+from bucketq.reservoir import BufferedReservoir
+from bucketq.reservoir._breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage

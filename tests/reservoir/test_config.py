@@ -10,9 +10,9 @@ import mmh3
 import pytest
 
 from bucketq.errors import ConfigurationError
-from bucketq.reservoir import BufferConfig, config_table, from_env, retry_delay, shard_for
+from bucketq.reservoir import BufferConfig, config_table, from_env
 from bucketq.reservoir._factory import create_transport
-from bucketq.reservoir._policy import BatchPolicy, interpret
+from bucketq.reservoir._policy import BatchPolicy, interpret, retry_delay, shard_for
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reservoir.md"
 

@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from bucketq.reservoir import OPEN, BufferedReservoir, render_metrics
+from bucketq.reservoir import BufferedReservoir, render_metrics
+from bucketq.reservoir._breaker import OPEN
 from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage

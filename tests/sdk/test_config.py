@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 import pytest
 
 from bucketq.errors import ConfigurationError
-from bucketq.sdk import Client, IngestHandler, classify, make_config
-from bucketq.sdk._policy import parse_retry_after
+from bucketq.sdk import Client, IngestHandler
+from bucketq.sdk._options import make_config
+from bucketq.sdk._policy import classify, parse_retry_after
 from bucketq.sdk._record import capture, from_log_record, to_wire, wire
 
 from .helpers import dead_port

@@ -7,7 +7,7 @@ import threading
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bucketq.sdk import SafeQueue
+from bucketq.sdk._queue import SafeQueue
 
 
 def test_add_returns_false_when_full_and_keeps_what_it_has():

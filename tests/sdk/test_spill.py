@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bucketq.sdk import Outcome, Spill
-from bucketq.sdk._spill import DAMAGED_PREFIX, segment_paths
+from bucketq.sdk._policy import Outcome
+from bucketq.sdk._spill import DAMAGED_PREFIX, Spill, segment_paths
 
 
 def rec(i: int) -> dict:
