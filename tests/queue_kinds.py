@@ -29,6 +29,15 @@ CLASSES = {
     "stream-async": AsyncStreamQueue,
 }
 QUEUES = ["bucket-sync", "bucket-async", "element-sync", "element-async"]
+#: The bucket queue with each claim form named (the plain kinds use ``claim="auto"``,
+#: which picks one by server): the contract holds for both.
+CLAIM_QUEUES = ["bucket-fam-sync", "bucket-ftu-async"]
+CLASSES["bucket-fam-sync"] = Queue
+CLASSES["bucket-ftu-async"] = AsyncQueue
+KIND_OPTIONS: dict[str, dict[str, Any]] = {
+    "bucket-fam-sync": {"claim": "find_and_modify"},
+    "bucket-ftu-async": {"claim": "find_then_update"},
+}
 BUCKET_QUEUES = ["bucket-sync", "bucket-async"]
 STREAMS = ["stream-sync", "stream-async"]
 
@@ -66,6 +75,7 @@ class QueueKind:
     def open(self, name: str = "q", *, fast: bool = True, **options: Any) -> Any:
         """A queue named ``name``; queues (not streams) get :data:`FAST` unless ``fast``
         is False, under ``options``."""
+        options = {**KIND_OPTIONS.get(self.kind, {}), **options}
         if fast and not self.kind.startswith("stream"):
             options = {**FAST, **options}
         q = self.cls(self.db, name, **options)

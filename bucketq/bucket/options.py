@@ -152,6 +152,7 @@ class QueueOptions(CommonOptions):
         1, v.count, lo=1, hi=MAX_PARTITIONS, unit="partitions",
         note=" (1: one claim range, today's layout; more: claims each search one partition)",
     )  # fmt: skip
+    claim: str = v.option("auto", v.choice, options=("auto", "find_and_modify", "find_then_update"))
     owner: str = v.option(factory=_owner, check=v.text)
 
     def __post_init__(self) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from queue_kinds import BUCKET_QUEUES, QUEUES, opened_kind
+from queue_kinds import BUCKET_QUEUES, CLAIM_QUEUES, QUEUES, opened_kind
 
 
-@pytest.fixture(params=QUEUES)
+@pytest.fixture(params=QUEUES + CLAIM_QUEUES)
 async def flavour(request, db, mongo_uri):
     async for k in opened_kind(request.param, db, mongo_uri):
         yield k

@@ -16,6 +16,7 @@ from pymongo import MongoClient, monitoring
 from bucketq import AsyncElementQueue, AsyncQueue, Queue
 from bucketq.bucket import partition_of
 from bucketq.errors import ConfigurationError
+from bucketq.queue import _core as core
 from bucketq.queue._core.counts import DRAIN_REPORT
 from bucketq.queue._core.held import HeldBucket
 from bucketq.stream import AsyncStreamQueue, StreamQueue
@@ -23,7 +24,9 @@ from fast_settings import FAST
 
 
 class Claims(monitoring.CommandListener):
-    """The filter of every findAndModify (a claim) the client sent."""
+    """The filter of every claim the client sent that searches for a bucket: a
+    findAndModify, or the candidate find of the find_then_update form (its conditional
+    updates name one ``_id``)."""
 
     def __init__(self) -> None:
         self.filters: list[dict] = []
@@ -31,6 +34,11 @@ class Claims(monitoring.CommandListener):
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command_name == "findAndModify":
             self.filters.append(dict(event.command["query"]))
+        elif (
+            event.command_name == "find"
+            and event.command.get("projection") == core.CANDIDATE_PROJECTION
+        ):
+            self.filters.append(dict(event.command["filter"]))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -49,7 +57,8 @@ def consume(q, want: int, deadline: float = 60.0) -> list:
     return got
 
 
-def test_every_claim_filters_on_one_partition_and_all_are_delivered(mongo_uri, db, db_name):
+@pytest.mark.parametrize("claim", ["find_and_modify", "find_then_update"])
+def test_every_claim_filters_on_one_partition_and_all_are_delivered(mongo_uri, db, db_name, claim):
     claims = Claims()
     client = MongoClient(mongo_uri, event_listeners=[claims])
     producers = [Queue(db, "q", partitions=4, bucket_max_size=10, **FAST) for _ in range(3)]
@@ -57,7 +66,7 @@ def test_every_claim_filters_on_one_partition_and_all_are_delivered(mongo_uri, d
     for n, p in enumerate(producers):
         p.push_many([{"p": n, "i": i} for i in range(50)], key=1 if n < 2 else 3)
         p.flush()
-    consumers = [Queue(client[db_name], "q", partitions=4, **FAST) for _ in range(3)]
+    consumers = [Queue(client[db_name], "q", partitions=4, claim=claim, **FAST) for _ in range(3)]
     try:
         got: list = []
         end = time.monotonic() + 60
@@ -102,10 +111,11 @@ def test_an_idle_consumer_reads_instead_of_claiming_every_partition(mongo_uri, d
         client.close()
 
 
-def test_an_unpartitioned_queue_claims_without_a_partition_term(mongo_uri, db, db_name):
+@pytest.mark.parametrize("claim", ["find_and_modify", "find_then_update"])
+def test_an_unpartitioned_queue_claims_without_a_partition_term(mongo_uri, db, db_name, claim):
     claims = Claims()
     client = MongoClient(mongo_uri, event_listeners=[claims])
-    q = Queue(client[db_name], "q", **FAST)
+    q = Queue(client[db_name], "q", claim=claim, **FAST)
     try:
         q.push_many(list(range(5)))
         q.flush()

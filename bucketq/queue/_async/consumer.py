@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,21 @@ log = logging.getLogger("bucketq.queue")
 
 _now = time.time
 _monotonic = time.monotonic
+
+#: The claim form of each client whose server was asked (``core.claim_form``): once per
+#: client, not per queue object.
+_FORMS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+async def _claim_form(client: Any, option: str) -> str:
+    if option != "auto":
+        return option
+    form = _FORMS.get(client)
+    if form is None:
+        form = core.claim_form(option, await client.admin.command("buildInfo"))
+        _FORMS[client] = form
+        log.debug("claims use %s on this server", form)
+    return form
 
 
 class AsyncConsumer:
@@ -105,6 +121,10 @@ class AsyncConsumer:
         self._rotation = (
             core.Rotation(origin.partition, options.partitions) if options.partitions > 1 else None
         )
+        # The claim form (``core.claim_form``), known at the first claim; with
+        # find_then_update, the candidates read and not yet tried, per partition.
+        self._claim_form: str | None = None
+        self._candidates: dict[int | None, deque[tuple[Any, Any]]] = {}
 
     def start(self) -> None:
         """Start the fetcher and the flusher (the fetcher starts the watcher when idle)."""
@@ -333,14 +353,63 @@ class AsyncConsumer:
         return False
 
     async def _claim_in(self, part: int | None) -> bool:
-        now = _now()
-        token = ObjectId()
-        flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease, part)
-        doc = await self._col.find_one_and_update(
-            flt, upd, sort=bucket.CLAIM_SORT, return_document=ReturnDocument.BEFORE
-        )
-        if doc is None:
-            return False
+        if self._claim_form is None:
+            self._claim_form = await _claim_form(self._col.database.client, self.options.claim)
+        if self._claim_form == "find_then_update":
+            claimed = await self._find_then_update(part)
+            if claimed is None:
+                return False
+            doc, token, now = claimed
+        else:
+            now = _now()
+            token = ObjectId()
+            flt, upd = core.claim_request(now, token, self.options.owner, self.options.lease, part)
+            doc = await self._col.find_one_and_update(
+                flt, upd, sort=bucket.CLAIM_SORT, return_document=ReturnDocument.BEFORE
+            )
+            if doc is None:
+                return False
+        return await self._serve_claimed(doc, token, now)
+
+    async def _find_then_update(
+        self, part: int | None
+    ) -> tuple[dict[str, Any], ObjectId, float] | None:
+        """Claim the first candidate of ``part`` whose conditional update matches (see
+        ``core.conditional_claim``): the bucket as before the claim, our token and when
+        the claim was sent; None if none did. Candidates left over stay for the next
+        claim; once they are used up, one fresh find (and only one) refills them."""
+        cands = self._candidates.setdefault(part, deque())
+        refilled = False
+        while True:
+            if not cands:
+                if refilled:
+                    return None
+                refilled = True
+                found = await self._col.find(
+                    core.candidate_request(_now(), part),
+                    core.CANDIDATE_PROJECTION,
+                    sort=bucket.CLAIM_SORT,
+                    limit=core.CANDIDATES,
+                ).to_list()
+                cands.extend(core.claimable_candidates(found, _now()))
+                if not cands:
+                    return None
+            bid, seen = cands.popleft()
+            now = _now()
+            token = ObjectId()
+            flt, upd = core.conditional_claim(
+                bid, seen, now, token, self.options.owner, self.options.lease
+            )
+            res = await self._col.update_one(flt, upd)
+            if not res.matched_count:
+                continue  # taken (or released, renewed, removed) since it was read
+            doc = await self._col.find_one(core.claimed_read(bid, token))
+            if doc is None:  # gone under our lease (a takeover after a lease far too short)
+                continue
+            return core.as_before_claim(doc, seen), token, now
+
+    async def _serve_claimed(self, doc: dict[str, Any], token: ObjectId, now: float) -> bool:
+        """Hold a bucket just claimed (``doc`` as before the claim, sent at ``now``)."""
         self._stats["claims"] += 1
         # The lease the server wrote runs from ``now``, when the claim was sent, not from
         # when the answer came: a claim slower than the lease holds an expired lease.

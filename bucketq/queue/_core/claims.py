@@ -5,12 +5,13 @@ and a consumer's rotation over them, and the change events that wake a consumer.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from bson import ObjectId
 
 from ...bucket.document import not_leased
-from ...bucket.times import to_datetime
+from ...bucket.times import from_datetime, to_datetime
 
 #: The claim index of a partitioned queue: a claim is one equality on ``part`` and then
 #: the same range and order as ``CLAIM_SORT``. (``mature_id`` stays: next_t() and the
@@ -156,3 +157,105 @@ def claim_request(
         "$inc": {"leases": 1},
     }
     return flt, upd
+
+
+# -- the two claim forms ----------------------------------------------------------------
+#
+# ``find_and_modify``: one ``findAndModify`` (``claim_request``) finds the first
+# claimable bucket in claim order and leases it, atomically. On mongod that is one
+# index walk. The embedded server (SecantusDB) plans ``findAndModify`` as a scan of
+# every stored bucket whatever the filter (each decoded, matched and sorted), and so is
+# a ``$or`` anywhere in a filter (the ``not_leased`` term): measured, an ``update``
+# on ``{_id, lease: null}`` takes ~5 ms there, on ``{_id, $or: [...]}`` ~80 ms, and a
+# ``findAndModify`` on ``{_id}`` alone ~70 ms, with 400 stored buckets.
+#
+# ``find_then_update``: a ``find`` of candidates (``candidate_request``: the partition's
+# equality and ``mature``, no ``$or``, so the server narrows by the index; projection
+# ``_id`` and ``lease``), of which the consumer keeps those no one holds
+# (``claimable_candidates``) and tries them in claim order, each with one conditional
+# ``update_one`` (``conditional_claim``) on its ``_id`` and the lease it was read with
+# (null, or that token and run out): the first that matches is ours; 0 matched means
+# another consumer (or a release, a renewal, a remove) changed it first: try the next.
+# The claimed bucket is then read by ``_id`` and our token (``claimed_read``): once our
+# lease is on it every other writer is fenced off, so that read is the bucket as
+# claimed; ``as_before_claim`` puts back the lease it had (what a takeover and a
+# reclaim look at). A consumer keeps the candidates it did not use for its next
+# claims, so one scan of a partition serves up to ``CANDIDATES`` claims.
+
+#: Claim forms: ``auto`` picks by server (``claim_form``).
+CLAIM_FORMS = ("auto", "find_and_modify", "find_then_update")
+
+#: Buckets a candidate find returns at most (the head of the partition in claim order:
+#: those held by consumers are dropped, the rest kept for the next claims).
+CANDIDATES = 16
+
+#: The projection of a candidate find: what ``conditional_claim`` conditions on.
+CANDIDATE_PROJECTION = {"_id": 1, "lease": 1}
+
+
+def claim_form(option: str, build_info: dict[str, Any]) -> str:
+    """The claim form a queue uses: the ``claim`` option unless ``auto``; ``auto`` picks
+    ``find_then_update`` on the embedded server (its ``buildInfo`` names
+    ``secantusVersion``), whose ``findAndModify`` scans every bucket, and the single
+    ``findAndModify`` elsewhere (mongod walks the claim index for it)."""
+    if option != "auto":
+        return option
+    return "find_then_update" if "secantusVersion" in build_info else "find_and_modify"
+
+
+def candidate_request(now: float, part: int | None) -> dict[str, Any]:
+    """The filter of a candidate find: mature buckets of partition ``part`` (None: any),
+    sorted by ``CLAIM_SORT``; whether they are held is read from their ``lease``."""
+    return {**part_filter(part), "mature": {"$lte": to_datetime(now)}}
+
+
+def claimable_candidates(
+    docs: Iterable[dict[str, Any]], now: float
+) -> list[tuple[Any, dict[str, Any] | None]]:
+    """The ``(_id, lease)`` of the candidates no one holds at ``now``, in the order read."""
+    out: list[tuple[Any, dict[str, Any] | None]] = []
+    for doc in docs:
+        lease = doc.get("lease")
+        if lease is None:
+            out.append((doc["_id"], None))
+            continue
+        until = lease.get("until") if isinstance(lease, dict) else None
+        if isinstance(until, datetime) and from_datetime(until) <= now:
+            out.append((doc["_id"], lease))
+    return out
+
+
+def conditional_claim(
+    bucket_id: Any,
+    seen_lease: dict[str, Any] | None,
+    now: float,
+    token: ObjectId,
+    owner: str,
+    lease: float,
+) -> tuple[dict, dict]:
+    """Filter and update of the claim of one candidate: it matches only while the bucket
+    is mature and still has the lease it was read with (null; or that token, run out),
+    with equalities and a range only (no ``$or``), so the server finds it by ``_id``.
+    (A bucket claimed and released in between matches again: it is read back after the
+    claim, so what is served is its state under our lease all the same.)"""
+    dnow = to_datetime(now)
+    flt: dict[str, Any] = {"_id": bucket_id, "mature": {"$lte": dnow}}
+    if seen_lease is None:
+        flt["lease"] = None
+    else:
+        flt["lease.tok"] = seen_lease.get("tok")
+        flt["lease.until"] = {"$lte": dnow}
+    _, upd = claim_request(now, token, owner, lease)
+    return flt, upd
+
+
+def claimed_read(bucket_id: Any, token: ObjectId) -> dict[str, Any]:
+    """The filter that reads back a bucket this consumer just claimed with ``token``."""
+    return {"_id": bucket_id, "lease.tok": token}
+
+
+def as_before_claim(doc: dict[str, Any], seen_lease: dict[str, Any] | None) -> dict[str, Any]:
+    """A bucket read back after a conditional claim, as ``findAndModify`` would have
+    returned it (the document before the claim): its lease the one the claim's filter
+    matched."""
+    return {**doc, "lease": seen_lease, "leases": max(int(doc.get("leases") or 1) - 1, 0)}
