@@ -169,6 +169,7 @@ class MemoryTransport(Transport):
         self._dropped = 0
         self._count = 0
         self._tokens = itertools.count()
+        self._expedited = 0
 
     async def start(self, shards: int) -> None:
         for s in range(shards):
@@ -204,13 +205,16 @@ class MemoryTransport(Transport):
         sh.wake.set()
 
     async def expedite(self) -> None:
+        # The dequeues waiting now return what they hold instead of filling their batch
+        # (a stop waited out every idle consumer's batch age); later ones wait as ever.
+        self._expedited += 1
         for sh in self._shards.values():
             keep = [t for t in sh.delayed if not t[3]]
             if len(keep) < len(sh.delayed):
                 sh.ready.extend(t[2] for t in sorted(t for t in sh.delayed if t[3]))
                 sh.delayed = keep
                 heapq.heapify(sh.delayed)
-                sh.wake.set()
+            sh.wake.set()
 
     def _promote(self, sh: _MemShard, now: float) -> None:
         while sh.delayed and sh.delayed[0][0] <= now:
@@ -219,6 +223,7 @@ class MemoryTransport(Transport):
     async def dequeue(self, shard: int, max_batch: int, max_wait: float) -> list[Delivery]:
         sh = self._shard(shard)
         deadline = time.monotonic() + max_wait
+        expedited = self._expedited
         out: list[Delivery] = []
         while True:
             now = time.monotonic()
@@ -229,6 +234,8 @@ class MemoryTransport(Transport):
                 sh.inflight[token] = entry
                 out.append(Delivery(entry, token))
             if len(out) >= max_batch or now >= deadline:
+                return out
+            if self._expedited != expedited:
                 return out
             wait = deadline - now
             if sh.delayed:

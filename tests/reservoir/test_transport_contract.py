@@ -130,6 +130,28 @@ async def test_a_dispatch_delay_holds_entries_at_once_and_delivers_them_when_due
         await t.stop()
 
 
+async def test_memory_expedite_ends_the_dequeues_waiting_for_a_batch(backends):
+    """Stopping (``expedite``): a dequeue waiting to fill its batch returns what it has
+    and an idle one returns empty, instead of each waiting out its max_wait (a buffer's
+    stop waited a batch age for every idle consumer); later dequeues wait as ever."""
+    t = backends.transport("memory")
+    await t.start(2)
+    try:
+        await t.enqueue_many(1, entries(1))
+        waiting = [asyncio.create_task(t.dequeue(s, 10, 600.0)) for s in (0, 1)]
+        await asyncio.sleep(0)  # both wait now
+        await t.expedite()
+        idle, partial = await asyncio.wait_for(asyncio.gather(*waiting), 60)
+        assert idle == [] and msgs(partial) == ["m0"]
+        await t.enqueue_many(0, entries(1, start=1), 0.2)  # a dispatch delay, after expedite
+        got: list = []
+        while not got:
+            got = await t.dequeue(0, 10, 0.3)
+        assert msgs(got) == ["m1"]
+    finally:
+        await t.stop()
+
+
 async def test_dead_letter_inspect_replay_purge(transport):
     t = transport
     task = await put(t, 1, entries(3))
