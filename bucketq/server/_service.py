@@ -15,7 +15,7 @@ from functools import partial
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
 
 from ..errors import BucketQError, Overloaded
 from ..reservoir import (
@@ -257,9 +257,12 @@ class Service:
         budget = self.config.ingest_timeout_ms / 1000
         try:
             if not self._idempotency_index:
-                await asyncio.wait_for(
-                    coll.create_index("at", expireAfterSeconds=IDEMPOTENCY_TTL_S), budget
-                )
+                try:
+                    await asyncio.wait_for(
+                        coll.create_index("at", expireAfterSeconds=IDEMPOTENCY_TTL_S), budget
+                    )
+                except OperationFailure as exc:  # another TTL on "at": keys still work
+                    log.warning("idempotency keys' TTL index not made: %s", exc)
                 self._idempotency_index = True
             try:
                 await asyncio.wait_for(
