@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .benchmark.sdk import add_parser as add_sdk_bench
 
     add_sdk_bench(bench_sub)
+    from .benchmark.keuss import add_parser as add_keuss_bench
+
+    add_keuss_bench(bench_sub)
     from .benchmark.stream_wake import add_parser as add_stream_wake_bench
 
     add_stream_wake_bench(bench_sub)

@@ -1,0 +1,315 @@
+"""``bucketq bench keuss``: bucketq's ``Queue`` against keuss's ``bucket-mongo-safe``
+queue (Node.js, the design bucketq's buckets come from), on the same MongoDB server.
+
+Per round, bucketq first, then keuss: N items (~100-byte payloads, the same for both)
+pushed by one producer process until stored, then reserved and committed one at a time
+by one consumer process until N are committed and the queue is empty. bucketq runs in
+``bucketq bench``'s worker (one spawned process, producer then consumer); keuss runs as
+two ``node`` processes (``driver.js`` beside this file: a producer and a consumer, both
+connected before the clock starts). Reported per round and as medians of the rounds:
+push/s, consume/s, end-to-end/s (N over push time + consume time) for both and their
+ratio, with the machine's load average, and bucketq's client CPU per item beside the
+BSON floor (keuss's node CPU per item beside it).
+
+keuss comes from the npm registry the first time (``npm install --prefix DIR keuss@2``
+into ``$XDG_CACHE_HOME/bucketq/keuss``, else ``~/.cache/bucketq/keuss``, or
+``--keuss-dir``); nothing of it is in bucketq's repository. It needs ``node`` and ``npm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue as queue_mod
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ... import _validate as v
+
+DEFAULT_N = 50_000
+QUICK_N = 5_000
+DEFAULT_ROUNDS = 3
+#: What npm installs: keuss's major version 2 (its bucket-mongo-safe backend).
+KEUSS_SPEC = "keuss@2"
+#: The goal (issue #27): bucketq this many times keuss's consume/s and end-to-end/s.
+GOAL = 15.0
+DRIVER = Path(__file__).with_name("driver.js")
+QUEUE = "bench"
+#: How long a keuss process may take to connect and open its queue.
+READY_TIMEOUT = 60.0
+#: How long a keuss phase may take before the run is declared stuck.
+PHASE_TIMEOUT = 900.0
+NPM_TIMEOUT = 600.0
+
+
+def default_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "bucketq" / "keuss"
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    if not found:
+        raise RuntimeError(
+            f"{name} is not installed: `bucketq bench keuss` runs keuss under Node.js; "
+            "install Node.js 18 or later (with npm) and run it again."
+        )
+    return found
+
+
+def ensure_keuss(where: Path) -> str:
+    """Install keuss from npm into ``where`` unless it is there; its version."""
+    _tool("node")
+    npm = _tool("npm")
+    pkg = where / "node_modules" / "keuss" / "package.json"
+    if not pkg.exists():
+        where.mkdir(parents=True, exist_ok=True)
+        print(f"installing {KEUSS_SPEC} from npm into {where} ...", file=sys.stderr)
+        cmd = [npm, "install", "--prefix", str(where), "--no-audit", "--no-fund", KEUSS_SPEC]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=NPM_TIMEOUT)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(
+                f"`{' '.join(cmd)}` did not finish in {NPM_TIMEOUT:.0f} s; check that the "
+                "npm registry is reachable and run it again."
+            ) from exc
+        if done.returncode != 0 or not pkg.exists():
+            raise RuntimeError(
+                f"`{' '.join(cmd)}` failed (exit code {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-600:]}"
+            )
+    return str(json.loads(pkg.read_text())["version"])
+
+
+class _Node:
+    """One ``node driver.js`` process, its stdout read line by line on a thread so that
+    every wait for it has a deadline."""
+
+    def __init__(self, mode: str, where: Path, uri: str, n: int) -> None:
+        self.mode = mode
+        args = [_tool("node"), str(DRIVER), mode, str(where), uri, QUEUE, str(n)]
+        self.p = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: queue_mod.Queue[str | None] = queue_mod.Queue()
+        threading.Thread(target=self._read, name=f"keuss-{mode}", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def answer(self, timeout: float) -> dict[str, Any]:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue_mod.Empty:
+            raise RuntimeError(
+                f"the keuss {self.mode} process said nothing for {timeout:.0f} s."
+            ) from None
+        if line is None:
+            self.p.wait(10)
+            err = self.p.stderr.read() if self.p.stderr else ""
+            raise RuntimeError(
+                f"the keuss {self.mode} process ended (exit code {self.p.returncode}): {err.strip()[-2000:]}"
+            )
+        return dict(json.loads(line))
+
+    def go(self) -> dict[str, Any]:
+        assert self.p.stdin is not None
+        self.p.stdin.write("go\n")
+        self.p.stdin.flush()
+        return self.answer(PHASE_TIMEOUT)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def _keuss_round(uri: str, where: Path, n: int) -> dict[str, Any]:
+    from pymongo import MongoClient
+
+    from .._contenders import with_database
+    from .._stats import checksum
+
+    db_name = f"bucketq_bench_keuss_{uuid.uuid4().hex[:10]}"
+    db_uri = with_database(uri, db_name)
+    procs = [_Node("produce", where, db_uri, n), _Node("consume", where, db_uri, n)]
+    client: MongoClient = MongoClient(uri, serverSelectionTimeoutMS=10_000)
+    try:
+        for p in procs:
+            p.answer(READY_TIMEOUT)
+        push = procs[0].go()
+        consume = procs[1].go()
+        left = list(client[db_name][QUEUE].aggregate([{"$group": {"_id": 1, "n": {"$sum": "$n"}}}]))
+        remaining = int(left[0]["n"]) if left else 0
+    finally:
+        for p in procs:
+            p.stop()
+        client.drop_database(db_name)
+        client.close()
+    expected = checksum(range(n))
+    got = [(r["checksum"][0], r["checksum"][1], int(r["checksum"][2])) for r in (push, consume)]
+    if got[0] != expected or got[1] != expected or remaining:
+        raise RuntimeError(
+            f"keuss did not deliver every item exactly once: pushed {got[0][0]:,}, committed "
+            f"{got[1][0]:,} of {n:,} (checksums {'equal' if got[0] == got[1] else 'differ'}), "
+            f"{remaining:,} left in the queue."
+        )
+    return {"push_s": push["wall_s"], "consume_s": consume["wall_s"],
+            "cpu_s": push["cpu_s"] + consume["cpu_s"]}  # fmt: skip
+
+
+def _bucketq_round(uri: str, n: int) -> dict[str, Any]:
+    from .._runner import RunSpec, run_spec
+
+    r = run_spec(uri, RunSpec("bucketq Queue", n, 1, n), lambda pushed, committed: None)
+    if not r.items_ok:
+        raise RuntimeError(f"bucketq did not deliver every item exactly once: {r.items_problem}.")
+    return {"push_s": r.push_s, "consume_s": r.consume_s, "cpu_s": r.cpu_s,
+            "push_cpu_s": sum(w.push_cpu_s for w in r.workers),
+            "consume_cpu_s": sum(w.consume_cpu_s for w in r.workers),
+            "floor_us": r.floor_us, "commands_per_1000": r.commands_per_1000}  # fmt: skip
+
+
+def _rates(r: dict[str, Any], n: int) -> dict[str, float]:
+    return {"push": n / r["push_s"], "consume": n / r["consume_s"],
+            "e2e": n / (r["push_s"] + r["consume_s"]), "cpu_us": 1e6 * r["cpu_s"] / n}  # fmt: skip
+
+
+FIGURES = ("push", "consume", "e2e")
+
+
+def run(
+    mongodb_uri: str | None,
+    *,
+    n: int | None = None,
+    quick: bool = False,
+    rounds: int = DEFAULT_ROUNDS,
+    keuss_dir: str | None = None,
+    json_path: str | None = None,
+) -> dict[str, Any]:
+    """Run the rounds, print the table, write the JSON (``json_path``); returns it."""
+    from ...embedded import URI_ENV, EmbeddedServer
+    from .._runner import environment
+
+    n = n or (QUICK_N if quick else DEFAULT_N)
+    where = Path(keuss_dir) if keuss_dir else default_dir()
+    version = ensure_keuss(where)
+    uri = mongodb_uri or os.environ.get(URI_ENV) or None
+    embedded = None if uri else EmbeddedServer().start()
+    uri = uri or str(embedded.uri)  # type: ignore[union-attr]
+    out: dict[str, Any] = {"n": n, "rounds": []}
+    try:
+        env = environment(uri, embedded is not None, ["bucketq Queue"])
+        env["versions"]["keuss"] = version
+        env["versions"]["node"] = subprocess.run(
+            [_tool("node"), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        out["env"] = env
+        print(f"bucketq bench keuss: N = {n:,}, {rounds} round(s), bucketq Queue then keuss "
+              f"{version} bucket-mongo-safe on {env['server']['description']}", file=sys.stderr)  # fmt: skip
+        for k in range(rounds):
+            row: dict[str, Any] = {"load_avg_1m": [os.getloadavg()[0]]}
+            print(f"round {k + 1}: bucketq ...", file=sys.stderr)
+            row["bucketq"] = _bucketq_round(uri, n)
+            row["load_avg_1m"].append(os.getloadavg()[0])
+            print(f"round {k + 1}: keuss ...", file=sys.stderr)
+            row["keuss"] = _keuss_round(uri, where, n)
+            row["load_avg_1m"].append(os.getloadavg()[0])
+            out["rounds"].append(row)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    out["summary"] = summarize(out["rounds"], n)
+    _report(out)
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"every figure: {json_path}")
+    return out
+
+
+def summarize(rounds: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Per round: both contenders' rates and their ratios; then the medians of each."""
+    per = []
+    for r in rounds:
+        b, k = _rates(r["bucketq"], n), _rates(r["keuss"], n)
+        per.append({"bucketq": b, "keuss": k, "ratio": {f: b[f] / k[f] for f in FIGURES},
+                    "floor_us": r["bucketq"]["floor_us"], "load": max(r["load_avg_1m"])})  # fmt: skip
+    med = statistics.median
+    return {
+        "per_round": per,
+        "median": {
+            who: {f: med(p[who][f] for p in per) for f in (*FIGURES, "cpu_us")}
+            for who in ("bucketq", "keuss")
+        }
+        | {"ratio": {f: med(p["ratio"][f] for p in per) for f in FIGURES}},
+        "floor_us": min(p["floor_us"] for p in per),
+        "load_avg_1m": [min(p["load"] for p in per), max(p["load"] for p in per)],
+    }
+
+
+def _report(out: dict[str, Any]) -> None:
+    s = out["summary"]
+    print()
+    print(
+        "| round | figure | bucketq items/s | keuss items/s | bucketq / keuss | goal | load avg (1 min) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
+    names = {"push": "push/s", "consume": "consume/s", "e2e": "end-to-end/s"}
+    rows = [(str(i + 1), p, f"{p['load']:.1f}") for i, p in enumerate(s["per_round"])]
+    lo, hi = s["load_avg_1m"]
+    rows.append(("median", s["median"], f"{lo:.1f}-{hi:.1f}"))
+    for label, p, load in rows:
+        for f in FIGURES:
+            goal = f"{GOAL:g}x" if f != "push" else ""
+            print(f"| {label} | {names[f]} | {p['bucketq'][f]:,.0f} | {p['keuss'][f]:,.0f} | "
+                  f"{p['ratio'][f]:.1f}x | {goal} | {load} |")  # fmt: skip
+    m = s["median"]
+    print()
+    print(f"client CPU per item (median): bucketq {m['bucketq']['cpu_us']:.2f} µs "
+          f"({m['bucketq']['cpu_us'] / s['floor_us']:.1f}x the BSON floor of {s['floor_us']:.2f} µs: "
+          f"encode + decode of each payload), keuss (node) {m['keuss']['cpu_us']:.2f} µs")  # fmt: skip
+    missed = [names[f] for f in ("consume", "e2e") if m["ratio"][f] < GOAL]
+    print(
+        f"goal {GOAL:g}x keuss for consume and end to end: "
+        + (f"missed for {', '.join(missed)}" if missed else "met")
+    )
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from ..cli import add_bench_parser, run_command
+
+    p = add_bench_parser(sub, "keuss", "bucketq's Queue against keuss's bucket-mongo-safe "
+                         "(Node.js, from npm) on the same server", __doc__)  # fmt: skip
+    p.add_argument("--n", type=v.cli_count(1), default=None,
+                   help=f"items per run (default {DEFAULT_N:,}; --quick: {QUICK_N:,})")  # fmt: skip
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_N:,} items per run")
+    p.add_argument("--rounds", type=v.cli_count(1), default=DEFAULT_ROUNDS,
+                   help=f"rounds, bucketq then keuss in each (default {DEFAULT_ROUNDS})")  # fmt: skip
+    p.add_argument("--keuss-dir", metavar="DIR",
+                   help=f"where keuss is installed from npm (default {default_dir()})")  # fmt: skip
+    p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    p.add_argument(
+        "--mongodb-uri",
+        help="use this MongoDB (default: $BUCKETQ_MONGODB_URI, else the embedded server)",
+    )
+
+    def run_from_args(a: argparse.Namespace) -> int:
+        return run_command("bucketq bench keuss", lambda: run(
+            a.mongodb_uri, n=a.n, quick=a.quick, rounds=a.rounds, keuss_dir=a.keuss_dir,
+            json_path=a.json))  # fmt: skip
+
+    p.set_defaults(func=run_from_args)
+    return p
