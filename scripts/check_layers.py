@@ -82,23 +82,25 @@ def package_of(module: str) -> tuple[str, int]:
     best = ("", -1)
     for i, layer in enumerate(LAYERS):
         for pkg in layer:
-            if (module == pkg or module.startswith(pkg + ".")) and len(pkg) > len(best[0]):
+            # "bucketq" is the package's face (its __init__) alone, not everything below it.
+            inside = module.startswith(pkg + ".") and pkg != "bucketq"
+            if (module == pkg or inside) and len(pkg) > len(best[0]):
                 best = (pkg, i)
     return best
 
 
-def module_name(path: Path) -> tuple[str, bool]:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> tuple[str, bool]:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     is_pkg = parts[-1] == "__init__"
     if is_pkg:
         parts.pop()
     return ".".join(parts), is_pkg
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
+def imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     """(line, imported module) for every import of bucketq in ``path``; ``from x import y``
     counts as ``x.y`` when ``y`` is a module, else as ``x``."""
-    mod, is_pkg = module_name(path)
+    mod, is_pkg = module_name(path, root)
     here = mod if is_pkg else mod.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -112,24 +114,25 @@ def imports(path: Path) -> list[tuple[int, str]]:
                 target = node.module or ""
             for a in node.names:
                 sub = f"{target}.{a.name}"
-                is_module = (ROOT / Path(*sub.split("."))).is_dir() or (
-                    ROOT / Path(*sub.split(".")).with_suffix(".py")
+                is_module = (root / Path(*sub.split("."))).is_dir() or (
+                    root / Path(*sub.split(".")).with_suffix(".py")
                 ).is_file()
                 found.append((node.lineno, sub if is_module else target))
     found = sorted(set(found))
     return [(line, t) for line, t in found if t == "bucketq" or t.startswith("bucketq.")]
 
 
-def problems() -> list[str]:
+def problems(root: Path = ROOT) -> list[str]:
+    """Every import below ``root/bucketq`` that breaks a rule, one line each."""
     out = []
-    for path in sorted((ROOT / "bucketq").rglob("*.py")):
-        mod, _ = module_name(path)
+    for path in sorted((root / "bucketq").rglob("*.py")):
+        mod, _ = module_name(path, root)
         pkg, layer = package_of(mod)
-        where = f"{path.relative_to(ROOT)}"
+        where = f"{path.relative_to(root)}"
         if layer < 0:
             out.append(f"{where}: module {mod} is in no layer: place its package in LAYERS")
             continue
-        for line, target in imports(path):
+        for line, target in imports(path, root):
             tpkg, tlayer = package_of(target)
             if tpkg == pkg or (pkg in BASE and tpkg in BASE) or allowed(mod, target):
                 continue
