@@ -328,8 +328,9 @@ def tee_item(project: str, r: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
-def get_service(request: Request) -> Service:
-    """The app's :class:`Service` (opened by the lifespan)."""
+async def get_service(request: Request) -> Service:
+    """The app's :class:`Service` (opened by the lifespan). Async: FastAPI would run a
+    plain function in a worker thread, a thread hop on every request."""
     svc: Service = request.app.state.svc
     return svc
 

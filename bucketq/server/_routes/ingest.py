@@ -9,7 +9,6 @@ store them and how much they would store, and makes one reservoir call.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -100,8 +99,11 @@ def _records(raw: bytes, body: _Body, project: str, cfg: ServerConfig) -> list[d
     return records
 
 
-#: A run of digits an integer over 64 bits would need (anywhere: a string's digits too).
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+#: Every digit to "0", every other byte to " ": a run of 19 zeros is a run of digits an
+#: integer over 64 bits would need (anywhere: a string's digits too). Two C passes; a
+#: regular expression took ten times as long.
+_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_LONG_DIGITS = b"0" * 19
 
 
 def _surely_storable(raw: bytes) -> bool:
@@ -109,7 +111,7 @@ def _surely_storable(raw: bytes) -> bool:
     a NUL in a key (``\\u0000``) or an integer over 64 bits could fail (pydantic's parser
     refused lone surrogates, :func:`_fast` NaN), and nothing the records add to the body
     can make them much larger than it. Then the records are encoded once, by the insert."""
-    return b"\\u0000" not in raw and _LONG_DIGITS.search(raw) is None
+    return b"\\u0000" not in raw and _LONG_DIGITS not in raw.translate(_DIGITS)
 
 
 def _fast(raw: bytes, body: _Body, cfg: ServerConfig) -> list[Any] | None:
