@@ -90,6 +90,7 @@ def _bench(args: argparse.Namespace) -> int:
             contenders=names,
             repeat=args.repeat,
             partitions=args.partitions,
+            claim=args.claim,
             json_path=args.json,
             plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR),
         ),
@@ -154,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("--partitions", "open the bucketq queues with partitions=K (runs only Queue/AsyncQueue contenders)"),
     ):  # fmt: skip
         b.add_argument(flag, type=v.cli_count(1), default=1, metavar="K", help=text)
+    b.add_argument(
+        "--claim",
+        choices=("auto", "find_and_modify", "find_then_update"),
+        default="auto",
+        help="the bucketq queues' claim form (option claim; runs only Queue/AsyncQueue "
+        "contenders unless auto)",
+    )
     b.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     b.add_argument("--plots", metavar="DIR", help="PNG plots go here (default: bench-results/)")
     b.add_argument("--no-plots", action="store_true", help="write no plots")

@@ -358,6 +358,7 @@ def run(
     stall_timeout: float = DEFAULT_STALL_TIMEOUT,
     repeat: int = 1,
     partitions: int = 1,
+    claim: str = "auto",
 ) -> dict[str, Any]:
     """Run the benchmark, print its tables, write the JSON (``json_path``) and the plots
     (``plots_dir``; None for none). Returns the JSON document.
@@ -367,7 +368,8 @@ def run(
     ``repeat`` K runs every (N, processes) group K times (a fresh embedded server each
     time); the tables and plots show the median of each figure, the JSON every repetition.
     ``partitions`` K > 1 opens the bucketq queues with ``partitions=K`` (and runs only
-    the contenders that take it unless ``contenders`` names others, which is an error).
+    the contenders that take it unless ``contenders`` names others, which is an error);
+    ``claim`` other than ``auto`` names their claim form the same way.
     """
     import json
     import sys
@@ -375,19 +377,24 @@ def run(
     from .. import bucket
 
     v.count("partitions", partitions, lo=1, hi=bucket.MAX_PARTITIONS, unit="partitions")
+    v.choice("claim", claim, ("auto", "find_and_modify", "find_then_update"))
+    optioned = partitions > 1 or claim != "auto"
     names = list(
-        contenders or (c for c in CONTENDERS if partitions == 1 or CONTENDERS[c].takes_options)
+        contenders or (c for c in CONTENDERS if not optioned or CONTENDERS[c].takes_options)
     )
     unknown = [c for c in names if c not in CONTENDERS]
     if unknown:
         raise ConfigurationError(f"Unknown contender(s) {unknown}; choose from {list(CONTENDERS)}.")
-    unpartitioned = [c for c in names if partitions > 1 and not CONTENDERS[c].takes_options]
+    unpartitioned = [c for c in names if optioned and not CONTENDERS[c].takes_options]
     if unpartitioned:
         raise ConfigurationError(
-            f"--partitions {partitions} applies to bucketq's Queue and AsyncQueue only, not to "
-            f"{unpartitioned}; leave those out (or pass no --contender)."
+            f"{f'--partitions {partitions}' if partitions > 1 else f'--claim {claim}'} applies "
+            f"to bucketq's Queue and AsyncQueue only, not to {unpartitioned}; leave those out "
+            "(or pass no --contender)."
         )
-    queue_options = {"partitions": partitions} if partitions > 1 else {}
+    queue_options: dict[str, Any] = {"partitions": partitions} if partitions > 1 else {}
+    if claim != "auto":
+        queue_options["claim"] = claim
     _require(
         [
             "rich",
@@ -412,6 +419,7 @@ def run(
         "procs": list(procs),
         "element_n": element_n,
         "partitions": partitions,
+        "claim": claim,
         "contenders": names,
         "plan": [asdict(s) for s in plan],
         "fresh_server_after_items": FRESH_SERVER_AFTER,

@@ -16,7 +16,6 @@ from pymongo import MongoClient, monitoring
 from bucketq import AsyncElementQueue, AsyncQueue, Queue
 from bucketq.bucket import partition_of
 from bucketq.errors import ConfigurationError
-from bucketq.queue import _core as core
 from bucketq.queue._core.counts import DRAIN_REPORT
 from bucketq.queue._core.held import HeldBucket
 from bucketq.stream import AsyncStreamQueue, StreamQueue
@@ -34,11 +33,8 @@ class Claims(monitoring.CommandListener):
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command_name == "findAndModify":
             self.filters.append(dict(event.command["query"]))
-        elif (
-            event.command_name == "find"
-            and event.command.get("projection") == core.CANDIDATE_PROJECTION
-        ):
-            self.filters.append(dict(event.command["filter"]))
+        elif event.command_name == "find" and "lease.until" in event.command["filter"]:
+            self.filters.append(dict(event.command["filter"]))  # core.candidate_request
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass

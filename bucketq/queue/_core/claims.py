@@ -11,7 +11,7 @@ from typing import Any
 from bson import ObjectId
 
 from ...bucket.document import not_leased
-from ...bucket.times import from_datetime, to_datetime
+from ...bucket.times import to_datetime
 
 #: The claim index of a partitioned queue: a claim is one equality on ``part`` and then
 #: the same range and order as ``CLAIM_SORT``. (``mature_id`` stays: next_t() and the
@@ -164,33 +164,34 @@ def claim_request(
 # ``find_and_modify``: one ``findAndModify`` (``claim_request``) finds the first
 # claimable bucket in claim order and leases it, atomically. On mongod that is one
 # index walk. The embedded server (SecantusDB) plans ``findAndModify`` as a scan of
-# every stored bucket whatever the filter (each decoded, matched and sorted), and so is
-# a ``$or`` anywhere in a filter (the ``not_leased`` term): measured, an ``update``
-# on ``{_id, lease: null}`` takes ~5 ms there, on ``{_id, $or: [...]}`` ~80 ms, and a
-# ``findAndModify`` on ``{_id}`` alone ~70 ms, with 400 stored buckets.
+# every stored bucket whatever the filter (each decoded, matched and sorted), and so it
+# plans any filter with a top-level ``$or`` (the ``not_leased`` term). Measured with 400
+# stored buckets of 100 KB: ``findAndModify`` on ``{_id}`` alone ~70 ms; ``update`` on
+# ``{_id, lease: null}`` ~5 ms, on ``{_id, $or: [...]}`` ~80 ms; a ``find`` of one
+# partition's head ~40-60 ms with the lease term written as ``unleased`` below, ~110 ms
+# with the ``$or``.
 #
-# ``find_then_update``: a ``find`` of candidates (``candidate_request``: the partition's
-# equality and ``mature``, no ``$or``, so the server narrows by the index; projection
-# ``_id`` and ``lease``), of which the consumer keeps those no one holds
-# (``claimable_candidates``) and tries them in claim order, each with one conditional
-# ``update_one`` (``conditional_claim``) on its ``_id`` and the lease it was read with
-# (null, or that token and run out): the first that matches is ours; 0 matched means
-# another consumer (or a release, a renewal, a remove) changed it first: try the next.
-# The claimed bucket is then read by ``_id`` and our token (``claimed_read``): once our
-# lease is on it every other writer is fenced off, so that read is the bucket as
-# claimed; ``as_before_claim`` puts back the lease it had (what a takeover and a
-# reclaim look at). A consumer keeps the candidates it did not use for its next
-# claims, so one scan of a partition serves up to ``CANDIDATES`` claims.
+# ``find_then_update``: a ``find`` of the first ``CANDIDATES`` claimable buckets of the
+# partition in claim order (``candidate_request``: no ``$or``, so the server narrows by
+# the index), whole documents; the consumer tries them in that order, each with one
+# conditional ``update_one`` (``conditional_claim``) that matches only while the bucket
+# is exactly as read (``FENCE_FIELDS`` and its ``lease``: every writer of a bucket, a
+# claim, a holder's flush or release, ``remove()``, an operator's requeue, changes one
+# of them) and writes the same lease as ``claim_request``. The first that matches is
+# ours, and the document read is the bucket as it was before the claim, as
+# ``findAndModify`` returns it; 0 matched means someone changed or took it since the
+# find: try the next. Candidates not tried stay for the next claims in that partition,
+# so one find serves up to ``CANDIDATES`` claims.
 
 #: Claim forms: ``auto`` picks by server (``claim_form``).
 CLAIM_FORMS = ("auto", "find_and_modify", "find_then_update")
 
-#: Buckets a candidate find returns at most (the head of the partition in claim order:
-#: those held by consumers are dropped, the rest kept for the next claims).
-CANDIDATES = 16
+#: Buckets a candidate find returns at most, kept for the next claims.
+CANDIDATES = 8
 
-#: The projection of a candidate find: what ``conditional_claim`` conditions on.
-CANDIDATE_PROJECTION = {"_id": 1, "lease": 1}
+#: The stored fields a conditional claim requires unchanged since its find, besides
+#: ``lease`` (what a served bucket is made of; ``items`` is written once, at insert).
+FENCE_FIELDS = ("leases", "live", "done", "mature", "tries", "next")
 
 
 def claim_form(option: str, build_info: dict[str, Any]) -> str:
@@ -203,59 +204,28 @@ def claim_form(option: str, build_info: dict[str, Any]) -> str:
     return "find_then_update" if "secantusVersion" in build_info else "find_and_modify"
 
 
+def unleased(dnow: datetime) -> dict[str, Any]:
+    """``not_leased`` without a ``$or``: no lease (so no ``lease.until``), or one that ran
+    out by ``dnow``."""
+    return {"lease.until": {"$not": {"$gt": dnow}}}
+
+
 def candidate_request(now: float, part: int | None) -> dict[str, Any]:
-    """The filter of a candidate find: mature buckets of partition ``part`` (None: any),
-    sorted by ``CLAIM_SORT``; whether they are held is read from their ``lease``."""
-    return {**part_filter(part), "mature": {"$lte": to_datetime(now)}}
-
-
-def claimable_candidates(
-    docs: Iterable[dict[str, Any]], now: float
-) -> list[tuple[Any, dict[str, Any] | None]]:
-    """The ``(_id, lease)`` of the candidates no one holds at ``now``, in the order read."""
-    out: list[tuple[Any, dict[str, Any] | None]] = []
-    for doc in docs:
-        lease = doc.get("lease")
-        if lease is None:
-            out.append((doc["_id"], None))
-            continue
-        until = lease.get("until") if isinstance(lease, dict) else None
-        if isinstance(until, datetime) and from_datetime(until) <= now:
-            out.append((doc["_id"], lease))
-    return out
+    """The filter of a candidate find: buckets of partition ``part`` (None: any) a claim
+    could take at ``now``, to be sorted by ``CLAIM_SORT``."""
+    dnow = to_datetime(now)
+    return {**part_filter(part), "mature": {"$lte": dnow}, **unleased(dnow)}
 
 
 def conditional_claim(
-    bucket_id: Any,
-    seen_lease: dict[str, Any] | None,
-    now: float,
-    token: ObjectId,
-    owner: str,
-    lease: float,
+    doc: dict[str, Any], token: ObjectId, owner: str, now: float, lease: float
 ) -> tuple[dict, dict]:
-    """Filter and update of the claim of one candidate: it matches only while the bucket
-    is mature and still has the lease it was read with (null; or that token, run out),
-    with equalities and a range only (no ``$or``), so the server finds it by ``_id``.
-    (A bucket claimed and released in between matches again: it is read back after the
-    claim, so what is served is its state under our lease all the same.)"""
-    dnow = to_datetime(now)
-    flt: dict[str, Any] = {"_id": bucket_id, "mature": {"$lte": dnow}}
-    if seen_lease is None:
-        flt["lease"] = None
-    else:
-        flt["lease.tok"] = seen_lease.get("tok")
-        flt["lease.until"] = {"$lte": dnow}
+    """Filter and update of the claim of one candidate ``doc`` (as the find read it): it
+    matches only while the stored bucket still has the lease and ``FENCE_FIELDS`` read
+    (a missing field matches as missing), all equalities, so the server finds it by
+    ``_id``. It was claimable when read and is unchanged, so it is claimable now."""
+    flt: dict[str, Any] = {"_id": doc["_id"], "lease": doc.get("lease")}
+    for f in FENCE_FIELDS:
+        flt[f] = doc.get(f)
     _, upd = claim_request(now, token, owner, lease)
     return flt, upd
-
-
-def claimed_read(bucket_id: Any, token: ObjectId) -> dict[str, Any]:
-    """The filter that reads back a bucket this consumer just claimed with ``token``."""
-    return {"_id": bucket_id, "lease.tok": token}
-
-
-def as_before_claim(doc: dict[str, Any], seen_lease: dict[str, Any] | None) -> dict[str, Any]:
-    """A bucket read back after a conditional claim, as ``findAndModify`` would have
-    returned it (the document before the claim): its lease the one the claim's filter
-    matched."""
-    return {**doc, "lease": seen_lease, "leases": max(int(doc.get("leases") or 1) - 1, 0)}

@@ -124,9 +124,10 @@ class Consumer:
             core.Rotation(origin.partition, options.partitions) if options.partitions > 1 else None
         )
         # The claim form (``core.claim_form``), known at the first claim; with
-        # find_then_update, the candidates read and not yet tried, per partition.
+        # find_then_update, the candidates read and not yet tried, of one partition.
         self._claim_form: str | None = None
-        self._candidates: dict[int | None, deque[tuple[Any, Any]]] = {}
+        self._candidates: deque[dict[str, Any]] = deque()
+        self._candidates_of: int | None = None
 
     def start(self) -> None:
         """Start the fetcher and the flusher (the fetcher starts the watcher when idle)."""
@@ -374,37 +375,37 @@ class Consumer:
     def _find_then_update(self, part: int | None) -> tuple[dict[str, Any], ObjectId, float] | None:
         """Claim the first candidate of ``part`` whose conditional update matches (see
         ``core.conditional_claim``): the bucket as before the claim, our token and when
-        the claim was sent; None if none did. Candidates left over stay for the next
-        claim; once they are used up, one fresh find (and only one) refills them."""
-        cands = self._candidates.setdefault(part, deque())
+        the claim was sent; None if none did. Candidates not tried stay for the next
+        claim in ``part``; once they are used up, one fresh find (only one) refills them."""
+        if self._candidates_of != part:
+            self._candidates_of = part
+            self._candidates.clear()
+        cands = self._candidates
         refilled = False
         while True:
             if not cands:
                 if refilled:
                     return None
                 refilled = True
-                found = self._col.find(
-                    core.candidate_request(_now(), part),
-                    core.CANDIDATE_PROJECTION,
-                    sort=bucket.CLAIM_SORT,
-                    limit=core.CANDIDATES,
-                ).to_list()
-                cands.extend(core.claimable_candidates(found, _now()))
+                cands.extend(
+                    self._col.find(
+                        core.candidate_request(_now(), part),
+                        sort=bucket.CLAIM_SORT,
+                        limit=core.CANDIDATES,
+                    ).to_list()
+                )
                 if not cands:
                     return None
-            bid, seen = cands.popleft()
+            doc = cands.popleft()
             now = _now()
             token = ObjectId()
             flt, upd = core.conditional_claim(
-                bid, seen, now, token, self.options.owner, self.options.lease
+                doc, token, self.options.owner, now, self.options.lease
             )
             res = self._col.update_one(flt, upd)
-            if not res.matched_count:
-                continue  # taken (or released, renewed, removed) since it was read
-            doc = self._col.find_one(core.claimed_read(bid, token))
-            if doc is None:  # gone under our lease (a takeover after a lease far too short)
-                continue
-            return core.as_before_claim(doc, seen), token, now
+            if res.matched_count:
+                return doc, token, now
+            # 0 matched: claimed, released, renewed or changed since the find; the next.
 
     def _serve_claimed(self, doc: dict[str, Any], token: ObjectId, now: float) -> bool:
         """Hold a bucket just claimed (``doc`` as before the claim, sent at ``now``)."""
