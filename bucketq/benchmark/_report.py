@@ -58,7 +58,9 @@ def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str,
             "mongod, so only ratios measured in this one run carry over. Its findAndModify scans the "
             "collection (~0.5 s of server CPU per claim at 7,600 documents) where a real mongod uses its "
             "index, so wall-clock items/s falls as the collection grows (bigger N); the cost per item "
-            "(client CPU µs, commands per 1,000 items) is what stays flat."
+            "(client CPU µs, commands per 1,000 items) is what stays flat. bucketq's queues claim "
+            "there with claim='find_then_update' (a find of 8 candidates, then a conditional update "
+            "per claim) unless --claim names the form."
         )
     repeat = settings.get("repeat", 1)
     if repeat > 1:
