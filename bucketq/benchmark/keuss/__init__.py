@@ -184,8 +184,27 @@ def _bucketq_round(uri: str, n: int) -> dict[str, Any]:
 
 
 def _rates(r: dict[str, Any], n: int) -> dict[str, float]:
-    return {"push": n / r["push_s"], "consume": n / r["consume_s"],
-            "e2e": n / (r["push_s"] + r["consume_s"]), "cpu_us": 1e6 * r["cpu_s"] / n}  # fmt: skip
+    out = {"push": n / r["push_s"], "consume": n / r["consume_s"],
+           "e2e": n / (r["push_s"] + r["consume_s"]), "cpu_us": 1e6 * r["cpu_s"] / n}  # fmt: skip
+    if r.get("server_cpu_s") is not None:
+        out["server_cpu_us"] = 1e6 * r["server_cpu_s"] / n
+    return out
+
+
+def _server_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds the embedded server's process used so far (Linux; None elsewhere or
+    for a server given by URI): each contender's run is charged what the server spent."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _charge(row: dict[str, Any], who: str, before: float | None, after: float | None) -> None:
+    row[who]["server_cpu_s"] = None if before is None or after is None else after - before
 
 
 FIGURES = ("push", "consume", "e2e")
@@ -220,13 +239,18 @@ def run(
         out["env"] = env
         print(f"bucketq bench keuss: N = {n:,}, {rounds} round(s), bucketq Queue then keuss "
               f"{version} bucket-mongo-safe on {env['server']['description']}", file=sys.stderr)  # fmt: skip
+        pid = embedded.pid if embedded is not None else None
         for k in range(rounds):
             row: dict[str, Any] = {"load_avg_1m": [os.getloadavg()[0]]}
             print(f"round {k + 1}: bucketq ...", file=sys.stderr)
+            c0 = _server_cpu_s(pid)
             row["bucketq"] = _bucketq_round(uri, n)
+            c1 = _server_cpu_s(pid)
+            _charge(row, "bucketq", c0, c1)
             row["load_avg_1m"].append(os.getloadavg()[0])
             print(f"round {k + 1}: keuss ...", file=sys.stderr)
             row["keuss"] = _keuss_round(uri, where, n)
+            _charge(row, "keuss", c1, _server_cpu_s(pid))
             row["load_avg_1m"].append(os.getloadavg()[0])
             out["rounds"].append(row)
     finally:
@@ -251,7 +275,11 @@ def summarize(rounds: list[dict[str, Any]], n: int) -> dict[str, Any]:
     return {
         "per_round": per,
         "median": {
-            who: {f: med(p[who][f] for p in per) for f in (*FIGURES, "cpu_us")}
+            who: {
+                f: med(p[who][f] for p in per)
+                for f in (*FIGURES, "cpu_us", "server_cpu_us")
+                if all(f in p[who] for p in per)
+            }  # fmt: skip
             for who in ("bucketq", "keuss")
         }
         | {"ratio": {f: med(p["ratio"][f] for p in per) for f in FIGURES}},
@@ -281,6 +309,9 @@ def _report(out: dict[str, Any]) -> None:
     print(f"client CPU per item (median): bucketq {m['bucketq']['cpu_us']:.2f} µs "
           f"({m['bucketq']['cpu_us'] / s['floor_us']:.1f}x the BSON floor of {s['floor_us']:.2f} µs: "
           f"encode + decode of each payload), keuss (node) {m['keuss']['cpu_us']:.2f} µs")  # fmt: skip
+    if "server_cpu_us" in m["bucketq"] and "server_cpu_us" in m["keuss"]:
+        print(f"embedded server CPU per item (median, the whole run): bucketq "
+              f"{m['bucketq']['server_cpu_us']:.2f} µs, keuss {m['keuss']['server_cpu_us']:.2f} µs")  # fmt: skip
     missed = [names[f] for f in ("consume", "e2e") if m["ratio"][f] < GOAL]
     print(
         f"goal {GOAL:g}x keuss for consume and end to end: "
