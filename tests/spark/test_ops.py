@@ -4,6 +4,9 @@ stream checks them, and its reads and writes go through the stream's own steps."
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +168,41 @@ def test_a_write_into_a_partitioned_queue_goes_to_its_tasks_partitions(db, mongo
         assert {d.get("part", 0) for d in staged} == {task % 4}, task
     with pytest.raises(ConfigurationError, match="partitions=4 is for bucket queues"):
         options(mongo_uri, db_name, mode="stream", partitions="4")
+
+
+def test_local_sessions_bind_to_loopback_and_workers_import_the_compiled_pyspark(monkeypatch):
+    """A local master binds to 127.0.0.1 (SPARK_LOCAL_IP too, read by the JVM it starts),
+    and its Python workers run through a script that takes Spark's pyspark.zip off
+    PYTHONPATH: they import the installed pyspark, not the zip's sources."""
+    import pyspark
+
+    from bucketq.spark import prepare_session
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    conf = prepare_session("local[2]")
+    assert conf["spark.driver.bindAddress"] == conf["spark.driver.host"] == "127.0.0.1"
+    assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
+    home = Path(pyspark.__file__).parent
+    zip_path = home / "python" / "lib" / "pyspark.zip"
+    if not zip_path.exists():
+        pytest.skip("this pyspark has no python/lib/pyspark.zip")
+    exe = os.environ["PYSPARK_PYTHON"]
+    got = subprocess.run(
+        [exe, "-c", "import pyspark, sys; print(pyspark.__file__); print(sys.path[1])"],
+        env={**os.environ, "PYTHONPATH": f"{zip_path}{os.pathsep}/elsewhere"},
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert got == [str(home / "__init__.py"), "/elsewhere"]
+
+
+def test_a_cluster_master_keeps_sparks_choices_unless_told(monkeypatch):
+    from bucketq.spark import prepare_session
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert prepare_session("spark://spark-master.example:7077") == {}
+    assert "PYSPARK_PYTHON" not in os.environ
+    told = prepare_session("spark://spark-master.example:7077", bind_address="10.0.0.5")
+    assert told["spark.driver.host"] == "10.0.0.5"
