@@ -35,7 +35,7 @@ from urllib.parse import quote_plus
 
 from .errors import EmbeddedServerError
 
-__all__ = ["EmbeddedServer", "find_server_command"]
+__all__ = ["EmbeddedServer", "embedded_uri", "find_server_command", "state_dir"]
 
 log = logging.getLogger("bucketq.embedded")
 
@@ -149,6 +149,69 @@ def private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     path.chmod(0o700)
     return path
+
+
+#: The file in :func:`state_dir` where a running ``bucketq serve`` with embedded storage
+#: keeps its server's URI (with the generated password) while it runs.
+URI_FILE = "serve.uri"
+#: Seconds :func:`embedded_uri` waits for a starting ``bucketq serve`` to write :data:`URI_FILE`.
+STARTING_WAIT = 60.0
+
+
+def state_dir() -> Path:
+    """Where ``bucketq serve`` keeps its embedded server's data and URI file (0700: the
+    URI carries the embedded server's password)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
+    return Path(base) / "bucketq"
+
+
+def embedded_uri(wait: float = STARTING_WAIT) -> str | None:
+    """The URI a running ``bucketq serve`` with embedded storage wrote, if any. While a
+    ``bucketq serve`` of this user is running and the file is not there yet (its embedded
+    server is starting), wait for it, ``wait`` seconds at most: ``bucketq serve &`` then
+    ``bucketq keys create`` works as typed."""
+    path = state_dir() / URI_FILE
+    deadline = time.monotonic() + wait
+    told = False
+    while True:
+        try:
+            uri = path.read_text().strip() or None
+        except OSError:
+            uri = None
+        if uri is not None or time.monotonic() >= deadline:
+            return uri
+        pid = _running_serve()
+        if pid is None:
+            return None
+        if not told:
+            told = True
+            print(f"waiting for bucketq serve (pid {pid}) to start its embedded server "
+                  f"({wait:.0f} s at most) ...", file=sys.stderr)  # fmt: skip
+        time.sleep(0.2)
+
+
+def _running_serve() -> int | None:
+    """The pid of a ``bucketq serve`` process of this user, from ``/proc`` (None without it)."""
+    me, uid = os.getpid(), os.getuid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            if pid == me or os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # `bucketq serve ...` (the console script) and `python -m bucketq serve ...`
+        if any(
+            a.endswith(b"bucketq") and b == b"serve" for a, b in zip(args, args[1:], strict=False)
+        ):
+            return pid
+    return None
 
 
 class _DataLock:

@@ -63,10 +63,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the dead-letter requeue holds a bucket as the queue's consumer does "
         "(HeldBucket, state_write): to become a queue operation"
     ),
-    ("bucketq.admin.cli", "bucketq.server._run"): (
-        "the URI file a running `bucketq serve` wrote (embedded_uri): belongs beside "
-        "the embedded server"
-    ),
 }
 
 

@@ -70,13 +70,9 @@ def add_queues_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _uri(args: argparse.Namespace) -> str:
-    from ..embedded import URI_ENV
+    from ..embedded import URI_ENV, embedded_uri
 
-    uri = args.mongodb_uri or v.env_mongodb_uri()
-    if not uri:
-        from ..server._run import embedded_uri
-
-        uri = embedded_uri()
+    uri = args.mongodb_uri or v.env_mongodb_uri() or embedded_uri()
     if not uri:
         raise BucketQError(
             f"No MongoDB to read: give --mongodb-uri, set {URI_ENV}, or start "

@@ -17,13 +17,11 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from ..embedded import EmbeddedServer, private_dir, write_private
+from ..embedded import URI_FILE, EmbeddedServer, private_dir, state_dir, write_private
 from ..reservoir import from_env as buffer_from_env
 from ._config import ServerConfig, from_env
 
@@ -31,9 +29,6 @@ log = logging.getLogger("bucketq.server")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-URI_FILE = "serve.uri"
-#: Seconds a command waits for a starting ``bucketq serve`` to write :data:`URI_FILE`.
-STARTING_WAIT = 60.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: prometheus_client's multiprocess directory (read when it is first imported).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -41,62 +36,6 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _WORKER_LOG_LEVEL_ENV = "BUCKETQ_SERVE_WORKER_LOG_LEVEL"
 #: Listen backlog: connections the kernel holds until a worker accepts them.
 BACKLOG = 2048
-
-
-def state_dir() -> Path:
-    """Where ``bucketq serve`` keeps its embedded server's data and URI file (0700: the
-    URI carries the embedded server's password)."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "share"
-    )
-    return Path(base) / "bucketq"
-
-
-def embedded_uri(wait: float = STARTING_WAIT) -> str | None:
-    """The URI a running ``bucketq serve`` with embedded storage wrote, if any. While a
-    ``bucketq serve`` of this user is running and the file is not there yet (its embedded
-    server is starting), wait for it, ``wait`` seconds at most: ``bucketq serve &`` then
-    ``bucketq keys create`` works as typed."""
-    path = state_dir() / URI_FILE
-    deadline = time.monotonic() + wait
-    told = False
-    while True:
-        try:
-            uri = path.read_text().strip() or None
-        except OSError:
-            uri = None
-        if uri is not None or time.monotonic() >= deadline:
-            return uri
-        pid = _running_serve()
-        if pid is None:
-            return None
-        if not told:
-            told = True
-            print(f"waiting for bucketq serve (pid {pid}) to start its embedded server "
-                  f"({wait:.0f} s at most) ...", file=sys.stderr)  # fmt: skip
-        time.sleep(0.2)
-
-
-def _running_serve() -> int | None:
-    """The pid of a ``bucketq serve`` process of this user, from ``/proc`` (None without it)."""
-    me, uid = os.getpid(), os.getuid()
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    for pid in pids:
-        try:
-            if pid == me or os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        # `bucketq serve ...` (the console script) and `python -m bucketq serve ...`
-        if any(
-            a.endswith(b"bucketq") and b == b"serve" for a, b in zip(args, args[1:], strict=False)
-        ):
-            return pid
-    return None
 
 
 def bind(host: str, port: int) -> socket.socket:

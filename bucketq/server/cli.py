@@ -55,8 +55,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _keys_db(args: argparse.Namespace) -> tuple[Any, Any]:
     from pymongo import MongoClient
 
+    from ..embedded import embedded_uri
     from ._config import from_env
-    from ._run import embedded_uri
 
     cfg = from_env(mongodb_uri=args.mongodb_uri, database=args.database)
     uri = cfg.mongodb_uri or embedded_uri()
