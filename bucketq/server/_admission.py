@@ -34,6 +34,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import Overloaded
 from ._config import ServerConfig
+from ._middleware._base import HttpMiddleware
 
 #: Routes never refused nor given a deadline: liveness, readiness, metrics, the docs.
 EXEMPT = frozenset({"/health", "/ready", "/metrics", "/docs", "/openapi.json"})
@@ -91,19 +92,16 @@ class BodyTimeout(HTTPException):
         super().__init__(408, f"The body did not arrive within {ms} ms (BUCKETQ_BODY_TIMEOUT_MS).")
 
 
-class Admission:
+class Admission(HttpMiddleware):
     """The ASGI middleware (see the module's text). ``on_refused(reason)`` counts refusals."""
 
     def __init__(self, app: Any, *, config: ServerConfig, on_refused: Any = None) -> None:
-        self.app = app
+        super().__init__(app)
         self.config = config
         self.in_flight = 0
         self.on_refused = on_refused or (lambda _reason: None)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         cfg = self.config
         path = scope.get("path", "")
         bounded = path not in EXEMPT

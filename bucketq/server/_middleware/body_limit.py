@@ -6,17 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from .._http_errors import BodyTooLarge
+from ._base import HttpMiddleware
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     def __init__(self, app: Any, *, max_body: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_body = max_body
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         limit = self.max_body
         try:
             declared = int(dict(scope.get("headers") or []).get(b"content-length", b"0") or 0)

@@ -6,19 +6,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ._base import HttpMiddleware
 from .request_id import request_id_of
 
 log = logging.getLogger("bucketq.server")
 
 
-class LastResort:
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class LastResort(HttpMiddleware):
+    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         started = False
 
         async def tracking_send(message: Any) -> None:

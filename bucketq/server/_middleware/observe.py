@@ -6,6 +6,8 @@ import logging
 import time
 from typing import Any
 
+from ._base import HttpMiddleware
+
 log = logging.getLogger("bucketq.server")
 
 #: The ``method`` label's values; any other method a client sends is counted as ``other``
@@ -41,18 +43,15 @@ class HttpMetrics:
             log.debug("recording HTTP metrics failed", exc_info=True)
 
 
-class Observe:
+class Observe(HttpMiddleware):
     """Counts each request once it is answered (500 when nothing answered it), timed
     from when it reached the app."""
 
     def __init__(self, app: Any, *, metrics: HttpMetrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         status = 500
 
         async def tracking_send(message: Any) -> None:

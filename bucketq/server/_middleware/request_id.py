@@ -8,6 +8,8 @@ import re
 import uuid
 from typing import Any
 
+from ._base import HttpMiddleware
+
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -15,14 +17,8 @@ def request_id_of(scope: dict[str, Any]) -> str:
     return str(scope.get("state", {}).get("request_id", ""))
 
 
-class RequestId:
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class RequestId(HttpMiddleware):
+    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
         rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
