@@ -129,12 +129,17 @@ class _Node:
         return self.answer(PHASE_TIMEOUT)
 
     def stop(self) -> None:
-        if self.p.poll() is None:
+        """Closing stdin ends a process that has not finished its phase (driver.js)."""
+        if self.p.stdin is not None and not self.p.stdin.closed:
             try:
-                self.p.wait(10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
+                self.p.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
 
 
 def _keuss_round(uri: str, where: Path, n: int) -> dict[str, Any]:

@@ -141,9 +141,15 @@ MQ(factoryOpts, (err, factory) => {
   factory.queue(queueName, opts, (err, q) => {
     if (err) fail('queue', err);
     const rl = readline.createInterface({ input: process.stdin });
+    let finished = false;
+    // The parent closes stdin to stop this process (its run failed or was interrupted).
+    rl.on('close', () => {
+      if (!finished) process.exit(1);
+    });
     rl.once('line', (line) => {
       if (line.trim() !== 'go') fail('stdin', `expected "go", got ${JSON.stringify(line)}`);
       const done = () => {
+        finished = true;
         rl.close();
         factory.close(() => process.exit(0));
       };
