@@ -14,18 +14,19 @@ import pytest
 from pymongo import MongoClient
 from rich.console import Console
 
-from bucketq.benchmark import CONTENDERS, build_plan, element_sizes, payload, run
-from bucketq.benchmark._contenders import QUEUE_NAME
-from bucketq.benchmark._stats import (
+from bucketq.benchmark import (
+    CONTENDERS,
     RunResult,
     WorkerReport,
-    checksum,
-    next_check,
-    rel_range,
-    share,
+    build_plan,
+    element_sizes,
+    payload,
+    run,
     spread,
     summarize,
 )
+from bucketq.benchmark._contenders import QUEUE_NAME
+from bucketq.benchmark._stats import checksum, next_check, rel_range, share
 from bucketq.cli import main
 from bucketq.errors import ConfigurationError
 

@@ -22,9 +22,8 @@ from bucketq import ConfigurationError, QueueOptions, reservoir, server
 from bucketq._deps import require, require_all
 from bucketq._validate import cli_count, count
 from bucketq.errors import MissingDependency
-from bucketq.reservoir import BufferConfig
+from bucketq.reservoir import BufferConfig, from_env
 from bucketq.reservoir import _config as reservoir_config
-from bucketq.reservoir._config import from_env
 from bucketq.sdk import _options as sdk_options
 from bucketq.spark import _ops as spark_ops
 

@@ -35,8 +35,9 @@ from bucketq import (
 )
 from bucketq import errors as errors_module
 from bucketq._driver import translate
+from bucketq.reservoir import BucketqTransport
 from bucketq.reservoir._breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
-from bucketq.reservoir._bucketq import BucketqTransport, _translate
+from bucketq.reservoir._bucketq import _translate
 
 
 def test_every_error_class_is_exported_and_all_is_sorted():

@@ -10,7 +10,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from bucketq.reservoir import BufferedReservoir, render_metrics
-from bucketq.reservoir._breaker import OPEN
 from fast_settings import FAST_BUFFER
 
 from .conftest import FakeStorage
@@ -74,7 +73,10 @@ async def test_metrics_text_after_a_scripted_run(fake_clock, backends):
         # Storage goes down: flush failures open the breaker, the next ingest bypasses.
         storage.down = True
         await buf.ingest([{"project_id": "p", "message": "x"}])
-        await eventually(lambda: buf.breaker.state == OPEN, what="the breaker to open")
+        await eventually(
+            lambda: samples(render_metrics(buf))[("reservoir_buffer_breaker_state", ())] == 1,
+            what="the breaker to open",
+        )
         storage.down = False
         await buf.ingest([{"project_id": "p", "message": "y"}])
         sm = samples(render_metrics(buf))
