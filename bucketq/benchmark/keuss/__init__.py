@@ -95,9 +95,12 @@ class _Node:
     def __init__(self, mode: str, where: Path, uri: str, n: int) -> None:
         self.mode = mode
         args = [_tool("node"), str(DRIVER), mode, str(where), uri, QUEUE, str(n)]
+        # keuss logs through `debug`: with DEBUG set its stderr, read only at the end, could fill.
+        env = {k: val for k, val in os.environ.items() if k != "DEBUG"}
         self.p = subprocess.Popen(
-            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
+        )  # fmt: skip
         self.lines: queue_mod.Queue[str | None] = queue_mod.Queue()
         threading.Thread(target=self._read, name=f"keuss-{mode}", daemon=True).start()
 
@@ -144,6 +147,7 @@ class _Node:
 
 def _keuss_round(uri: str, where: Path, n: int) -> dict[str, Any]:
     from pymongo import MongoClient
+    from pymongo.errors import PyMongoError
 
     from .._contenders import with_database
     from .._stats import checksum
@@ -162,7 +166,10 @@ def _keuss_round(uri: str, where: Path, n: int) -> dict[str, Any]:
     finally:
         for p in procs:
             p.stop()
-        client.drop_database(db_name)
+        try:
+            client.drop_database(db_name)
+        except PyMongoError as exc:  # never hide why the run ended
+            print(f"could not drop the benchmark database {db_name}: {exc}", file=sys.stderr)
         client.close()
     expected = checksum(range(n))
     got = [(r["checksum"][0], r["checksum"][1], int(r["checksum"][2])) for r in (push, consume)]
