@@ -131,10 +131,8 @@ class Packer:
         """Add an encoded item (to partition ``part``); returns (its bucket, its index, the
         buckets this add sealed, oldest first)."""
         nbytes = len(item)
-        if nbytes > self.max_item_bytes:
-            self.check_size(nbytes)
-        # Most pushes are due now, in partition 0: skip open_key's call (push's hot path).
-        slot = None if mature <= now and not part else open_key(mature, now, self.granularity, part)
+        self.check_size(nbytes)
+        slot = open_key(mature, now, self.granularity, part)
         sealed: tuple[OpenBucket, ...] = ()
         ob = self.open.get(slot)
         if ob is not None and ob.nbytes + nbytes > self.max_item_bytes:
