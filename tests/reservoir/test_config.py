@@ -10,8 +10,14 @@ import mmh3
 import pytest
 
 from bucketq.errors import ConfigurationError
-from bucketq.reservoir import BufferConfig, config_table, from_env
-from bucketq.reservoir._factory import create_transport
+from bucketq.reservoir import (
+    BufferConfig,
+    BufferedReservoir,
+    MongoReservoir,
+    config_table,
+    from_env,
+    wrap_reservoir,
+)
 from bucketq.reservoir._policy import BatchPolicy, interpret, retry_delay, shard_for
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reservoir.md"
@@ -47,9 +53,15 @@ def test_values_are_read_and_invalid_ones_name_the_variable():
 async def test_the_bucketq_lease_reaches_every_shard_queue(adb):
     # How soon a dead process's records go to another is the shard queues' lease.
     cfg = from_env(
-        {"RESERVOIR_BUFFER_TRANSPORT": "bucketq", "RESERVOIR_BUFFER_BUCKETQ_LEASE_MS": "4000"}
+        {
+            "RESERVOIR_BUFFER_ENABLED": "true",
+            "RESERVOIR_BUFFER_TRANSPORT": "bucketq",
+            "RESERVOIR_BUFFER_BUCKETQ_LEASE_MS": "4000",
+        }
     )
-    transport = create_transport(cfg, db=adb)
+    buffered = wrap_reservoir(MongoReservoir(adb), cfg, db=adb)
+    assert isinstance(buffered, BufferedReservoir)
+    transport = buffered.transport
     await transport.start(2)
     try:
         assert [q.options.lease for q in transport.queues.values()] == [4.0, 4.0]

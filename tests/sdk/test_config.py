@@ -61,7 +61,7 @@ def test_same_configuration_same_processor_other_configuration_nothing_shared(tm
 )  # fmt: skip
 def test_bad_options_name_the_argument(kwargs, names):
     with pytest.raises(ConfigurationError, match=names):
-        make_config(**kwargs)
+        Client(**kwargs)
 
 
 def test_options_are_checked_where_declared_and_equal_values_are_one_configuration(tmp_path):
@@ -73,12 +73,12 @@ def test_options_are_checked_where_declared_and_equal_values_are_one_configurati
     assert one.url == "http://h:8080" and one.ingest_url == "http://h:8080/api/v1/ingest"
     # The message names the option and what it accepts, as every option check does.
     with pytest.raises(ConfigurationError) as err:
-        make_config(**base, queue_size=True)
+        Client(**base, queue_size=True)
     assert str(err.value) == "queue_size must be a whole number at least 1; got True."
     with pytest.raises(
         ConfigurationError, match="service must be a non-empty string of at most 100"
     ):
-        make_config(**base, service="s" * 101)
+        Client(**base, service="s" * 101)
 
 
 def test_client_log_rejects_an_unknown_level(tmp_path):
