@@ -20,7 +20,7 @@ from typing import Any
 
 from bson import ObjectId
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, PyMongoError
+from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
 from ... import _validate as v
 from ... import bucket
@@ -46,7 +46,13 @@ async def _claim_form(client: Any, option: str) -> str:
         return option
     form = _FORMS.get(client)
     if form is None:
-        form = core.claim_form(option, await client.admin.command("buildInfo"))
+        try:
+            info = await client.admin.command("buildInfo")
+        except (
+            OperationFailure
+        ):  # refused (a user without the right): the one form every server has
+            info = {}
+        form = core.claim_form(option, info)
         _FORMS[client] = form
         log.debug("claims use %s on this server", form)
     return form
