@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -32,29 +33,17 @@ def _need_node() -> None:
         pytest.skip(reason)
 
 
+def _bench_keuss(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``bucketq bench keuss ARGS`` run as a user runs it, its output captured."""
+    return subprocess.run([sys.executable, "-m", "bucketq", "bench", "keuss", *args],
+                          capture_output=True, text=True, **kw)  # fmt: skip
+
+
 def test_bench_keuss_runs_both_queues_and_reports_their_ratios(mongo_uri, tmp_path):
     _need_node()
     out = tmp_path / "keuss.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bucketq",
-            "bench",
-            "keuss",
-            "--n",
-            str(N),
-            "--rounds",
-            "1",
-            "--mongodb-uri",
-            mongo_uri,
-            "--json",
-            str(out),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = _bench_keuss("--n", str(N), "--rounds", "1", "--mongodb-uri", mongo_uri,
+                        "--json", str(out), timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["n"] == N and len(doc["rounds"]) == 1
@@ -77,23 +66,7 @@ def test_bench_keuss_runs_both_queues_and_reports_their_ratios(mongo_uri, tmp_pa
 
 def test_bench_keuss_without_node_says_so_in_one_line(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path)}  # neither node nor npm on it
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bucketq",
-            "bench",
-            "keuss",
-            "--n",
-            "10",
-            "--keuss-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    done = _bench_keuss("--n", "10", "--keuss-dir", str(tmp_path), timeout=120, env=env)
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
