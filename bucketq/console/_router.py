@@ -8,9 +8,11 @@ with the CSRF token and asks for confirmation on a page of its own first.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -137,6 +139,25 @@ async def operator(request: Request) -> access.Operator | Response:
         return render(request, "denied.html", d.status, message=d.message, op=None)
     _watch(request).viewed()
     return op
+
+
+def signed_in(page: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """A page for a signed-in operator, called as ``page(request, op, **params)``; anyone
+    else gets :func:`operator`'s answer. The route FastAPI sees has ``page``'s parameters
+    but ``op``."""
+    sig = inspect.signature(page, eval_str=True)
+
+    @functools.wraps(page)
+    async def route(request: Request, **params: Any) -> Response:
+        op = await operator(request)
+        if isinstance(op, Response):
+            return op
+        return await page(request, op, **params)
+
+    route.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[p for name, p in sig.parameters.items() if name != "op"]
+    )
+    return route
 
 
 async def form(request: Request) -> dict[str, str]:
@@ -278,10 +299,8 @@ def _out(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.get("/logs")
-async def logs_page(request: Request) -> Response:
-    op = await operator(request)
-    if isinstance(op, Response):
-        return op
+@signed_in
+async def logs_page(request: Request, op: access.Operator) -> Response:
     svc = _svc(request)
     error = None
     rows: list[dict[str, Any]] = []
@@ -308,10 +327,8 @@ async def logs_page(request: Request) -> Response:
 
 
 @router.get("/api/tail")
-async def tail(request: Request) -> Response:
-    op = await operator(request)
-    if isinstance(op, Response):
-        return op
+@signed_in
+async def tail(request: Request, op: access.Operator) -> Response:
     svc = _svc(request)
     f = _filters(request.query_params, [])
     since = _parse_time(request.query_params.get("since")) or datetime.now(UTC) - TAIL_SLACK
@@ -329,10 +346,8 @@ async def tail(request: Request) -> Response:
 
 
 @router.get("/logs/{rid}")
-async def log_detail(request: Request, rid: str) -> Response:
-    op = await operator(request)
-    if isinstance(op, Response):
-        return op
+@signed_in
+async def log_detail(request: Request, op: access.Operator, rid: str) -> Response:
     svc = _svc(request)
     from bson import ObjectId
     from bson.errors import InvalidId
@@ -396,10 +411,8 @@ def _queue_rows(request: Request) -> list[dict[str, Any]]:
 
 
 @router.get("/queues")
-async def queues_page(request: Request) -> Response:
-    op = await operator(request)
-    if isinstance(op, Response):
-        return op
+@signed_in
+async def queues_page(request: Request, op: access.Operator) -> Response:
     watch = _watch(request)
     if watch.ok is None or not watch.rows:
         await watch.sample()  # the first view: read now rather than show an empty table
@@ -407,18 +420,14 @@ async def queues_page(request: Request) -> Response:
 
 
 @router.get("/api/queues")
-async def queues_json(request: Request) -> Response:
-    op = await operator(request)
-    if isinstance(op, Response):
-        return op
+@signed_in
+async def queues_json(request: Request, op: access.Operator) -> Response:
     return JSONResponse({"ok": _watch(request).ok, "queues": _queue_rows(request)})
 
 
 @router.get("/queues/{name}")
-async def queue_page(request: Request, name: str) -> Response:
-    op = await operator(request)
-    if isinstance(op, Response):
-        return op
+@signed_in
+async def queue_page(request: Request, op: access.Operator, name: str) -> Response:
     svc = _svc(request)
     ins = AsyncInspector(svc.db)
     try:
@@ -552,19 +561,15 @@ async def _ingest_state(svc: Any) -> dict[str, Any]:
 
 
 @router.get("/ingest")
-async def ingest_page(request: Request) -> Response:
-    op = await operator(request)
-    if isinstance(op, Response):
-        return op
+@signed_in
+async def ingest_page(request: Request, op: access.Operator) -> Response:
     return render(request, "ingest.html", op=op, s=await _ingest_state(_svc(request)),
                   done=request.query_params.get("done"))  # fmt: skip
 
 
 @router.get("/api/ingest")
-async def ingest_json(request: Request) -> Response:
-    op = await operator(request)
-    if isinstance(op, Response):
-        return op
+@signed_in
+async def ingest_json(request: Request, op: access.Operator) -> Response:
     return JSONResponse(await _ingest_state(_svc(request)))
 
 
