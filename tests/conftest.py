@@ -3,7 +3,8 @@
 MongoDB: ``$BUCKETQ_MONGODB_URI`` if set; else a real mongod through testcontainers
 when a Docker engine answers; else the embedded SecantusDB server on a free port.
 Redis: ``$REDIS_URL``, else 127.0.0.1:6379. Locally an absent optional server
-skips with a reason; in CI (``CI=true``) it fails.
+skips with a reason; in CI (``CI=true``) it fails. ``storage``: an embedded server of
+the test's own, to freeze (``frozen`` in ``tests/processes.py``), stop or restart.
 
 Waiting: tests wait for conditions, never for time. ``eventually(predicate)`` and
 ``eventually_async(predicate)`` live in ``tests/waiting.py`` (re-exported here);
@@ -23,6 +24,7 @@ worker with ``pytest.mark.xdist_group`` (``--dist loadgroup``).
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,6 +152,22 @@ def _docker_mongo() -> Iterator[str] | None:
             yield c.get_connection_url()
 
     return gen()
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    """An embedded storage server of the test's own, to freeze, stop or restart; resumed
+    (SIGCONT, in case the test left it frozen) and stopped at the end."""
+    try:
+        server = EmbeddedServer(tmp_path / "own-storage").start()
+    except Exception as exc:  # noqa: BLE001 - no server binary: skipped, or failed in CI
+        _missing(f"no embedded server: {exc}")
+    try:
+        yield server
+    finally:
+        if server.pid is not None and server.running():
+            os.kill(server.pid, signal.SIGCONT)
+        server.stop()
 
 
 @pytest.fixture(scope="session")

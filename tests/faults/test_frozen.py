@@ -12,15 +12,13 @@ a loaded machine), not a speed threshold; the measured times are printed (``-s``
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pytest
+from processes import frozen
 from pymongo import AsyncMongoClient, MongoClient
 
 from bucketq import OperationTimeout, PushFailed, Queue, ServerUnavailable, StreamQueue
@@ -41,45 +39,12 @@ OPTS = {**FAST_FAULTS, "retry_budget": BUDGET, "op_timeout": OP}
 UNANSWERED = (OperationTimeout, ServerUnavailable)
 
 
-@pytest.fixture
-def server(tmp_path) -> Iterator[EmbeddedServer]:
-    s = EmbeddedServer(tmp_path / "data").start()
-    try:
-        yield s
-    finally:
-        if s.pid is not None:
-            os.kill(s.pid, signal.SIGCONT)
-        s.stop()
-
-
-def freeze(pid: int) -> None:
-    """SIGSTOP, and wait until every thread of the server is stopped (a thread already
-    running may otherwise answer one more request)."""
-    os.kill(pid, signal.SIGSTOP)
-    tasks = f"/proc/{pid}/task"
-    if not os.path.isdir(tasks):
-        return
-
-    def state(tid: str) -> str:
-        try:
-            with open(f"{tasks}/{tid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return "T"  # gone
-
-    wait_for(lambda: all(state(t) in "Tt" for t in os.listdir(tasks)), 10, "the server to stop")
-
-
 @contextmanager
-def frozen(server: EmbeddedServer) -> Iterator[Callable[[], None]]:
+def frozen_for(storage: EmbeddedServer) -> Iterator[Callable[[], None]]:
     """Freeze the server; the yielded function waits out the rest of ``FREEZE``."""
-    assert server.pid is not None
-    freeze(server.pid)
-    t0 = time.monotonic()
-    try:
+    with frozen(storage.pid):
+        t0 = time.monotonic()
         yield lambda: time.sleep(max(0.0, FREEZE - (time.monotonic() - t0)))
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -108,8 +73,8 @@ def report(label: str, seconds: float, out: Any, bound: float) -> None:
     assert seconds < bound, f"{label} took {seconds:.1f} s, past its bound of {bound:.1f} s"
 
 
-def test_pushes_give_up_within_their_budget_and_land_once_resumed(server):
-    client: MongoClient = MongoClient(server.uri)  # pymongo's defaults: no socket timeout
+def test_pushes_give_up_within_their_budget_and_land_once_resumed(storage):
+    client: MongoClient = MongoClient(storage.uri)  # pymongo's defaults: no socket timeout
     try:
         q = Queue(client["bq"], "q", **OPTS)
         acked = set()
@@ -117,7 +82,7 @@ def test_pushes_give_up_within_their_budget_and_land_once_resumed(server):
             q.push({"i": i}, durable=True)
             acked.add(i)
         push_bound = BUDGET + OPTS["bucket_max_wait"] + MIN_ATTEMPT_TIMEOUT + MARGIN
-        with frozen(server) as rest:
+        with frozen_for(storage) as rest:
             t, out = timed(lambda: q.push({"i": 100}, durable=True))
             report("push(durable=True)", t, out, push_bound)
             assert isinstance(out, PushFailed)
@@ -146,9 +111,9 @@ def test_pushes_give_up_within_their_budget_and_land_once_resumed(server):
         client.close()
 
 
-def test_consumers_go_on_while_frozen_and_resume_by_themselves(server):
+def test_consumers_go_on_while_frozen_and_resume_by_themselves(storage):
     n = 200
-    client: MongoClient = MongoClient(server.uri)
+    client: MongoClient = MongoClient(storage.uri)
     try:
         db = client["bq"]
         with Queue(db, "q", **{**OPTS, "bucket_max_size": 20}) as producer:
@@ -165,7 +130,7 @@ def test_consumers_go_on_while_frozen_and_resume_by_themselves(server):
         assert held is not None
         consumed[held.payload["i"]] += 1
         assert other.reserve(timeout=10) is not None  # `other` holds a bucket too
-        with frozen(server) as rest:
+        with frozen_for(storage) as rest:
             t, out = timed(lambda: c.reserve(timeout=1.0))
             report("reserve(timeout=1)", t, out, 1.0 + MARGIN)
             if out is not None:  # served from memory: the lease had time left
@@ -200,13 +165,13 @@ def test_consumers_go_on_while_frozen_and_resume_by_themselves(server):
         client.close()
 
 
-def test_stream_calls_are_bounded_while_frozen(server):
-    client: MongoClient = MongoClient(server.uri)
+def test_stream_calls_are_bounded_while_frozen(storage):
+    client: MongoClient = MongoClient(storage.uri)
     try:
         s = StreamQueue(client["bq"], "s", retry_budget=BUDGET, op_timeout=OP, bucket_max_wait=0.05)
         s.push({"i": 0}, durable=True)
         consumer = s.consumer()
-        with frozen(server) as rest:
+        with frozen_for(storage) as rest:
             t, out = timed(lambda: s.push({"i": 1}, durable=True))
             report(
                 "stream push(durable=True)", t, out, BUDGET + 0.05 + MIN_ATTEMPT_TIMEOUT + MARGIN
@@ -233,19 +198,19 @@ def test_stream_calls_are_bounded_while_frozen(server):
         client.close()
 
 
-def test_reservoir_start_and_ingest_are_bounded_while_frozen(server):
+def test_reservoir_start_and_ingest_are_bounded_while_frozen(storage):
     from bucketq.reservoir import BucketqTransport, BufferConfig, BufferedReservoir, MongoReservoir
 
     async def run() -> None:
-        client: AsyncMongoClient = AsyncMongoClient(server.uri)
+        client: AsyncMongoClient = AsyncMongoClient(storage.uri)
         try:
             db = client["bq"]
-            storage = MongoReservoir(db, op_timeout=OP)
+            reservoir = MongoReservoir(db, op_timeout=OP)
             transport = BucketqTransport(
                 db, prefix="r", queue_options={"retry_budget": BUDGET, "op_timeout": OP}
             )
             cfg = BufferConfig(enabled=True, shards=4, max_batch_age_ms=100, failure_threshold=1)
-            buf = BufferedReservoir(storage, transport, cfg)
+            buf = BufferedReservoir(reservoir, transport, cfg)
 
             async def atimed(coro: Any) -> tuple[float, Any]:
                 t0 = time.monotonic()
@@ -259,10 +224,8 @@ def test_reservoir_start_and_ingest_are_bounded_while_frozen(server):
                 return [{"project_id": f"p{i % 7}", "service": "api", "level": "info",
                          "message": f"m-{i}"} for i in range(start, start + k)]  # fmt: skip
 
-            assert server.pid is not None
-            freeze(server.pid)
-            t0 = time.monotonic()
-            try:
+            with frozen(storage.pid):
+                t0 = time.monotonic()
                 t, out = await atimed(buf.start())
                 report("reservoir start() (4 shards)", t, out, OP + MARGIN)
                 assert out is buf
@@ -273,8 +236,6 @@ def test_reservoir_start_and_ingest_are_bounded_while_frozen(server):
                 report("reservoir ingest() (breaker open)", t, out, 3 * OP + MARGIN)
                 assert out["failed"] == 20
                 await asyncio.sleep(max(0.0, FREEZE - (time.monotonic() - t0)))
-            finally:
-                os.kill(server.pid, signal.SIGCONT)
             # Resumed: the breaker closes after its cooldown; ingests are stored again.
             accepted = 0
             start = 100
@@ -287,7 +248,7 @@ def test_reservoir_start_and_ingest_are_bounded_while_frozen(server):
                 await asyncio.sleep(0.1)
             stopped = await buf.stop(timeout=30)
             assert stopped["left"] == 0
-            stored = {d["message"] for d in await storage.query("log", limit=10_000)}
+            stored = {d["message"] for d in await reservoir.query("log", limit=10_000)}
             assert len(stored) >= accepted
             assert transport  # the shards' queues were created and used
         finally:
@@ -296,15 +257,15 @@ def test_reservoir_start_and_ingest_are_bounded_while_frozen(server):
     asyncio.run(run())
 
 
-def test_a_dead_server_fails_pushes_after_the_budget_and_health_says_so(server):
+def test_a_dead_server_fails_pushes_after_the_budget_and_health_says_so(storage):
     """Issue 16: a durable push to a dead server failed after 90 s against a 60 s
     budget, and reserve() returned None exactly as on an empty queue."""
-    client: MongoClient = MongoClient(server.uri)
+    client: MongoClient = MongoClient(storage.uri)
     try:
         q = Queue(client["bq"], "q", **OPTS)
         q.push({"i": 0}, durable=True)
         assert q.health()["ok"]
-        server.stop(keep_data=True)
+        storage.stop(keep_data=True)
         try:
             t, out = timed(lambda: q.push({"i": 1}, durable=True))
             report("push(durable=True) to a stopped server", t, out,
@@ -317,7 +278,7 @@ def test_a_dead_server_fails_pushes_after_the_budget_and_health_says_so(server):
             assert health["unreachable_since"] <= time.time()
             assert health["last_error"]
         finally:
-            server.start()
+            storage.start()
         q.push({"i": 2}, durable=True)
         assert q.health()["ok"] and q.health()["unreachable_since"] is None
         assert wait_for(lambda: q.reserve(timeout=1), 30, "the first item") is not None

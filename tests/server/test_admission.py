@@ -6,10 +6,8 @@ fails the test by the client's timeout, not by a measured time."""
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import signal
 import socket
 import threading
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from processes import frozen
 from pymongo import MongoClient
 
 from bucketq.embedded import EmbeddedServer
@@ -49,45 +48,6 @@ def random_key() -> str:
 
 
 # -- a frozen store --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def storage() -> Iterator[EmbeddedServer]:
-    """A storage server of the test's own, to freeze (always resumed at the end)."""
-    try:
-        server = EmbeddedServer().start()
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"no embedded server: {exc}")
-    try:
-        yield server
-    finally:
-        if server.pid is not None:
-            os.kill(server.pid, signal.SIGCONT)
-        server.stop()
-
-
-@contextmanager
-def frozen(pid: int) -> Iterator[None]:
-    """SIGSTOP until the block ends; waits until every thread of ``pid`` is stopped."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        tasks = f"/proc/{pid}/task"
-
-        def stopped() -> bool:
-            states = []
-            for tid in os.listdir(tasks):
-                try:
-                    with open(f"{tasks}/{tid}/stat") as f:
-                        states.append(f.read().rsplit(")", 1)[1].split()[0])
-                except OSError:
-                    pass
-            return all(s in "Tt" for s in states)
-
-        if os.path.isdir(tasks):
-            eventually(stopped, what="the storage server to stop")
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 def test_a_frozen_store_is_a_503_in_time_and_unknown_keys_evict_no_known_one(

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from processes import alive
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
@@ -94,14 +95,6 @@ def _readable_by_nobody(path: Path) -> bool:
     return out.returncode == 0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_serve_locks_down_its_embedded_store(home: Path) -> None:
     log = home / "serve.log"
     proc = _serve(home, log)
@@ -156,11 +149,11 @@ def test_embedded_store_dies_with_serve_and_its_directory_is_guarded(home: Path)
         _listening(first, log)
         assert _bucketq(home, "keys", "create", "--project", "kept").returncode == 0
         info = json.loads((home / "data" / LOCK_FILE).read_text())
-        assert info["owner"] == first.pid and _alive(info["server"])
+        assert info["owner"] == first.pid and alive(info["server"])
 
         first.kill()
         first.wait()
-        eventually(lambda: not _alive(info["server"]), 60, what="the embedded server to exit")
+        eventually(lambda: not alive(info["server"]), 60, what="the embedded server to exit")
 
         log2 = home / "serve2.log"
         second = _serve(home, log2)
@@ -197,11 +190,11 @@ def test_a_server_left_by_a_dead_owner_is_stopped_by_the_next_start(tmp_path: Pa
     out = subprocess.run([sys.executable, "-c", script, str(data)], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     orphan = int(out.stdout.split()[0])
-    assert _alive(orphan), out.stderr  # left running, its owner gone
+    assert alive(orphan), out.stderr  # left running, its owner gone
 
     server = EmbeddedServer(data).start()  # failed at once before: the store was locked
     try:
-        assert not _alive(orphan)
+        assert not alive(orphan)
         with MongoClient(server.uri, serverSelectionTimeoutMS=10_000) as client:
             assert client.admin.command("ping")["ok"] == 1
     finally:

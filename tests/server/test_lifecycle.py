@@ -7,11 +7,9 @@ from __future__ import annotations
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from pymongo import MongoClient
 
 from bucketq.embedded import EmbeddedServer
@@ -20,17 +18,6 @@ from bucketq.stream import StreamQueue
 from waiting import eventually
 
 from .helpers import Serve, log_batch
-
-
-@pytest.fixture
-def storage() -> Iterator[EmbeddedServer]:
-    """A storage server of the test's own, to stop and start."""
-    try:
-        server = EmbeddedServer().start()
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"no embedded server: {exc}")
-    yield server
-    server.stop()
 
 
 def test_ready_and_503_follow_the_storage_server(storage: EmbeddedServer, tmp_path: Path) -> None:

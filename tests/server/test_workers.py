@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 import httpx
+from processes import alive
 from pymongo import MongoClient
 
 from bucketq.queue import Queue
@@ -47,14 +48,6 @@ def _is_tracker(pid: int) -> bool:
         return b"resource_tracker" in f.read()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_two_workers_one_port_metrics_of_both_and_a_graceful_stop(
     mongo_uri: str, mongo_client: MongoClient, tmp_path: Path
 ) -> None:
@@ -87,7 +80,7 @@ def test_two_workers_one_port_metrics_of_both_and_a_graceful_stop(
 
         # SIGTERM: each worker stops its buffer (flushes what it holds), then the parent ends
         assert serve.terminate(signal.SIGTERM) == 0, serve.output()
-        assert not any(_alive(w) for w in workers)
+        assert not any(alive(w) for w in workers)
         assert mongo_client[db]["logs"].count_documents({"project_id": "workers"}) == 2 * REQUESTS
         assert "Traceback" not in serve.output()
     finally:
