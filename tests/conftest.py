@@ -100,6 +100,7 @@ LONGEST_FIRST = (
     "tests/faults/test_frozen.py",
     "tests/stream/test_stream.py",
     "tests/misuse/test_cli_and_config.py",
+    "admission",  # tests/server/test_admission.py: two `bucketq serve`, a frozen store
     "tests/server/test_embedded_store.py",
     "serve",
     "console",
