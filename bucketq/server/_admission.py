@@ -34,7 +34,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import Overloaded
 from ._config import ServerConfig
-from ._middleware._base import HttpMiddleware
+from ._middleware._base import Middleware
 
 #: Routes never refused nor given a deadline: liveness, readiness, metrics, the docs.
 EXEMPT = frozenset({"/health", "/ready", "/metrics", "/docs", "/openapi.json"})
@@ -92,7 +92,7 @@ class BodyTimeout(HTTPException):
         super().__init__(408, f"The body did not arrive within {ms} ms (BUCKETQ_BODY_TIMEOUT_MS).")
 
 
-class Admission(HttpMiddleware):
+class Admission(Middleware):
     """The ASGI middleware (see the module's text). ``on_refused(reason)`` counts refusals."""
 
     def __init__(self, app: Any, *, config: ServerConfig, on_refused: Any = None) -> None:
@@ -101,7 +101,7 @@ class Admission(HttpMiddleware):
         self.in_flight = 0
         self.on_refused = on_refused or (lambda _reason: None)
 
-    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         cfg = self.config
         path = scope.get("path", "")
         bounded = path not in EXEMPT

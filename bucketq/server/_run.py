@@ -24,6 +24,7 @@ from typing import Any
 from ..embedded import URI_FILE, EmbeddedServer, private_dir, state_dir, write_private
 from ..reservoir import from_env as buffer_from_env
 from ._config import ServerConfig, from_env
+from ._middleware._base import Middleware
 
 log = logging.getLogger("bucketq.server")
 
@@ -208,18 +209,13 @@ def worker_app() -> Any:
 _STOPPED_BY_SIGNAL = (0, -signal.SIGTERM, -signal.SIGINT)
 
 
-class _ExitIncomplete:
+class _ExitIncomplete(Middleware):
     """A worker whose buffer stop did not finish exits 1 as soon as the app's shutdown
     is over (uvicorn would end it by the re-raised SIGTERM, hiding it from the parent)."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    scope_type = "lifespan"
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         async def watching_send(message: Any) -> None:
             await send(message)
             svc = getattr(self.app.state, "svc", None)

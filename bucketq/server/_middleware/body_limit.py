@@ -6,15 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from .._http_errors import BodyTooLarge
-from ._base import HttpMiddleware
+from ._base import Middleware
 
 
-class BodyLimit(HttpMiddleware):
+class BodyLimit(Middleware):
     def __init__(self, app: Any, *, max_body: int) -> None:
         super().__init__(app)
         self.max_body = max_body
 
-    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         limit = self.max_body
         try:
             declared = int(dict(scope.get("headers") or []).get(b"content-length", b"0") or 0)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ._base import HttpMiddleware
+from ._base import Middleware
 from .request_id import request_id_of
 
 log = logging.getLogger("bucketq.server")
 
 
-class LastResort(HttpMiddleware):
-    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+class LastResort(Middleware):
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         started = False
 
         async def tracking_send(message: Any) -> None:

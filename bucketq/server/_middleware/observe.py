@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from ._base import HttpMiddleware
+from ._base import Middleware
 
 log = logging.getLogger("bucketq.server")
 
@@ -43,7 +43,7 @@ class HttpMetrics:
             log.debug("recording HTTP metrics failed", exc_info=True)
 
 
-class Observe(HttpMiddleware):
+class Observe(Middleware):
     """Counts each request once it is answered (500 when nothing answered it), timed
     from when it reached the app."""
 
@@ -51,7 +51,7 @@ class Observe(HttpMiddleware):
         super().__init__(app)
         self.metrics = metrics
 
-    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         status = 500
 
         async def tracking_send(message: Any) -> None:

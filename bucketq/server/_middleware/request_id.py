@@ -8,7 +8,7 @@ import re
 import uuid
 from typing import Any
 
-from ._base import HttpMiddleware
+from ._base import Middleware
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -17,8 +17,8 @@ def request_id_of(scope: dict[str, Any]) -> str:
     return str(scope.get("state", {}).get("request_id", ""))
 
 
-class RequestId(HttpMiddleware):
-    async def http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+class RequestId(Middleware):
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
         rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
