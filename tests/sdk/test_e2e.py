@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import processes
 import pytest
 from pymongo import MongoClient
 
@@ -82,19 +82,8 @@ def messages(server: Serve, key: str, svc: str) -> Counter:
 
 
 @contextmanager
-def stopped(pid: int | None) -> Iterator[None]:
-    """The process ``pid`` stopped with SIGSTOP (it answers nothing) until the block ends."""
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
-
-
-@contextmanager
 def slow_storage(database: str, tmp_path: Path) -> Iterator[tuple[Serve, str, EmbeddedServer]]:
-    """A ``bucketq serve`` on a MongoDB of its own that the test may freeze (``stopped``):
+    """A ``bucketq serve`` on a MongoDB of its own that the test may freeze:
     its storage times out after 300 ms and it answers 503 with Retry-After 1 s. Yields
     the server, a key it knows and its MongoDB."""
     mongo = EmbeddedServer(standalone=True).start()
@@ -282,7 +271,7 @@ def test_a_drain_waits_for_a_fallback_that_asked_to_wait(frozen, pkey, svc, tmp_
         c = Client(frozen.url, pkey, fallback_url=fb.url, fallback_api_key=fkey,
                    spill_dir=tmp_path / "spill", service=svc, queue_size=100, batch_size=5,
                    timeout=120, **FAST_SDK)  # fmt: skip
-        with stopped(storage.pid):
+        with processes.frozen(storage.pid):
             for i in range(120):
                 c.log("info", f"dw-{i}")
             eventually(lambda: (c.stats()["last_error"] or "").startswith("fallback: HTTP 503"),
@@ -325,7 +314,7 @@ def test_503_with_retry_after_is_retried_not_spilled(svc, tmp_path):
                    **FAST_SDK)  # fmt: skip
         c.log("info", "before")
         assert c.flush(30) and c.stats()["sent"] == 1  # the server knows the key now
-        with stopped(storage.pid):
+        with processes.frozen(storage.pid):
             for i in range(20):
                 c.log("info", f"ra-{i}")
             eventually(lambda: c.stats()["retried"] >= 20, 90, what="20 records retried")
