@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote_plus
@@ -158,13 +158,13 @@ URI_FILE = "serve.uri"
 STARTING_WAIT = 60.0
 
 
-def state_dir() -> Path:
+def state_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where ``bucketq serve`` keeps its embedded server's data and URI file (0700: the
-    URI carries the embedded server's password)."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "share"
-    )
-    return Path(base) / "bucketq"
+    URI carries the embedded server's password), for this process's environment or
+    another's (``environ``)."""
+    env = os.environ if environ is None else environ
+    home = env.get("HOME") or os.path.expanduser("~")
+    return Path(env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")) / "bucketq"
 
 
 def embedded_uri(wait: float = STARTING_WAIT) -> str | None:
@@ -172,7 +172,8 @@ def embedded_uri(wait: float = STARTING_WAIT) -> str | None:
     ``bucketq serve`` of this user is running and the file is not there yet (its embedded
     server is starting), wait for it, ``wait`` seconds at most: ``bucketq serve &`` then
     ``bucketq keys create`` works as typed."""
-    path = state_dir() / URI_FILE
+    here = state_dir()
+    path = here / URI_FILE
     deadline = time.monotonic() + wait
     told = False
     while True:
@@ -182,7 +183,7 @@ def embedded_uri(wait: float = STARTING_WAIT) -> str | None:
             uri = None
         if uri is not None or time.monotonic() >= deadline:
             return uri
-        pid = _running_serve()
+        pid = _starting_serve(here)
         if pid is None:
             return None
         if not told:
@@ -192,8 +193,10 @@ def embedded_uri(wait: float = STARTING_WAIT) -> str | None:
         time.sleep(0.2)
 
 
-def _running_serve() -> int | None:
-    """The pid of a ``bucketq serve`` process of this user, from ``/proc`` (None without it)."""
+def _starting_serve(here: Path) -> int | None:
+    """The pid of a ``bucketq serve`` of this user that will write its URI file in
+    ``here`` (its own environment names that directory and no MongoDB URI), from
+    ``/proc``; None without one (or without ``/proc``)."""
     me, uid = os.getpid(), os.getuid()
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
@@ -204,12 +207,17 @@ def _running_serve() -> int | None:
             if pid == me or os.stat(f"/proc/{pid}").st_uid != uid:
                 continue
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            # `bucketq serve ...` (the console script) and `python -m bucketq serve ...`
+            pairs = zip(args, args[1:], strict=False)
+            if not any(a.endswith(b"bucketq") and b == b"serve" for a, b in pairs):
+                continue
+            if any(a.startswith(b"--mongodb-uri") for a in args):
+                continue
+            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        # `bucketq serve ...` (the console script) and `python -m bucketq serve ...`
-        if any(
-            a.endswith(b"bucketq") and b == b"serve" for a, b in zip(args, args[1:], strict=False)
-        ):
+        env = dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw if b"=" in kv)
+        if not env.get(URI_ENV) and state_dir(env) == here:
             return pid
     return None
 
