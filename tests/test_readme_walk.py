@@ -12,9 +12,11 @@ README's text.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -91,15 +93,23 @@ def test_the_readme_ingest_path_works_as_written(tmp_path):
     env.update(HOME=str(home), PYTHONPATH=str(ROOT),
                PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
                JAVA_TOOL_OPTIONS=JVM_OPTIONS)  # fmt: skip
-    out = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True,
-                         text=True, timeout=280, stdin=subprocess.DEVNULL)  # fmt: skip
-    said = out.stdout + "\n--- stderr ---\n" + out.stderr
-    assert out.returncode == 0, said
-    assert out.stdout.count('"received":1') == 2, said  # the first ingest and the tee's
-    assert "payment declined" in out.stdout, said  # GET /api/v1/logs found it
-    assert '"service":"checkout"' in out.stdout and "cart abandoned" in out.stdout, said
-    assert "order placed" in out.stdout, said  # the SDK snippet's record, read back
-    assert "1 records in total" in out.stdout, said  # only what the tee saw
+    # Its own process group: on a timeout the shell's background services go with it
+    # (its EXIT trap does not run when it is killed).
+    walk = subprocess.Popen(["bash", "-c", script], cwd=work, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = walk.communicate(timeout=280)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(walk.pid, signal.SIGKILL)
+    said = stdout + "\n--- stderr ---\n" + stderr
+    assert walk.returncode == 0, said
+    assert stdout.count('"received":1') == 2, said  # the first ingest and the tee's
+    assert "payment declined" in stdout, said  # GET /api/v1/logs found it
+    assert '"service":"checkout"' in stdout and "cart abandoned" in stdout, said
+    assert "order placed" in stdout, said  # the SDK snippet's record, read back
+    assert "1 records in total" in stdout, said  # only what the tee saw
     import pyarrow.parquet as pq
 
     stored = pq.read_table(work / "out" / "logs").to_pylist()
