@@ -9,6 +9,9 @@ stops working within ``BUCKETQ_KEY_CACHE_MS``). A project's key gets 403.
 Actions are POSTs that carry a CSRF token: an HMAC of a fixed label under the key's
 SHA-256, so every worker process computes the same token without shared state, and a
 page from another origin, which cannot read the HttpOnly cookie, cannot compute it.
+Every POST, the login included (which has no token yet: a forged login would sign the
+victim in as the attacker), is also refused when the browser says it comes from another
+site (:func:`cross_site`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Request
 
@@ -80,6 +84,19 @@ async def check_key(svc: Any, key: str | None) -> Operator:
             "operator key (bucketq keys create --operator).",
         )
     return Operator(info.prefix, csrf_token(key))
+
+
+def cross_site(request: Request) -> bool:
+    """Whether a browser sent ``request`` from a page of another site. ``Sec-Fetch-Site``
+    decides where the browser sends it (every current one); else an ``Origin`` whose host
+    is not the request's ``Host``. Scripts send neither and are not refused."""
+    fetch_site = request.headers.get("sec-fetch-site")
+    if fetch_site is not None:
+        return fetch_site not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    return origin == "null" or urlsplit(origin).netloc != request.headers.get("host", "")
 
 
 def csrf_ok(op: Operator, given: str | None) -> bool:

@@ -48,6 +48,7 @@ READ_TIMEOUT = 5.0
 ACTION_TIMEOUT = 30.0
 #: Largest form body an action reads.
 MAX_FORM = 64 * 1024
+CROSS_SITE = "A form sent from another site is refused: open the console itself and try again."
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
 
 
@@ -175,6 +176,8 @@ async def form(request: Request) -> dict[str, str]:
 
 async def action(request: Request) -> tuple[access.Operator, dict[str, str]] | Response:
     """The operator and form of a POST whose CSRF token is right, or the refusal."""
+    if access.cross_site(request):
+        return render(request, "denied.html", 403, op=None, message=CROSS_SITE)
     op = await operator(request)
     if isinstance(op, Response):
         return op
@@ -211,6 +214,8 @@ def _safe_next(target: str) -> str:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
+    if access.cross_site(request):
+        return render(request, "denied.html", 403, op=None, message=CROSS_SITE)
     try:
         data = await form(request)
     except BucketQError as exc:

@@ -308,3 +308,29 @@ def test_metrics_export_the_watched_queues(console):
     text = eventually(exported, 30, what="/metrics to export queue metered")
     assert "bucketq_queue_inspect_up 1.0" in text
     assert 'bucketq_queue_buckets{kind="queue",queue="metered"}' in text
+
+
+def test_a_form_from_another_site_cannot_sign_the_browser_in(browser, console):
+    """Login CSRF: a page of another site that posts a key to the console's login (which has
+    no token yet) would sign the victim in as the attacker. The browser says where the form
+    comes from; the console refuses it and sets no cookie."""
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    login = console["serve"].url + "/console/login"
+    evil = ('<form id=f method=post action="%s"><input name=key value="%s"></form>'
+            "<script>document.getElementById('f').submit()</script>") % (login, console["operator"])  # fmt: skip
+    page.route(
+        "http://evil.test/**", lambda route: route.fulfill(body=evil, content_type="text/html")
+    )
+    with page.expect_response(login) as answer:
+        page.goto("http://evil.test/")
+    assert answer.value.status == 403
+    assert "another site" in page.content()
+    assert not [c for c in ctx.cookies() if c["name"] == "bq_console"]
+    # The console's own login form, in the same browser, signs in.
+    page.goto(console["serve"].url + "/console/login")
+    page.fill("#key", console["operator"])
+    page.click("button[type=submit]")
+    page.wait_for_url("**/console/logs**")
+    assert [c for c in ctx.cookies() if c["name"] == "bq_console"]
+    ctx.close()
