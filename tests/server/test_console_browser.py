@@ -317,8 +317,9 @@ def test_a_form_from_another_site_cannot_sign_the_browser_in(browser, console):
     ctx = browser.new_context()
     page = ctx.new_page()
     login = console["serve"].url + "/console/login"
-    evil = ('<form id=f method=post action="%s"><input name=key value="%s"></form>'
-            "<script>document.getElementById('f').submit()</script>") % (login, console["operator"])  # fmt: skip
+    key = console["operator"]
+    evil = (f'<form id=f method=post action="{login}"><input name=key value="{key}"></form>'
+            "<script>document.getElementById('f').submit()</script>")  # fmt: skip
     page.route(
         "http://evil.test/**", lambda route: route.fulfill(body=evil, content_type="text/html")
     )
