@@ -57,6 +57,12 @@ def remaining(budget: float) -> float:
     return max(0.001, min(budget, deadline - asyncio.get_running_loop().time()))
 
 
+def past_deadline() -> bool:
+    """Whether the current request's deadline has passed (False outside a request)."""
+    deadline = _deadline.get()
+    return deadline is not None and asyncio.get_running_loop().time() >= deadline
+
+
 def refusal(status: int, error: str, message: str, retry_after: float) -> tuple[bytes, list[Any]]:
     """The body and headers of an answer the service gives without the app."""
     body = json.dumps({"error": error, "message": message}).encode()
@@ -110,7 +116,7 @@ class Admission(Middleware):
             self.on_refused("requests")
             await _send_refusal(send, 503, "Service unavailable",
                                 f"{self.in_flight} requests are being served, the most at once "
-                                "(BUCKETQ_MAX_REQUESTS_IN_FLIGHT); nothing was acknowledged. "
+                                "(BUCKETQ_MAX_REQUESTS_IN_FLIGHT); nothing of this request was stored. "
                                 "Retry after the Retry-After delay.", cfg.retry_after_s)  # fmt: skip
             return
         budget = (cfg.read_timeout_ms if path == READ_PATH else cfg.ingest_timeout_ms) / 1000
@@ -174,10 +180,20 @@ class AdmissionMetrics:
             ("result",),
             registry=registry,
         )
+        self.unsettled = prom.Counter(
+            "bucketq_ingest_unsettled",
+            "Requests answered 503 after their records were handed to the reservoir, by "
+            "reason: timeout (no outcome within the grace), error (the reservoir failed), "
+            "partial (some records not accepted), tee (stored, the tee stream failed). Some "
+            "of their records may be stored; every other 503 stored nothing.",
+            ("reason",),
+            registry=registry,
+        )
         self.refusals = prom.Counter(
             "bucketq_admission_refused",
             "Requests refused by admission control, by reason: requests, records (in "
-            "flight), body_timeout.",
+            "flight), body_timeout, deadline (it passed before the records were handed to "
+            "storage).",
             ("reason",),
             registry=registry,
         )
@@ -187,6 +203,9 @@ class AdmissionMetrics:
 
     def refused(self, reason: str) -> None:
         self._inc(self.refusals, reason)
+
+    def unsettled_answer(self, reason: str) -> None:
+        self._inc(self.unsettled, reason)
 
     @staticmethod
     def _inc(counter: Any, label: str) -> None:

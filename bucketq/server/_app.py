@@ -37,8 +37,9 @@ DESCRIPTION = """Log, span and metric ingestion over bucketq's reservoir (MongoD
 an optional buffer). Authenticate with an API key (`bucketq keys create --project NAME`)
 in `X-API-Key` or `Authorization: Bearer`; the project always comes from the key.
 A 200 means every record was accepted (stored, or held by the buffer's transport);
-a 503 means none was acknowledged (retry after `Retry-After`; send an `Idempotency-Key`
-so a retry is stored once)."""
+a 503 or 429 means none was stored, unless its message says some may be (storage failed
+or went silent after the records were handed to it): retry after `Retry-After`, and send
+an `Idempotency-Key` so a retry is stored once."""
 
 
 def create_app(

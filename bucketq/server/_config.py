@@ -102,7 +102,7 @@ class ServerConfig:
     mongodb_timeout_ms: int = v.option(DEFAULT_MONGODB_TIMEOUT_MS, v.count, lo=100, env="BUCKETQ_MONGODB_TIMEOUT_MS",
         help="Server selection timeout of the service's MongoDB client.")
     ingest_timeout_ms: int = v.option(DEFAULT_INGEST_TIMEOUT_MS, v.count, lo=1, env="BUCKETQ_INGEST_TIMEOUT_MS",
-        help="Longest an ingest waits for the reservoir (storage or transport) before it answers 503.")
+        help="Deadline of an ingest (from its arrival, again once its body is in); records already handed to the reservoir wait 0.8 x it longer for their outcome before a 503.")
     read_timeout_ms: int = v.option(DEFAULT_READ_TIMEOUT_MS, v.count, lo=1, env="BUCKETQ_READ_TIMEOUT_MS",
         help="Longest a `GET /api/v1/logs` (key lookup and query) may take; past it, 503 + `Retry-After`.")
     max_requests_in_flight: int = v.option(DEFAULT_MAX_REQUESTS_IN_FLIGHT, v.count, lo=1,

@@ -113,7 +113,7 @@ async def on_overloaded(request: Request, exc: Overloaded) -> Response:
     lookups of unknown keys, with ``Retry-After``."""
     error = "Too many requests" if exc.status == 429 else "Service unavailable"
     return error_response(request, ApiError(
-        exc.status, error, f"{exc}. Nothing was acknowledged; retry after the Retry-After delay.",
+        exc.status, error, f"{exc}. Nothing of this request was stored; retry after the Retry-After delay.",
         headers={"Retry-After": str(max(1, round(exc.retry_after)))}))  # fmt: skip
 
 
@@ -135,5 +135,5 @@ def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
     what = {400: "Malformed body or parameter.", 401: "Missing, unknown or revoked API key.",
             413: "Body or record count over the limit.",
             415: "Unsupported Content-Encoding (send gzip, deflate or none).", 422: "A field is invalid (named, with the record's index).",
-            503: "Storage unavailable; nothing was acknowledged. Retry after Retry-After."}  # fmt: skip
+            503: "Overloaded or storage unavailable; the message says whether some records may be stored. Retry after Retry-After."}  # fmt: skip
     return {c: {"model": ErrorOut, "description": what[c]} for c in codes}

@@ -8,7 +8,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
@@ -25,7 +25,7 @@ from ..reservoir import (
     MongoReservoir,
     wrap_reservoir,
 )
-from ._admission import AdmissionMetrics, RecordGate, remaining
+from ._admission import AdmissionMetrics, RecordGate, past_deadline, remaining
 from ._config import DEFAULT_DATABASE, ServerConfig
 from ._http_errors import ApiError
 from ._keys import KeyCache
@@ -174,11 +174,19 @@ class Service:
             report.get("lost", 0), report.get("timed_out", False), report.get("seconds", 0.0),
         )  # fmt: skip
 
-    def unavailable(self, message: str) -> ApiError:
+    def unavailable(self, message: str, *, handed_over: bool = False) -> ApiError:
+        """A 503 + ``Retry-After``. ``handed_over``: the request's records were handed to
+        the reservoir and their outcome is not a success: some may be stored (the answer
+        says so); otherwise nothing of the request was stored."""
+        if handed_over:
+            then = (" Some records of this request may be stored: retry with the same "
+                    "Idempotency-Key (a record is then stored once) after the Retry-After delay.")  # fmt: skip
+        else:
+            then = " Nothing of this request was stored; retry after the Retry-After delay."
         return ApiError(
             503,
             "Service unavailable",
-            message + " Nothing was acknowledged; retry after the Retry-After delay.",
+            message + then,
             headers={"Retry-After": str(self.config.retry_after_s)},
         )
 
@@ -195,7 +203,14 @@ class Service:
         """Hand ``records`` to the reservoir; raise a 503 unless every one was accepted.
         ``origin="otlp"``: a collector batched them already (the buffer does not delay them).
         Each record gets its stable ``_id`` here: from ``route`` and the idempotency key
-        when there is one (a retry makes the same ids), else a fresh one per request."""
+        when there is one (a retry makes the same ids), else a fresh one per request.
+
+        Before the hand-over every refusal stores nothing (the deadline passed, the record
+        gate). Once handed over, the reservoir call is never cancelled at the deadline:
+        the request waits for its outcome up to :data:`HANDED_OVER_GRACE` of the ingest
+        timeout longer, so that a 503 is not given for records storage then stores. Only
+        a reservoir that gives no outcome by then (or fails) makes a 503 whose records may
+        be stored; that answer says so (``bucketq_ingest_unsettled``)."""
         if idempotency_key:
             for i, r in enumerate(records):
                 r["_id"] = record_id(project, route or kind, idempotency_key, i)
@@ -206,32 +221,51 @@ class Service:
             for i, r in enumerate(records):
                 r["_id"] = f"{prefix}{i:08x}"
         method = STORAGE_METHOD[kind]
+        timeout = self.config.ingest_timeout_ms / 1000
+        if past_deadline():
+            # Decoding (or waiting for the CPU) used the budget: nothing is handed over.
+            self.admission.refused("deadline")
+            raise self.unavailable(
+                f"The request's {timeout:g} s (BUCKETQ_INGEST_TIMEOUT_MS) ran out before its "
+                "records were handed to storage."
+            )
         # What is left of the request's deadline (its key lookup came out of it too).
-        budget = remaining(self.config.ingest_timeout_ms / 1000)
+        budget = remaining(timeout)
+        grace = HANDED_OVER_GRACE * timeout
         try:
             with self.records.admit(len(records), budget):
                 call = getattr(self.reservoir, method)
                 aw = call(records, origin=origin) if self.buffered else call(records)
-                res = await asyncio.wait_for(aw, budget)
+                res = await _outcome(aw, budget, grace, len(records), kind)
         except Overloaded:
             self.admission.refused("records")
             raise
         except TimeoutError as exc:
-            log.warning("%d %s records not accepted within %.1f s", len(records), kind, budget)
+            self.admission.unsettled_answer("timeout")
+            log.warning("%d %s records handed to the reservoir: no outcome within %.1f s",
+                        len(records), kind, budget + grace)  # fmt: skip
             raise self.unavailable(
-                f"Storage did not accept the records within {budget:g} s (BUCKETQ_INGEST_TIMEOUT_MS)."
+                f"Storage did not answer within {budget + grace:g} s (BUCKETQ_INGEST_TIMEOUT_MS "
+                "and its grace for records handed over).",
+                handed_over=True,
             ) from exc
         except Exception as exc:
+            self.admission.unsettled_answer("error")
             log.warning(
                 "%d %s records not accepted: %s: %s", len(records), kind, type(exc).__name__, exc
             )
-            raise self.unavailable(f"Storage is unavailable ({type(exc).__name__}).") from exc
+            raise self.unavailable(
+                f"Storage is unavailable ({type(exc).__name__}).", handed_over=True
+            ) from exc
         failed = int(res.get("failed", 0))
         if failed:
             first = (res.get("errors") or [{}])[0]
             why = first.get("error", "") if isinstance(first, dict) else str(first)
             log.warning("%d of %d %s records not accepted: %s", failed, len(records), kind, why)
-            raise self.unavailable(f"{failed} of {len(records)} records were not accepted ({why}).")
+            self.admission.unsettled_answer("partial")
+            raise self.unavailable(
+                f"{failed} of {len(records)} records were not accepted ({why}).", handed_over=True
+            )
         if kind == "log" and self.tee is not None:
             try:
                 await asyncio.wait_for(
@@ -245,7 +279,10 @@ class Service:
                     len(records),
                     exc,
                 )
-                raise self.unavailable("The tee stream is unavailable.") from exc
+                self.admission.unsettled_answer("tee")
+                raise self.unavailable(
+                    "The records were accepted; the tee stream is unavailable.", handed_over=True
+                ) from exc
         return len(records)
 
     async def claim_idempotency_key(self, route: str, project: str, key: str, digest: str) -> None:
@@ -283,6 +320,33 @@ class Service:
                 "a retry must send the same body. Use a new key for new content. "
                 "Nothing of this request was stored.",
             )
+
+
+#: Once a request's records are handed to the reservoir it waits for their outcome up to
+#: this share of ``BUCKETQ_INGEST_TIMEOUT_MS`` past its deadline (so its answer still comes
+#: within twice the timeout of its body's arrival, with room for a busy event loop).
+HANDED_OVER_GRACE = 0.8
+
+
+async def _outcome(aw: Awaitable[T], budget: float, grace: float, n: int, kind: str) -> T:
+    """The result of the reservoir call ``aw``, waited for ``budget`` seconds and then
+    ``grace`` more; ``TimeoutError`` (the call cancelled) only when it has none by then.
+    A call that ended is its outcome whenever it ended: a call that finished as the
+    deadline passed (an event loop late on its timers) is not answered as timed out."""
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait((task,), timeout=budget)
+        if not task.done():
+            log.info("%d %s records handed to the reservoir: no outcome within %.1f s, "
+                     "waiting %.1f s more", n, kind, budget, grace)  # fmt: skip
+            await asyncio.wait((task,), timeout=grace)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        raise TimeoutError
+    return task.result()
 
 
 #: Where idempotency keys are remembered, and for how long (seconds).
