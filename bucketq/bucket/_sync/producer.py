@@ -18,9 +18,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from pymongo.errors import PyMongoError
+
 from ... import _validate as v
 from ..._guard import backoff
-from ...errors import QueueFull
+from ...errors import OperationFailed, QueueFull
 from .. import deadline as deadlines
 from .. import document, options, packing, writes
 from ..codec import encode_item
@@ -267,21 +269,98 @@ class Producer:
             (ob.opened for ob in buckets), opts.bucket_max_wait, opts.retry_budget
         )
 
-    def attempt(self, deadline: float) -> Any:
+    def _attempt(self, deadline: float) -> Any:
         """One write attempt, bounded by what is left of its budget."""
         return self._bounded(deadlines.attempt_timeout(deadline, _now()))
 
-    def retry_ok(self, exc: BaseException, deadline: float) -> bool:
+    def insert_buckets(
+        self,
+        col: Any,
+        buckets: list[packing.OpenBucket],
+        deadline: float,
+        documents: Callable[[list[packing.OpenBucket]], Any],
+        taken_by_others: Callable[[dict[Any, packing.OpenBucket]], Any] | None = None,
+    ) -> tuple[set[Any], BaseException | None]:
+        """Insert sealed buckets, trying again until ``deadline``: the one insert-with-retry
+        loop of every bucket write (bucket queue and stream alike). Returns the ids of the
+        buckets NOT stored and the error that stopped them (all stored: an empty set, None).
+
+        Each attempt is bounded by what is left of the budget: ``documents(todo)`` gives
+        the documents of the buckets still to store (one a bucket, in order; the owner's
+        own work before an insert goes there: a stream sets up and takes its numbers),
+        inserted in one command. A failed insert is read with ``writes.insert_outcome``:
+        buckets stored while the write concern was not confirmed get that receipt error;
+        an ``_id`` found taken is an earlier attempt of ours that landed, unless
+        ``taken_by_others`` (the taken ``_id``s and their buckets, in an attempt of its
+        own) returns it as another's (a stream's number closed as a hole): that bucket's
+        owner gives it a new ``_id`` and it is tried again at once. What failed otherwise,
+        or any error before the insert answered, is tried again after a back-off while the
+        error is transient or unanswered and budget is left (``_retry_insert``); any other
+        error (an ``OperationFailed`` of ``documents``, a write error) gives up at once."""
+        todo = list(buckets)
+        attempt = 0
+        while todo:
+            docs: list[dict[str, Any]] = []
+            try:
+                with self._attempt(deadline):
+                    docs = documents(todo)
+                    self._insert(col, docs)
+                return set(), None
+            except (PyMongoError, deadlines.StartupBusy, OperationFailed) as exc:
+                error: BaseException = exc
+            ids = [d["_id"] for d in docs]
+            out = writes.insert_outcome(error, ids) if docs else None
+            if out is None:  # nothing is known of what was stored: try it all again
+                attempt += 1
+                if not self._retry_insert(error, deadline, attempt):
+                    return {ob.id for ob in todo}, error
+                continue
+            by_id = dict(zip(ids, todo, strict=True))
+            self._unconfirmed(by_id, out.failed | set(out.taken), out.unconfirmed, error)
+            lost: list[Any] = []
+            if out.taken and taken_by_others is not None:
+                try:
+                    with self._attempt(deadline):
+                        lost = taken_by_others({i: by_id[i] for i in out.taken})
+                except PyMongoError as exc:
+                    attempt += 1
+                    if not self._retry_insert(exc, deadline, attempt):
+                        return {ob.id for ob in todo}, exc
+                    continue
+            self._unconfirmed({i: by_id[i] for i in out.taken}, set(lost), out.unconfirmed, error)
+            again = out.failed | set(lost)
+            todo = [by_id[i] for i in ids if i in again]
+            if out.failed:
+                attempt += 1
+                if not self._retry_insert(error, deadline, attempt):
+                    return {ob.id for ob in todo}, error
+        return set(), None
+
+    def _unconfirmed(
+        self,
+        by_id: dict[Any, packing.OpenBucket],
+        not_stored: set[Any],
+        unconfirmed: bool,
+        exc: BaseException,
+    ) -> None:
+        """The buckets of ``by_id`` stored (not in ``not_stored``) by a write whose write
+        concern was not confirmed: their receipts get ``write_concern_unconfirmed``."""
+        if unconfirmed:
+            for i, ob in by_id.items():
+                if i not in not_stored:
+                    ob.error = writes.write_concern_unconfirmed(self._kind, self.name, exc)
+
+    def _retry_ok(self, exc: BaseException, deadline: float) -> bool:
         """May a failed write be tried again (transient or unanswered, budget left)?"""
         return (writes.is_transient(exc) or deadlines.is_unanswered(exc)) and deadlines.may_retry(
             deadline, _now()
         )
 
-    def backoff(self, attempt: int, deadline: float) -> None:
+    def _backoff(self, attempt: int, deadline: float) -> None:
         delay = backoff(attempt, self._opts.retry_base, self._opts.retry_cap, full_jitter=True)
         sleep(deadlines.backoff_within(delay, deadline, _now()))
 
-    def insert(self, col: Any, docs: list[dict[str, Any]]) -> None:
+    def _insert(self, col: Any, docs: list[dict[str, Any]]) -> None:
         """Insert sealed buckets' documents in one command: ``insert_one`` for one, else an
         unordered ``insert_many`` (each lands or fails alone); a failure is read with
         ``writes.insert_outcome``."""
@@ -290,16 +369,16 @@ class Producer:
         else:
             col.insert_many(docs, ordered=False)
 
-    def retry_insert(self, exc: BaseException, deadline: float, attempt: int) -> bool:
+    def _retry_insert(self, exc: BaseException, deadline: float, attempt: int) -> bool:
         """The retry step of every bucket insert (bucket queue and stream alike): False
         when ``exc`` is neither transient nor unanswered, or the budget is spent;
         otherwise count it (``stats()["insert_retries"]``), log it, back off, and True."""
-        if not self.retry_ok(exc, deadline):
+        if not self._retry_ok(exc, deadline):
             return False
         self._stats["insert_retries"] += 1
         log.warning("%s %s: bucket insert failed (%s); retry %d",
                     self._kind, self.name, exc, attempt)  # fmt: skip
-        self.backoff(attempt, deadline)
+        self._backoff(attempt, deadline)
         return True
 
     def flush(self) -> None:

@@ -152,34 +152,21 @@ class AsyncQueue(AsyncQueueApi):
         self, buckets: list[bucket.OpenBucket]
     ) -> tuple[set[Any], BaseException | None]:
         """Insert sealed buckets (one command), retrying transient failures within the
-        retry budget; an id already there is an earlier attempt that landed."""
+        retry budget (``AsyncProducer.insert_buckets``); an id already there is an
+        earlier attempt that landed."""
         deadline = self._producer.write_deadline(buckets)
         await self._setup(deadlines.attempt_timeout(deadline, _now()))
         docs, bad = bucket.build_documents(buckets, bucket.OpenBucket.document)
         self._consumer.lease_on_write(docs)
-        by_id = {ob.id: ob for ob in buckets}
-        attempt = 0
-        while docs:
-            try:
-                with self._producer.attempt(deadline):
-                    await self._producer.insert(self._col, list(docs.values()))
-                docs.clear()
-            except PyMongoError as exc:
-                out = bucket.insert_outcome(exc, list(docs))
-                if out is not None:  # a taken id is an earlier attempt that landed
-                    if out.unconfirmed:
-                        for k in docs.keys() - out.failed:
-                            by_id[k].error = bucket.write_concern_unconfirmed(
-                                "queue", self.name, exc
-                            )
-                    docs = {k: v for k, v in docs.items() if k in out.failed}
-                    if not docs:
-                        break
-                attempt += 1
-                if not await self._producer.retry_insert(exc, deadline, attempt):
-                    self._consumer.not_written(docs)
-                    return set(docs) | bad, exc
-        return bad, None
+
+        async def documents(todo: list[bucket.OpenBucket]) -> list[dict[str, Any]]:
+            return [docs[ob.id] for ob in todo]
+
+        good = [ob for ob in buckets if ob.id in docs]
+        failed, error = await self._producer.insert_buckets(self._col, good, deadline, documents)
+        if failed:
+            self._consumer.not_written({k: docs[k] for k in failed})
+        return failed | bad, error
 
     def _written(self, buckets: list[bucket.OpenBucket], now: float) -> None:
         self._consumer.written(buckets, now)

@@ -13,11 +13,9 @@ from typing import Any
 
 from pymongo import ReturnDocument
 from pymongo.errors import (
-    BulkWriteError,
     DuplicateKeyError,
     OperationFailure,
     PyMongoError,
-    WriteConcernError,
 )
 
 from ... import _validate as v
@@ -173,79 +171,40 @@ class AsyncStreamQueue(AsyncClosing):
         self, buckets: list[bucket.OpenBucket], stage: dict[str, Any] | None = None
     ) -> tuple[set[Any], BaseException | None]:
         """Number sealed buckets in seal order and write them (staged under ``stage`` if
-        given); a number whose hole was closed meanwhile (a tombstone owns it) is given
-        up and the bucket renumbered."""
+        given), retrying within the retry budget (``AsyncProducer.insert_buckets``); a
+        number whose hole was closed meanwhile (a tombstone owns it) is given up and the
+        bucket renumbered."""
         deadline = self._producer.write_deadline(buckets)
-        attempt = 0
         seqs: dict[Any, int] = {}
-        todo = list(buckets)
-        while todo:
-            try:
-                await self._setup(deadlines.attempt_timeout(deadline, _now()))
-                with self._producer.attempt(deadline):
-                    need = [ob for ob in todo if ob.id not in seqs]
-                    if need:
-                        for ob, seq in zip(need, await self._allocate(len(need)), strict=True):
-                            seqs[ob.id] = seq
-                    now = _now()
-                    docs = [
-                        core.bucket_document(seqs[ob.id], ob.items, ob.id, now, stage)
-                        for ob in todo
-                    ]
-                    await self._producer.insert(self._col, docs)
-                todo = []
-            except (DuplicateKeyError, BulkWriteError, WriteConcernError) as exc:
-                out = bucket.insert_outcome(exc, [seqs[ob.id] for ob in todo])
-                assert out is not None  # an insert's error, read the one way
-                dups, failed = out.taken, out.failed
-                if out.unconfirmed:  # stored; the write concern was not confirmed
-                    for ob in todo:
-                        if seqs[ob.id] not in failed and seqs[ob.id] not in dups:
-                            ob.error = bucket.write_concern_unconfirmed("stream", self.name, exc)
-                if not dups and not failed:
-                    todo = []
-                    continue
-                by_seq = {seqs[ob.id]: ob for ob in todo}
-                try:
-                    with self._producer.attempt(deadline):
-                        lost = await self._not_ours(dups, by_seq)
-                except PyMongoError as exc2:
-                    if not self._producer.retry_ok(exc2, deadline):
-                        return {ob.id for ob in todo}, exc2
-                    attempt += 1
-                    await self._producer.backoff(attempt, deadline)
-                    continue
-                for seq in lost:
-                    del seqs[by_seq[seq].id]
-                    self._stats["renumbered"] += 1
-                    log.warning("stream %s: seq %d was closed as a hole before its bucket landed; renumbering",
-                                self.name, seq)  # fmt: skip
-                todo = [by_seq[s] for s in sorted(failed | set(lost))]
-                if failed:
-                    attempt += 1
-                    if not await self._producer.retry_insert(exc, deadline, attempt):
-                        return {ob.id for ob in todo}, exc
-            except OperationFailed as exc:  # the counter could not be taken
-                return {ob.id for ob in todo}, exc
-            except (PyMongoError, deadlines.StartupBusy) as exc:
-                attempt += 1
-                if not await self._producer.retry_insert(exc, deadline, attempt):
-                    return {ob.id for ob in todo}, exc
-        return set(), None
+
+        async def documents(todo: list[bucket.OpenBucket]) -> list[dict[str, Any]]:
+            await self._setup(deadlines.attempt_timeout(deadline, _now()))
+            need = [ob for ob in todo if ob.id not in seqs]
+            if need:
+                for ob, seq in zip(need, await self._allocate(len(need)), strict=True):
+                    seqs[ob.id] = seq
+            now = _now()
+            return [core.bucket_document(seqs[ob.id], ob.items, ob.id, now, stage) for ob in todo]
+
+        async def taken_by_others(taken: dict[int, bucket.OpenBucket]) -> list[int]:
+            # A number whose document is gone was ours and is consumed already (tombstones
+            # outlive any producer's retry budget: tombstone_ttl >= retry_budget).
+            found = self._col.find({"_id": {"$in": list(taken)}}, {"w": 1})
+            owners = {d["_id"]: d.get("w") async for d in found}
+            lost = [s for s in taken if s in owners and owners[s] != taken[s].id]
+            for seq in lost:
+                del seqs[taken[seq].id]
+                self._stats["renumbered"] += 1
+                log.warning("stream %s: seq %d was closed as a hole before its bucket landed; renumbering",
+                            self.name, seq)  # fmt: skip
+            return lost
+
+        return await self._producer.insert_buckets(
+            self._col, buckets, deadline, documents, taken_by_others
+        )
 
     def _written(self, buckets: list[bucket.OpenBucket], now: float) -> None:
         self._arrivals.notify()  # this process's own consumer need not wait for a poll
-
-    async def _not_ours(self, dups: list[int], by_seq: dict[int, bucket.OpenBucket]) -> list[int]:
-        """Of the numbers an insert found taken, those taken by someone else (a tombstone)."""
-        if not dups:
-            return []
-        owners = {
-            d["_id"]: d.get("w") async for d in self._col.find({"_id": {"$in": dups}}, {"w": 1})
-        }
-        # A number whose document is gone was ours and is consumed already (tombstones
-        # outlive any producer's retry budget: tombstone_ttl >= retry_budget).
-        return [s for s in dups if s in owners and owners[s] != by_seq[s].id]
 
     @boundary("flush()")
     async def flush(self) -> None:
