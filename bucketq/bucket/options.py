@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from pymongo.write_concern import WriteConcern
 
@@ -100,6 +100,9 @@ def _owner() -> str:
 class CommonOptions:
     """The options a bucket queue and a stream share: packing, pushing, waiting."""
 
+    #: Whose options these are, in messages.
+    KIND: ClassVar[str] = "queue"
+
     bucket_max_size: int = v.option(DEFAULT_BUCKET_MAX_SIZE, v.count, lo=1, hi=65536, unit="items")
     bucket_max_bytes: int = v.option(
         DEFAULT_BUCKET_MAX_BYTES, v.count, lo=1024, hi=HARD_MAX_BYTES, unit="bytes",
@@ -127,6 +130,17 @@ class CommonOptions:
     def get_write_concern(self) -> WriteConcern | None:
         wc = self.write_concern
         return WriteConcern(**wc) if isinstance(wc, dict) else wc
+
+    @classmethod
+    def build(cls, **options: Any) -> Self:
+        """The options from keyword arguments; an unknown name is refused, naming the known."""
+        known = {f.name for f in fields(cls) if f.init}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"Unknown {cls.KIND} option(s): {', '.join(unknown)}. Known options: {', '.join(sorted(known))}."
+            )
+        return cls(**options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,16 +176,6 @@ class QueueOptions(CommonOptions):
                 f"lease ({self.lease} s) must be at least 3x state_flush_period "
                 f"({self.state_flush_period} s) so leases are renewed before they run out."
             )
-
-    @classmethod
-    def build(cls, **options: Any) -> QueueOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigurationError(
-                f"Unknown queue option(s): {', '.join(unknown)}. Known options: {', '.join(sorted(known))}."
-            )
-        return cls(**options)
 
     def dead_letter_name(self, queue_name: str) -> str:
         """The dead-letter queue's name (``<name>.dlq`` unless ``dead_letter_queue``)."""

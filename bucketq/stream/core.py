@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from bson import ObjectId
 
@@ -84,6 +84,8 @@ STAGED_MATURE = datetime(3000, 1, 1, tzinfo=UTC)
 class StreamOptions(CommonOptions):
     """Every stream option with its default (seconds for times, bytes for sizes)."""
 
+    KIND: ClassVar[str] = "stream"
+
     hole_grace: float = v.option(DEFAULT_HOLE_GRACE, v.number, open_lo=True)
     stage_timeout: float = v.option(DEFAULT_STAGE_TIMEOUT, v.number, open_lo=True)
     tombstone_ttl: float = v.option(DEFAULT_TOMBSTONE_TTL, v.number, open_lo=True)
@@ -110,13 +112,7 @@ class StreamOptions(CommonOptions):
                 "a bucket queue, Queue(db, name, partitions=K)."
             )
         options.pop("partitions", None)
-        known = {f.name for f in fields(cls) if f.init}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigurationError(
-                f"Unknown stream option(s): {', '.join(unknown)}. Known options: {', '.join(sorted(known))}."
-            )
-        return cls(**options)
+        return super(StreamOptions, cls).build(**options)
 
 
 @dataclass(frozen=True, slots=True)

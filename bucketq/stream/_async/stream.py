@@ -125,19 +125,24 @@ class AsyncStreamQueue(AsyncClosing):
         )
 
     async def _allocate(self, k: int) -> range:
+        return core.allocated(
+            await self._update_meta(core.allocate_update(k), "take sequence numbers"), k
+        )
+
+    async def _update_meta(self, update: dict[str, Any], what: str) -> dict[str, Any]:
+        """Apply ``update`` to the stream's counter document and return it after; the
+        document is created first where it is missing."""
         for _ in range(5):
             meta = await self._meta.find_one_and_update(
-                core.meta_filter(),
-                core.allocate_update(k),
-                return_document=ReturnDocument.AFTER,
+                core.meta_filter(), update, return_document=ReturnDocument.AFTER
             )
             if meta is not None:
-                return core.allocated(meta, k)
+                return meta
             # No upsert here: the embedded server answers None to one of two racing
             # upserts yet applies both, which would lose numbers. Create, then take.
             await self._ensure_meta()
         raise OperationFailed(
-            f"Could not take sequence numbers for stream {self.name!r}: its counter document "
+            f"Could not {what} for stream {self.name!r}: its counter document "
             f"in {core.meta_name(self.name)!r} could not be created or updated."
         )
 
@@ -235,17 +240,7 @@ class AsyncStreamQueue(AsyncClosing):
     async def open_epoch(self) -> dict[str, Any]:
         """Bump the consumer epoch (fencing every older consumer) and return the stream's
         metadata after it; :meth:`consumer` does this."""
-        for _ in range(5):
-            meta = await self._meta.find_one_and_update(
-                core.meta_filter(), core.open_update(), return_document=ReturnDocument.AFTER
-            )
-            if meta is not None:
-                return meta
-            await self._ensure_meta()
-        raise OperationFailed(
-            f"Could not open a consumer epoch for stream {self.name!r}: its counter document "
-            f"in {core.meta_name(self.name)!r} could not be created or updated."
-        )
+        return await self._update_meta(core.open_update(), "open a consumer epoch")
 
     @boundary("position()")
     async def position(self) -> dict[str, int]:

@@ -125,19 +125,24 @@ class StreamQueue(Closing):
         return self._producer.add_many(payloads, bucket.check_push(headers, durable), None, durable)
 
     def _allocate(self, k: int) -> range:
+        return core.allocated(
+            self._update_meta(core.allocate_update(k), "take sequence numbers"), k
+        )
+
+    def _update_meta(self, update: dict[str, Any], what: str) -> dict[str, Any]:
+        """Apply ``update`` to the stream's counter document and return it after; the
+        document is created first where it is missing."""
         for _ in range(5):
             meta = self._meta.find_one_and_update(
-                core.meta_filter(),
-                core.allocate_update(k),
-                return_document=ReturnDocument.AFTER,
+                core.meta_filter(), update, return_document=ReturnDocument.AFTER
             )
             if meta is not None:
-                return core.allocated(meta, k)
+                return meta
             # No upsert here: the embedded server answers None to one of two racing
             # upserts yet applies both, which would lose numbers. Create, then take.
             self._ensure_meta()
         raise OperationFailed(
-            f"Could not take sequence numbers for stream {self.name!r}: its counter document "
+            f"Could not {what} for stream {self.name!r}: its counter document "
             f"in {core.meta_name(self.name)!r} could not be created or updated."
         )
 
@@ -235,17 +240,7 @@ class StreamQueue(Closing):
     def open_epoch(self) -> dict[str, Any]:
         """Bump the consumer epoch (fencing every older consumer) and return the stream's
         metadata after it; :meth:`consumer` does this."""
-        for _ in range(5):
-            meta = self._meta.find_one_and_update(
-                core.meta_filter(), core.open_update(), return_document=ReturnDocument.AFTER
-            )
-            if meta is not None:
-                return meta
-            self._ensure_meta()
-        raise OperationFailed(
-            f"Could not open a consumer epoch for stream {self.name!r}: its counter document "
-            f"in {core.meta_name(self.name)!r} could not be created or updated."
-        )
+        return self._update_meta(core.open_update(), "open a consumer epoch")
 
     @boundary("position()")
     def position(self) -> dict[str, int]:
