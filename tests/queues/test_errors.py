@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import logging
 import socket
+from typing import Any
 
 import pytest
 from bson import ObjectId
@@ -37,7 +38,6 @@ from bucketq import errors as errors_module
 from bucketq._driver import translate
 from bucketq.reservoir import BucketqTransport
 from bucketq.reservoir._breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
-from bucketq.reservoir._bucketq import _translate
 
 
 def test_every_error_class_is_exported_and_all_is_sorted():
@@ -119,28 +119,29 @@ def test_a_stream_whose_counter_cannot_be_written_raises_operation_failed(db, mo
 
 
 async def test_the_bucketq_transport_translates_queue_errors_but_not_bugs(adb, monkeypatch):
-    assert type(_translate(ServerUnavailable("x"), "w")) is TransportUnavailable
-    assert type(_translate(OperationTimeout("x"), "w")) is TransportTimeout
-    assert type(_translate(OperationFailed("x"), "w")) is TransportError
     t = BucketqTransport(adb, prefix="t")
     await t.start(1)
     try:
         q = t.queues[0]
 
-        async def bug(*a, **k):
-            raise TypeError("a bug, not an outage")
+        def failing(exc: BaseException) -> Any:
+            async def push_many(*a: Any, **k: Any) -> Any:
+                raise exc
 
-        monkeypatch.setattr(q, "push_many", bug)
+            return push_many
+
+        monkeypatch.setattr(q, "push_many", failing(TypeError("a bug, not an outage")))
         with pytest.raises(TypeError):
             await t.enqueue_many(0, [{"x": 1}])
-
-        async def away(*a, **k):
-            raise ServerUnavailable("MongoDB could not be reached")
-
-        monkeypatch.setattr(q, "push_many", away)
-        with pytest.raises(TransportUnavailable) as err:
-            await t.enqueue_many(0, [{"x": 1}])
-        assert isinstance(err.value.__cause__, ServerUnavailable)
+        for queue_error, transport_error in [
+            (ServerUnavailable("MongoDB could not be reached"), TransportUnavailable),
+            (OperationTimeout("MongoDB did not answer"), TransportTimeout),
+            (OperationFailed("MongoDB refused it"), TransportError),
+        ]:
+            monkeypatch.setattr(q, "push_many", failing(queue_error))
+            with pytest.raises(TransportError) as err:
+                await t.enqueue_many(0, [{"x": 1}])
+            assert type(err.value) is transport_error and err.value.__cause__ is queue_error
     finally:
         await t.stop()
 

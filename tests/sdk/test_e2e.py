@@ -22,7 +22,6 @@ from pymongo import MongoClient
 
 from bucketq.embedded import EmbeddedServer
 from bucketq.sdk import Client, IngestHandler, replay
-from bucketq.server import _keys
 from fast_settings import FAST_SDK
 
 from .helpers import ROOT, Serve, dead_port, eventually, spilled
@@ -56,8 +55,8 @@ def pkey(primary: Serve) -> str:
 
 
 @pytest.fixture(scope="module")
-def fkey(fallback: Serve, mongo_client: MongoClient) -> str:
-    return _keys.create_key(mongo_client[fallback.database], "sdk-tests")
+def fkey(fallback: Serve) -> str:
+    return fallback.create_key("sdk-tests")
 
 
 @pytest.fixture
@@ -91,10 +90,7 @@ def slow_storage(database: str, tmp_path: Path) -> Iterator[tuple[Serve, str, Em
                   BUCKETQ_INGEST_TIMEOUT_MS="300", BUCKETQ_RETRY_AFTER_S="1")  # fmt: skip
     try:
         serve.start()
-        client: MongoClient = MongoClient(mongo.uri)
-        key = _keys.create_key(client[database], database)
-        client.close()
-        yield serve, key, mongo
+        yield serve, serve.create_key(database), mongo
     finally:
         serve.kill()
         mongo.stop()
@@ -180,9 +176,9 @@ def test_both_down_spill_then_replay_delivers_every_record_exactly(primary, pkey
     assert len(primary.logs(pkey, service=svc)) == 250
 
 
-def test_primary_back_replays_its_own_spill(mongo_uri, mongo_client, databases, svc, tmp_path):
+def test_primary_back_replays_its_own_spill(mongo_uri, databases, svc, tmp_path):
     late = Serve(mongo_uri, databases[2], tmp_path / "late.log")
-    key = _keys.create_key(mongo_client[databases[2]], "late")
+    key = late.create_key("late")
     port = dead_port()
     c = Client(f"http://127.0.0.1:{port}", key, spill_dir=tmp_path / "spill", service=svc,
                **FAST_SDK)  # fmt: skip
@@ -366,10 +362,10 @@ SPILL_SCRIPT = textwrap.dedent(
 
 
 def test_a_spill_left_by_an_exited_program_is_sent_by_the_next_short_lived_one(
-    mongo_uri, mongo_client, databases, svc, tmp_path
+    mongo_uri, databases, svc, tmp_path
 ):
     late = Serve(mongo_uri, databases[2], tmp_path / "late.log")
-    key = _keys.create_key(mongo_client[databases[2]], "late")
+    key = late.create_key("late")
     url = f"http://127.0.0.1:{dead_port()}"
     spill = tmp_path / "spill"
 
