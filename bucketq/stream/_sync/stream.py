@@ -102,14 +102,17 @@ class StreamQueue(Closing):
 
     # -- push -----------------------------------------------------------------------------
 
-    def push(
-        self, payload: Any, *, headers: dict[str, Any] | None = None, durable: bool = False
-    ) -> Receipt:
-        """Buffer one item and return its receipt at once (``durable=True``: once stored)."""
+    def _check_open(self) -> None:
         if self._closed:
             if self._forked:
                 raise used_after_fork(self)
             raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
+
+    def push(
+        self, payload: Any, *, headers: dict[str, Any] | None = None, durable: bool = False
+    ) -> Receipt:
+        """Buffer one item and return its receipt at once (``durable=True``: once stored)."""
+        self._check_open()
         headers = bucket.check_push(headers, durable)
         return (self._producer.add_many([payload], headers, None, durable))[0]
 
@@ -117,10 +120,7 @@ class StreamQueue(Closing):
         self, payloads: Any, *, headers: dict[str, Any] | None = None, durable: bool = False
     ) -> list[Receipt]:
         """Push several items in order; all are encoded first, so one bad item stores none."""
-        if self._closed:
-            if self._forked:
-                raise used_after_fork(self)
-            raise QueueClosed(f"Stream {self.name!r} is closed; open a new StreamQueue to go on.")
+        self._check_open()
         payloads = v.payloads(payloads)
         return self._producer.add_many(payloads, bucket.check_push(headers, durable), None, durable)
 
@@ -357,6 +357,10 @@ class StreamConsumer(Closing):
                 stopped=lambda: self._closed or self._fenced or stream._forked,
             )
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.stream.name} epoch={self.epoch} acked={self.acked}>"
 
@@ -375,8 +379,7 @@ class StreamConsumer(Closing):
         it reads again at most every ``poll_interval``."""
         if self.stream._forked:
             raise used_after_fork(self.stream)
-        if self._closed:
-            raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+        self._check_open()
         v.timeout("timeout", timeout)
         try:
             return self._next_batch(timeout)
@@ -511,8 +514,7 @@ class StreamConsumer(Closing):
         ranges itself (the Spark source, per micro-batch) may read next. Numbers blocked
         longer than their grace are closed on the way, as :meth:`next_batch` does. Reads
         no items and moves no cursor."""
-        if self._closed:
-            raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+        self._check_open()
         what = f"reachable() on stream {self.stream.name!r}"
         with self._bounded(None, what):
             allocated = int((self.check_epoch()).get("next", 0))
@@ -543,8 +545,7 @@ class StreamConsumer(Closing):
         it is kept in ``<stream>.quarantine`` and its seq closed like a hole, so the next
         :meth:`next_batch` goes on after it. False if it is not there any more. Raises
         :class:`~bucketq.errors.ConfigurationError` for a bucket that is not damaged."""
-        if self._closed:
-            raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+        self._check_open()
         if not isinstance(seq, int) or isinstance(seq, bool) or seq <= self.cursor:
             raise ConfigurationError(
                 f"quarantine() takes the seq of a damaged bucket not yet delivered (after "
@@ -598,8 +599,7 @@ class StreamConsumer(Closing):
             self._write_ack(seq)
 
     def _write_ack(self, seq: int) -> None:
-        if self._closed:
-            raise QueueClosed(f"This consumer of stream {self.stream.name!r} is closed.")
+        self._check_open()
         res = self.stream._meta.update_one(core.ack_filter(self.epoch), core.ack_update(seq))
         if not res.matched_count:
             meta = self.stream._meta.find_one(core.meta_filter())
