@@ -17,16 +17,9 @@ names once. It imports nothing above it (``scripts/check_layers.py`` enforces th
 The async files in ``_async/`` are the source; ``scripts/unasync.py`` generates ``_sync/``.
 """
 
-from ._async.closing import AsyncClosing as AsyncClosing
-from ._async.producer import AsyncProducer as AsyncProducer
-from ._async.quarantine import AsyncQuarantine as AsyncQuarantine
-from ._async.runtime import AsyncRuntime as AsyncRuntime
-from ._async.wake import AsyncWakeWatcher as AsyncWakeWatcher
-from ._sync.closing import Closing as Closing
-from ._sync.producer import Producer as Producer
-from ._sync.quarantine import Quarantine as Quarantine
-from ._sync.runtime import Runtime as Runtime
-from ._sync.wake import WakeWatcher as WakeWatcher
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .codec import *  # noqa: F403
 from .concurrency import AsyncReceipt as AsyncReceipt
 from .concurrency import Receipt as Receipt
@@ -36,3 +29,39 @@ from .options import *  # noqa: F403
 from .packing import *  # noqa: F403
 from .times import *  # noqa: F403
 from .writes import *  # noqa: F403
+
+# The I/O shells load on first use (PEP 562), each flavour on its own: a process that
+# uses one (a Spark Python worker uses the sync one) does not import the other.
+_LAZY = {
+    "AsyncClosing": "._async.closing",
+    "AsyncProducer": "._async.producer",
+    "AsyncQuarantine": "._async.quarantine",
+    "AsyncRuntime": "._async.runtime",
+    "AsyncWakeWatcher": "._async.wake",
+    "Closing": "._sync.closing",
+    "Producer": "._sync.producer",
+    "Quarantine": "._sync.quarantine",
+    "Runtime": "._sync.runtime",
+    "WakeWatcher": "._sync.wake",
+}
+
+if TYPE_CHECKING:
+    from ._async.closing import AsyncClosing as AsyncClosing
+    from ._async.producer import AsyncProducer as AsyncProducer
+    from ._async.quarantine import AsyncQuarantine as AsyncQuarantine
+    from ._async.runtime import AsyncRuntime as AsyncRuntime
+    from ._async.wake import AsyncWakeWatcher as AsyncWakeWatcher
+    from ._sync.closing import Closing as Closing
+    from ._sync.producer import Producer as Producer
+    from ._sync.quarantine import Quarantine as Quarantine
+    from ._sync.runtime import Runtime as Runtime
+    from ._sync.wake import WakeWatcher as WakeWatcher
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
