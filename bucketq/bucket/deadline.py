@@ -59,6 +59,22 @@ def backoff_within(delay: float, deadline: float, now: float) -> float:
     return max(0.0, min(delay, deadline - now))
 
 
+def call_timeout(op_timeout: float, deadline: float | None, now: float) -> float:
+    """Seconds one driver call of a waiting read (``reserve``, ``next_batch``) may take:
+    ``op_timeout``, and no longer than what is left until the caller's ``deadline``
+    (None: no timeout), at least :data:`MIN_ATTEMPT_TIMEOUT`."""
+    return op_timeout if deadline is None else min(op_timeout, attempt_timeout(deadline, now))
+
+
+def wait_within(wait: float, deadline: float | None, now: float) -> float | None:
+    """A waiting read's pause before it reads again, cut to what is left until the
+    caller's ``deadline`` (None: no timeout); None once the deadline has passed."""
+    if deadline is None:
+        return wait
+    left = deadline - now
+    return None if left <= 0 else min(wait, left)
+
+
 def state_flush_timeout(op_timeout: float, lease: float) -> float:
     """How long a state flush (which renews leases) may take: ``op_timeout``, and at most
     half a lease, so an unanswered renewal is given up while the lease still runs; the

@@ -17,6 +17,20 @@ def test_a_write_gives_up_a_budget_after_its_oldest_bucket_was_due():
     assert d.backoff_within(5.0, 159.5, 170.0) == 0.0
 
 
+def test_a_waiting_read_keeps_its_calls_and_pauses_within_the_callers_timeout():
+    # No timeout: op_timeout per call, the whole pause.
+    assert d.call_timeout(10.0, None, 50.0) == 10.0
+    assert d.wait_within(0.5, None, 50.0) == 0.5
+    # Three seconds left: a call gets them (never less than the floor), a pause no more.
+    assert d.call_timeout(10.0, 53.0, 50.0) == 3.0
+    assert d.call_timeout(10.0, 53.0, 52.9) == d.MIN_ATTEMPT_TIMEOUT
+    assert d.call_timeout(2.0, 53.0, 50.0) == 2.0
+    assert d.wait_within(0.5, 53.0, 50.0) == 0.5
+    assert d.wait_within(5.0, 53.0, 50.0) == 3.0
+    # The timeout has passed: no more pauses (the read returns empty).
+    assert d.wait_within(0.5, 53.0, 53.0) is None
+
+
 def test_a_state_flush_gets_at_most_half_a_lease():
     assert d.state_flush_timeout(10.0, 30.0) == 10.0
     assert d.state_flush_timeout(10.0, 2.0) == 1.0

@@ -180,23 +180,19 @@ class ElementQueue(QueueApi):
         while True:
             gen = self._wake.gen
             if not self._paused:
-                bound = self.options.op_timeout
-                if deadline is not None:
-                    left = max(deadline - _monotonic(), deadlines.MIN_ATTEMPT_TIMEOUT)
-                    bound = min(bound, left)
+                bound = deadlines.call_timeout(self.options.op_timeout, deadline, _monotonic())
                 with self._bounded("reserve()", bound):
                     msg = self._claim()
                 if msg is not None:
                     return msg
             if self._closed:
                 return None
-            wait = min(0.01 * 2**attempt, self.options.poll_interval)
+            wait = deadlines.wait_within(
+                min(0.01 * 2**attempt, self.options.poll_interval), deadline, _monotonic()
+            )
+            if wait is None:
+                return None
             attempt += 1
-            if deadline is not None:
-                remaining = deadline - _monotonic()
-                if remaining <= 0:
-                    return None
-                wait = min(wait, remaining)
             self._wake.wait(gen, wait)
 
     @boundary("reserve_many()")

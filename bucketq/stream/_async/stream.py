@@ -414,12 +414,11 @@ class AsyncStreamConsumer(AsyncClosing):
                 idle = 0
                 continue
             idle += 1
-            nap = core.idle_nap(idle, wait, self.stream.options.poll_interval)
-            if deadline is not None:
-                remaining = deadline - _monotonic()
-                if remaining <= 0:
-                    return None
-                nap = min(nap, remaining)
+            nap = deadlines.wait_within(
+                core.idle_nap(idle, wait, self.stream.options.poll_interval), deadline, _monotonic()
+            )
+            if nap is None:
+                return None
             if self._watch is not None:
                 self._watch.want()
             self.waiting = True
@@ -431,10 +430,7 @@ class AsyncStreamConsumer(AsyncClosing):
     def _bounded(self, deadline: float | None, what: str) -> Any:
         """A read of ``next_batch``: ``op_timeout``, and no longer than the caller's
         ``timeout`` (at least ``MIN_ATTEMPT_TIMEOUT``)."""
-        seconds = self.stream.options.op_timeout
-        if deadline is not None:
-            left = max(deadline - _monotonic(), deadlines.MIN_ATTEMPT_TIMEOUT)
-            seconds = min(seconds, left)
+        seconds = deadlines.call_timeout(self.stream.options.op_timeout, deadline, _monotonic())
         return self.stream._bounded(seconds, what)
 
     async def check_epoch(self) -> dict[str, Any]:
