@@ -1,15 +1,17 @@
 """Per-item timing decisions against a real server: reject_timeout_grace runs per item
 (not per bucket), and a commit of a bucket's last item deletes the bucket at once (the
-flush it wakes), not a state_flush_period later."""
+flush it wakes), not a state_flush_period later; and the bucket insert's retries, which
+the bucket queue and the stream share."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+import pytest
 from pymongo.errors import AutoReconnect
 
-from bucketq import AsyncStreamQueue, StreamQueue
+from bucketq import AsyncStreamQueue, Queue, StreamQueue
 from queue_kinds import resolve
 from waiting import eventually_async
 
@@ -76,6 +78,38 @@ def test_stream_close_reports_and_its_insert_retries_count_and_log(db, monkeypat
     report = s.close()
     assert report == {"buckets_written": 2, "push_failed": 0}
     assert s.close() == report and s.drain() == report
+
+
+@pytest.mark.parametrize("kind", [Queue, StreamQueue])
+def test_an_insert_whose_answer_was_lost_is_stored_once(db, monkeypatch, kind):
+    """The first insert lands but its answer is lost (the connection drops after the
+    write): the retry meets its own bucket (a duplicate key), which counts as stored,
+    neither stored twice, nor failed, nor (a stream) renumbered."""
+    q = kind(db, "lost", bucket_max_size=5, bucket_max_wait=0.05)
+    real = q._col.insert_one
+    calls = []
+
+    def lands_then_drops(doc, *a, **k):
+        calls.append(doc["_id"])
+        res = real(doc, *a, **k)
+        if len(calls) == 1:
+            raise AutoReconnect("connection reset after the write (injected)")
+        return res
+
+    monkeypatch.setattr(q._col, "insert_one", lands_then_drops)
+    assert q.push("x", durable=True).wait(30)
+    assert calls[0] == calls[1] and len(calls) == 2
+    stats = q.stats()
+    assert (stats["insert_retries"], stats["push_failed"]) == (1, 0)
+    assert db[q.name].count_documents({}) == 1
+    if kind is StreamQueue:
+        assert stats["renumbered"] == 0
+        batch = q.consumer().next_batch(timeout=10)
+        assert batch is not None and (batch.seq, batch.items) == (1, ["x"])
+    else:
+        msg = q.reserve(timeout=10)
+        assert msg is not None and msg.payload == "x" and q.total_size() == 1
+    q.close()
 
 
 async def test_async_stream_drain_reports(adb):
