@@ -269,7 +269,7 @@ def _fake_run(capacity_rate: float):
     """A stand-in for run_mode: sustained up to ``capacity_rate``; overload refused."""
     calls = []
 
-    def run_one(mode, rate, duration, batch, side=None, **kw):
+    def run_one(mode, rate, duration, batch, side=None, settle=None, **kw):
         calls.append((mode, rate, batch))
         ok = rate <= capacity_rate
         lat = {"n": 10, "p50_ms": 5.0, "p95_ms": 20.0 if ok else 900.0, "p99_ms": 30.0,
@@ -278,6 +278,9 @@ def _fake_run(capacity_rate: float):
         load = {"requests": 10, "ok": 10 - sum(errors.values()), "errors": sum(errors.values()),
                 "errors_by_kind": errors, "records_accepted": batch * 10, "latency": lat,
                 "kept_schedule": True}  # fmt: skip
+        # a capacity step that failed on its answers is not waited for storage
+        if settle is not None:
+            assert settle(load) == ok
         side_value = None
         if side is _hostile.HealthProbe:
             side_value = {"n": 5, "max_ms": 3.0, "p99_ms": 3.0, "failures": {}}
@@ -338,3 +341,39 @@ def test_hostile_clients_and_the_health_probe_against_a_real_server(mongo_uri):
         serve.close()
         with MongoClient(mongo_uri) as client:
             client.drop_database(db)
+
+
+def test_the_overload_reports_the_event_loop_from_two_metrics_scrapes():
+    from bucketq.benchmark.ingest._hostile import loop_lag, loop_samples
+
+    def text(buckets: list[float], late: dict[str, float]) -> str:
+        bounds = [
+            "0.001",
+            "0.005",
+            "0.01",
+            "0.025",
+            "0.05",
+            "0.1",
+            "0.25",
+            "0.5",
+            "1.0",
+            "2.5",
+            "+Inf",
+        ]
+        lines = [f'bucketq_event_loop_lag_seconds_bucket{{le="{b}"}} {n}'
+                 for b, n in zip(bounds, buckets, strict=True)]  # fmt: skip
+        lines += [
+            f'bucketq_event_loop_late_seconds_total{{cause="{c}"}} {s}' for c, s in late.items()
+        ]
+        return "\n".join(["# TYPE bucketq_event_loop_lag_seconds histogram", *lines[:11],
+                          "# TYPE bucketq_event_loop_late_seconds counter", *lines[11:]]) + "\n"  # fmt: skip
+
+    before = loop_samples(text([10] * 11, {"loop": 0.5}))
+    # 100 more looks: 90 on time, 6 up to 50 ms, 3 up to 100 ms, one up to 250 ms
+    after = loop_samples(text([100, 100, 100, 100, 106, 109, 110, 110, 110, 110, 110],
+                              {"loop": 0.75, "cpu": 0.3}))  # fmt: skip
+    e = loop_lag(before, after)
+    assert e == {"available": True, "samples": 100, "over_50ms": 4, "over_100ms": 1,
+                 "max_le_ms": 250.0, "late_s": {"loop": 0.25, "cpu": 0.3}}  # fmt: skip
+    assert loop_lag(None, after) == {"available": False}
+    assert "over 100 ms 1 of 100" in _limits._loop(e) and "cpu 0.3 s" in _limits._loop(e)

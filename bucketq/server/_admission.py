@@ -167,6 +167,24 @@ class Admission(Middleware):
                 _deadline.reset(token)
 
 
+#: Seconds between two looks at the event loop's lag (``bucketq_event_loop_lag_seconds``),
+#: and the lag past which its cause is counted (``bucketq_event_loop_late_seconds``).
+LAG_PROBE_S = 0.02
+LATE_S = 0.01
+
+
+def lag_cause(wall: float, thread_cpu: float, process_cpu: float) -> str:
+    """What a late event loop's ``wall`` seconds went to, from the CPU seconds its thread
+    and its process ran meanwhile: ``loop`` (the thread ran half of it or more),
+    ``threads`` (the process's other threads did), else ``cpu`` (the process waited for
+    a CPU)."""
+    if thread_cpu >= 0.5 * wall:
+        return "loop"
+    if process_cpu >= 0.5 * wall:
+        return "threads"
+    return "cpu"
+
+
 class AdmissionMetrics:
     """Counters of admission control and key lookups, in ``registry``; never raise."""
 
@@ -197,6 +215,43 @@ class AdmissionMetrics:
             ("reason",),
             registry=registry,
         )
+
+        self.loop_lag = prom.Histogram(
+            "bucketq_event_loop_lag_seconds",
+            f"How late the event loop ran a timer due every {LAG_PROBE_S * 1000:g} ms: the "
+            "wait of any request (/health too) for the loop before its own work starts.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
+        self.loop_late = prom.Counter(
+            "bucketq_event_loop_late_seconds",
+            f"Seconds the event loop was late (lags over {LATE_S * 1000:g} ms), by cause: loop "
+            "(its thread ran: work on the loop, garbage collection), threads (the process's "
+            "other threads ran: the GIL), cpu (the process did not run: other processes had "
+            "the CPU).",
+            ("cause",),
+            registry=registry,
+        )
+
+    async def watch_loop_lag(self) -> None:
+        """Observe the event loop's lag every :data:`LAG_PROBE_S` until cancelled, and
+        what the lag was spent on (:func:`lag_cause`)."""
+        import time
+
+        loop = asyncio.get_running_loop()
+        while True:
+            start, thread0, process0 = loop.time(), time.thread_time(), time.process_time()
+            await asyncio.sleep(LAG_PROBE_S)
+            now = loop.time()
+            lag = max(0.0, now - start - LAG_PROBE_S)
+            try:
+                self.loop_lag.observe(lag)
+                if lag > LATE_S:
+                    cause = lag_cause(now - start, time.thread_time() - thread0,
+                                      time.process_time() - process0)  # fmt: skip
+                    self.loop_late.labels(cause).inc(lag)
+            except Exception:  # noqa: BLE001 - a metric never fails the service
+                pass
 
     def key_lookup(self, result: str) -> None:
         self._inc(self.lookups, result)

@@ -74,6 +74,7 @@ class Service:
         #: Collectors whose figures are the same in every process (the queue sizes the
         #: console's watch reads): with ``--workers``, ``/metrics`` adds this worker's.
         self.shared_collectors: list[Any] = []
+        self._lag_watch: asyncio.Task[None] | None = None
 
     async def open(self) -> Service:
         from pymongo import AsyncMongoClient
@@ -112,6 +113,7 @@ class Service:
             from ..stream import AsyncStreamQueue
 
             self.tee = AsyncStreamQueue(self.db, cfg.tee_stream)
+        self._lag_watch = asyncio.create_task(self.admission.watch_loop_lag())
         log.info(
             "storage: MongoDB database %r; buffer: %s; tee stream: %s",
             self.db.name,
@@ -133,6 +135,8 @@ class Service:
         return isinstance(self.reservoir, BufferedReservoir)
 
     async def close(self) -> None:
+        if self._lag_watch is not None:
+            self._lag_watch.cancel()
         if self.buffered:
             budget = self.buffer_config.graceful_shutdown_ms / 1000 + DEFAULT_STOP_MARGIN
             try:

@@ -171,3 +171,13 @@ def test_bodies_are_decoded_within_their_limits() -> None:
     assert status(d.protobuf_budget, "logs", raw, max_records=5, max_fields=20) == 413
     for broken in (raw[:-3], b"\x0a\xff\xff\xff\xff\x0f", b"\x0f"):
         assert status(d.protobuf_budget, "logs", broken, max_records=5, max_fields=1000) == 400
+
+
+def test_a_late_event_loop_is_put_down_to_what_ran_meanwhile() -> None:
+    from bucketq.server._admission import lag_cause
+
+    # 200 ms late: the loop's thread ran 150 ms of it (work on the loop, a collection)
+    assert lag_cause(0.2, 0.15, 0.16) == "loop"
+    # the process's other threads ran (the GIL), or nothing of it ran (the CPU)
+    assert lag_cause(0.2, 0.01, 0.15) == "threads"
+    assert lag_cause(0.2, 0.01, 0.02) == "cpu"

@@ -202,12 +202,14 @@ class HealthProbe:
         self.thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
 
     def __enter__(self) -> Callable[[], dict[str, Any]]:
+        self.loop_before = self._loop_metrics()
         self.thread.start()
         return self.report
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(30)
+        self.loop_after = self._loop_metrics()
 
     def report(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -216,7 +218,22 @@ class HealthProbe:
             "max_ms": lat[-1] if lat else None,
             "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
             "failures": dict(self.failures),
+            "event_loop": loop_lag(self.loop_before, getattr(self, "loop_after", None)),
         }
+
+    def _loop_metrics(self) -> dict[str, float] | None:
+        """The service's event-loop figures from ``/metrics`` (None: not answered)."""
+        try:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            try:
+                conn.request("GET", "/metrics")
+                r = conn.getresponse()
+                text = r.read().decode()
+            finally:
+                conn.close()
+        except (OSError, http.client.HTTPException):
+            return None
+        return loop_samples(text) if r.status == 200 else None
 
     def _run(self) -> None:
         conn: http.client.HTTPConnection | None = None
@@ -239,3 +256,38 @@ class HealthProbe:
             self.stop.wait(self.every)
         if conn is not None:
             conn.close()
+
+
+def loop_samples(text: str) -> dict[str, float]:
+    """``bucketq_event_loop_lag_seconds`` buckets (``le=...``) and
+    ``bucketq_event_loop_late_seconds_total`` by cause (``late:...``) of a ``/metrics`` text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "bucketq_event_loop_lag_seconds_bucket":
+                out["le:" + s.labels["le"]] = out.get("le:" + s.labels["le"], 0.0) + s.value
+            elif s.name == "bucketq_event_loop_late_seconds_total":
+                key = "late:" + s.labels["cause"]
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def loop_lag(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any]:
+    """The event loop between two :func:`loop_samples`: timers looked at, how many ran
+    over 50 and 100 ms late, the bucket of the latest, and the seconds late by cause."""
+    if before is None or after is None or "le:+Inf" not in after:
+        return {"available": False}
+    d = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    total = d["le:+Inf"]
+    bounds = sorted((float(k[3:]), v) for k, v in d.items() if k.startswith("le:"))
+    worst = next((b for b, v in bounds if v >= total), None)
+    return {
+        "available": True,
+        "samples": int(total),
+        "over_50ms": int(total - d.get("le:0.05", total)),
+        "over_100ms": int(total - d.get("le:0.1", total)),
+        "max_le_ms": None if worst is None or worst == float("inf") else worst * 1000,
+        "late_s": {k[5:]: round(v, 3) for k, v in d.items() if k.startswith("late:")},
+    }

@@ -3,12 +3,15 @@ printed beside its target.
 
 - **capacity**, per mode: 100 records per request, the rate doubled from ``start_rate``
   while the run is sustained (no error, p95 under 250 ms, every accepted record stored,
-  the generator on schedule), then once halfway between the last sustained rate and the
-  first that was not; the highest sustained records/s and the API process's CPU per
-  record at it.
+  the generator on schedule), or halved until it is, then once halfway between the last
+  sustained rate and the first that was not; the highest sustained records/s and the
+  API process's CPU per record at it.
 - **overload**, per mode: ``overload_duration`` seconds at twice that capacity: every
   request answered within 2 x ``BUCKETQ_INGEST_TIMEOUT_MS``, the excess as 503/429 with
-  ``Retry-After``, stored = accepted, ``/health`` answering within 100 ms throughout.
+  ``Retry-After``, stored = accepted, ``/health`` answering within 100 ms throughout;
+  beside it, the service's event loop (``bucketq_event_loop_*``): how late its timers
+  ran and what the lateness went to (the loop's own work, other threads, or the CPU
+  taken by other processes).
 - **hostile neighbour** (buffer off): 50 requests/s of 10 records, once alone and once
   beside the hostile clients of :mod:`._hostile`; the good traffic's p99 beside them
   within 2x its p99 alone.
@@ -56,18 +59,21 @@ class LimitSettings:
 RunOne = Callable[..., dict[str, Any]]
 
 
-def sustained(r: dict[str, Any]) -> bool:
-    p95 = r["load"]["latency"]["p95_ms"]
+def answers_sustained(load: dict[str, Any]) -> bool:
+    """The part of :func:`sustained` the answers alone decide: a run that fails it is
+    not sustained whatever is stored, so it is not waited for storage to catch up
+    (measured: that wait was most of a failed step's time in the buffer modes)."""
+    p95 = load["latency"]["p95_ms"]
     return (
-        r["load"]["errors"] == 0
-        and p95 is not None
-        and p95 < CAPACITY_P95_MS
-        and r["stored_ok"]
-        and r["load"]["kept_schedule"]
+        load["errors"] == 0 and p95 is not None and p95 < CAPACITY_P95_MS and load["kept_schedule"]
     )
 
 
-def _step(r: dict[str, Any]) -> dict[str, Any]:
+def sustained(r: dict[str, Any]) -> bool:
+    return answers_sustained(r["load"]) and r["stored_ok"]
+
+
+def _step(r: dict[str, Any], wall_s: float) -> dict[str, Any]:
     return {
         "rate": r["rate"],
         "records_per_s": r["rate"] * r["batch"],
@@ -78,7 +84,16 @@ def _step(r: dict[str, Any]) -> dict[str, Any]:
         "kept_schedule": r["load"]["kept_schedule"],
         "api_cpu_us_per_record": cpu_per_record(r),
         "sustained": sustained(r),
+        # where the time goes: the load itself, then storing what was accepted
+        "wall_s": round(wall_s, 1),
+        "drain_s": round(r.get("end_to_end", {}).get("drain_wait_s") or 0.0, 1),
     }
+
+
+def _timed(run_one: RunOne, *args: Any, **kw: Any) -> dict[str, Any]:
+    t0 = time.monotonic()
+    r = run_one(*args, **kw)
+    return _step(r, time.monotonic() - t0)
 
 
 def cpu_per_record(r: dict[str, Any]) -> float | None:
@@ -93,9 +108,9 @@ def capacity(run_one: RunOne, mode: str, st: LimitSettings) -> dict[str, Any]:
     rate = st.start_rate
     # up (doubling) from the start while sustained, or down (halving) until it is
     while st.min_rate <= rate <= st.max_rate:
-        r = run_one(mode, rate, st.step_duration, CAPACITY_BATCH)
-        steps.append(_step(r))
-        if sustained(r):
+        steps.append(_timed(run_one, mode, rate, st.step_duration, CAPACITY_BATCH,
+                            settle=answers_sustained))  # fmt: skip
+        if steps[-1]["sustained"]:
             good = steps[-1]
             if bad_rate is not None:
                 break
@@ -107,9 +122,9 @@ def capacity(run_one: RunOne, mode: str, st: LimitSettings) -> dict[str, Any]:
             rate /= 2
     if good is not None and bad_rate is not None:
         mid = (good["rate"] + bad_rate) / 2
-        r = run_one(mode, mid, st.step_duration, CAPACITY_BATCH)
-        steps.append(_step(r))
-        if sustained(r):
+        steps.append(_timed(run_one, mode, mid, st.step_duration, CAPACITY_BATCH,
+                            settle=answers_sustained))  # fmt: skip
+        if steps[-1]["sustained"]:
             good = steps[-1]
     return {
         "mode": mode,
@@ -118,12 +133,15 @@ def capacity(run_one: RunOne, mode: str, st: LimitSettings) -> dict[str, Any]:
         "records_per_s": None if good is None else good["records_per_s"],
         "api_cpu_us_per_record": None if good is None else good["api_cpu_us_per_record"],
         "limited_by": "max_rate" if bad_rate is None else "p95, errors or storage",
+        "seconds": round(sum(x["wall_s"] for x in steps), 1),
     }
 
 
 def overload(run_one: RunOne, mode: str, rate: float, st: LimitSettings) -> dict[str, Any]:
+    t0 = time.monotonic()
     r = run_one(mode, rate, st.overload_duration, CAPACITY_BATCH,
                 side=HealthProbe, max_connections=OVERLOAD_CONNECTIONS)  # fmt: skip
+    wall = time.monotonic() - t0
     load = r["load"]
     kinds = load["errors_by_kind"]
     refused = sum(n for k, n in kinds.items() if k in ("HTTP 503", "HTTP 429"))
@@ -146,6 +164,8 @@ def overload(run_one: RunOne, mode: str, rate: float, st: LimitSettings) -> dict
         "answered_in_time": load["latency"]["max_ms"] is not None
         and load["latency"]["max_ms"] <= bound
         and load["latency"]["n"] == load["requests"],
+        "seconds": round(wall, 1),
+        "drain_s": round(r.get("end_to_end", {}).get("drain_wait_s") or 0.0, 1),
         "health_in_time": health["max_ms"] is not None
         and health["max_ms"] <= HEALTH_MS
         and not health["failures"],
@@ -191,7 +211,11 @@ def run_limits(run_one: RunOne, st: LimitSettings, say: Callable[[str], None]) -
                 f"(without Retry-After: {o['refused_without_retry_after']}, target 0), other errors "
                 f"{o['other_errors'] or 0}; stored = accepted {_ok(o['stored_ok'])}; /health max "
                 f"{h['max_ms'] or 0:.1f} ms (target ≤ {HEALTH_MS:g}), failures {h['failures'] or 0} "
-                f"{_ok(o['health_in_time'])} [load {_load()}]")  # fmt: skip
+                f"{_ok(o['health_in_time'])}; event loop {_loop(h.get('event_loop'))} "
+                f"[load {_load()}]")  # fmt: skip
+            say(f"time {mode}: capacity search {c['seconds']:g} s ({len(c['steps'])} runs, "
+                f"storing after the load {sum(x['drain_s'] for x in c['steps']):g} s of it), "
+                f"overload {o['seconds']:g} s (storing {o['drain_s']:g} s)")  # fmt: skip
     hn = out["hostile"] = hostile(run_one, st)
     ratio = hn["ratio"]
     say(f"hostile neighbour: good traffic p99 {hn['alone']['p99_ms'] or 0:.1f} ms alone, "
@@ -202,6 +226,16 @@ def run_limits(run_one: RunOne, st: LimitSettings, say: Callable[[str], None]) -
     out["seconds"] = time.monotonic() - t0
     out["load_average_end"] = os.getloadavg()
     return out
+
+
+def _loop(e: dict[str, Any] | None) -> str:
+    """The overload's event-loop figures in a few words."""
+    if not e or not e.get("available"):
+        return "not measured"
+    late = ", ".join(f"{k} {v:g} s" for k, v in sorted(e["late_s"].items())) or "none"
+    worst = "-" if e["max_le_ms"] is None else f"≤ {e['max_le_ms']:g} ms"
+    return (f"late over 100 ms {e['over_100ms']} of {e['samples']} looks (latest {worst}); "
+            f"lateness by cause: {late}")  # fmt: skip
 
 
 def _ok(flag: bool) -> str:

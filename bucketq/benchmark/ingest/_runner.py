@@ -148,11 +148,14 @@ def run_mode(
     extra_env: dict[str, str] | None = None,
     side: Side | None = None,
     max_connections: int | None = None,
+    settle: Callable[[dict[str, Any]], bool] | None = None,
 ) -> dict[str, Any]:
     """One mode at one rate, from a fresh database to the count of what storage holds.
     ``extra_env``: more of the server's environment; ``side(url, key)``: a context
     manager that runs beside the load (its value, once it ended, is the result's
-    ``"side"``); ``max_connections``: the generator's."""
+    ``"side"``); ``max_connections``: the generator's; ``settle(load summary)``: False
+    when what was accepted need not be stored (a run already judged on its answers):
+    the server is then killed at once, not drained (``"settled": False``)."""
     run_id = uuid.uuid4().hex[:10]
     database = f"bqbench_{mode}_{run_id}"
     prefix = f"bqbench:{run_id}"
@@ -194,15 +197,22 @@ def run_mode(
         summary = load_summary(samples, batch)
         accepted = summary["records_accepted"]
         accepted_at = {s.seq: t0 + s.done for s in samples if s.ok and s.done is not None}
-        drained = watcher.wait_for(accepted, drain_timeout) if watcher.available else None
+        settled = settle is None or settle(summary)
+        drained = (
+            watcher.wait_for(accepted, drain_timeout) if watcher.available and settled else None
+        )
         drain_s = time.monotonic() - t_load_end
         if progress:
             progress(len(samples), n_requests, len(watcher.seen))
         cpu1, mcpu1 = serve.cpu(), cpu_seconds(mongo_pid) if mongo_pid else None
         window = time.monotonic() - t0
-        exit_code = serve.stop()
+        if settled:
+            exit_code = serve.stop()
+        else:
+            serve.kill()
+            exit_code = None
         after = observer.server_counters()
-        if watcher.available and len(watcher.seen) < accepted:
+        if settled and watcher.available and len(watcher.seen) < accepted:
             watcher.wait_for(accepted, 5.0)  # what the graceful stop flushed
         watcher.stop()
         col = observer.client[database][LOGS_COLLECTION]
@@ -229,6 +239,7 @@ def run_mode(
             },
             "records_stored": stored,
             "stored_ok": stored == accepted,
+            "settled": settled,
             # from the change stream: which records those were (None without one)
             "stored_check": seen_check,
             "end_to_end": {
@@ -256,7 +267,7 @@ def run_mode(
             else delta["requests"] / summary["requests"],
             "server_exit_code": exit_code,
             # uvicorn re-raises the SIGTERM it handled once it has shut down
-            "server_stopped_cleanly": exit_code in (0, -signal.SIGTERM),
+            "server_stopped_cleanly": exit_code in (0, -signal.SIGTERM) if settled else None,
             "server_stop_s": serve.stop_seconds,
             "shutdown_report": shutdown[-1] if shutdown else None,
         }
