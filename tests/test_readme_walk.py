@@ -26,8 +26,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The pipeline's JVM as the Spark tests start theirs (tests/spark/conftest.py): the client
-#: compiler and the serial collector start it in about 60% of the time.
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: compiler and the serial collector start it in about 60% of the time, and Spark's jars
+#: are not verified.
+JVM_OPTIONS = (
+    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    " -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
+)
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("readme_walk")]

@@ -1,14 +1,14 @@
 """A streaming query the Spark tests run in their own process and SIGKILL mid-run.
 
-python spark_worker.py [--master URL] parquet URI DB QUEUE OUT CHECKPOINT [MAX_ROWS [HOLD_AFTER FLAG]]
-python spark_worker.py [--master URL] copy URI DB QUEUE TARGET CHECKPOINT [MAX_ROWS]
-python spark_worker.py [--master URL] drain URI DB QUEUE OUT CHECKPOINT [MAX_ROWS]
+python spark_worker.py [--master URL] [--conf KEY=VALUE]... parquet URI DB QUEUE OUT CHECKPOINT [MAX_ROWS [HOLD_AFTER FLAG]]
+python spark_worker.py [--master URL] [--conf KEY=VALUE]... copy URI DB QUEUE TARGET CHECKPOINT [MAX_ROWS]
+python spark_worker.py [--master URL] [--conf KEY=VALUE]... drain URI DB QUEUE OUT CHECKPOINT [MAX_ROWS]
 
 With HOLD_AFTER, the task that meets a seq past it creates FLAG and waits there (the
 query is held inside that micro-batch until it is killed). ``drain`` runs the parquet
 query until the queue is drained, stops it and prints the stored rows (what Spark reads
 back from OUT: ``[seq, index, payload]`` as JSON) on its last line. ``--master``
-defaults to local[2].
+defaults to local[2]; ``--conf`` settings go over the session's own (``spark_session``).
 """
 
 from __future__ import annotations
@@ -122,13 +122,18 @@ def drain(spark, uri, db, queue, out, checkpoint, max_rows):
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    master = "local[2]"
-    if argv[0] == "--master":
-        master, argv = argv[1], argv[2:]
+    master, conf = "local[2]", {}
+    while argv[0] in ("--master", "--conf"):
+        if argv[0] == "--master":
+            master = argv[1]
+        else:
+            key, _, value = argv[1].partition("=")
+            conf[key] = value
+        argv = argv[2:]
     mode, uri, db, queue, out, checkpoint = argv[:6]
     max_rows = int(argv[6]) if len(argv) > 6 else 200
     hold = (int(argv[7]), argv[8]) if len(argv) > 8 else None
-    spark = spark_session("bucketq-killed-query", master)
+    spark = spark_session("bucketq-killed-query", master, conf)
     if mode == "drain":
         drain(spark, uri, db, queue, out, checkpoint, max_rows)
     else:

@@ -1,8 +1,9 @@
 """The data source on Spark's own standalone cluster: a master and two workers, each a
 process of its own (started from the installed pyspark, bound to 127.0.0.1), one
-executor per worker. `bucketq pipeline --master spark://...` and a streaming query
-SIGKILLed and restarted from its checkpoint run their drivers in processes of their own,
-as a user's would, and their tasks on the two workers' executors.
+executor of one core per worker. `bucketq pipeline --master spark://...` and a streaming
+query SIGKILLed and restarted from its checkpoint run their drivers in processes of their
+own, as a user's would, and their tasks on the workers' executors: the pipeline's on both
+workers, the killed query's and its restart's on one executor each (``ONE_EXECUTOR``).
 
 One cluster for the module (the xdist group keeps its tests on one worker, so it starts
 once); no local session is started in this process."""
@@ -39,6 +40,11 @@ WORKER = str(Path(__file__).with_name("spark_worker.py"))
 #: A whole driver's run: a generous bound, never waited, under the test's own 600 s so
 #: that a run that hangs fails with its output.
 RUN_TIMEOUT = 540
+#: The killed query and its restart ask for one core: one executor each, on either worker.
+#: What they test is the driver's death and its checkpoint, and the pipeline's run already
+#: spreads over both workers; two executors more (JVMs and Python workers) took about 9 s
+#: of CPU (2026-11-25).
+ONE_EXECUTOR = ["--conf", "spark.cores.max=1"]
 
 
 def run_driver(args: list[str]) -> subprocess.CompletedProcess:
@@ -183,13 +189,14 @@ def test_streaming_query_killed_and_restarted_on_a_standalone_cluster_is_exactly
     q.push_many(pushed[:2000], durable=True)  # 40 buckets; 200 rows per trigger
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     ckpt.mkdir()
-    kill_when(["--master", cluster.url, "parquet", mongo_uri, db_name, "logs", str(out), str(ckpt)],
+    before = cluster.apps_ran_on()
+    kill_when(["--master", cluster.url, *ONE_EXECUTOR, "parquet", mongo_uri, db_name, "logs", str(out), str(ckpt)],
               tmp_path / "killed.log", lambda: committed_batches(ckpt) >= 3,
               "3 committed batches on the cluster", timeout=RUN_TIMEOUT, env=driver_env())  # fmt: skip
     assert committed_batches(ckpt) >= 3
     q.push_many(pushed[2000:], durable=True)  # more arrive while it is down
     run = run_driver(
-        [sys.executable, WORKER, "--master", cluster.url, "drain", mongo_uri, db_name, "logs",
+        [sys.executable, WORKER, "--master", cluster.url, *ONE_EXECUTOR, "drain", mongo_uri, db_name, "logs",
          str(out), str(ckpt), "1000"]
     )  # fmt: skip
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
@@ -199,3 +206,4 @@ def test_streaming_query_killed_and_restarted_on_a_standalone_cluster_is_exactly
     )
     assert len({(s, i) for s, i, _ in rows}) == 3000
     assert q.position()["acked"] >= 40
+    assert sum(cluster.apps_ran_on()) - sum(before) == 2, "both drivers' tasks ran on the cluster"
