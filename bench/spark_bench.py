@@ -4,6 +4,7 @@ on local[2] (or a standalone cluster), beside Spark's own floors for the same ro
 
     python bench/spark_bench.py --repeat 3      # 100,000 items, medians of 3 runs
     python bench/spark_bench.py --quick         # 20,000 items
+    python bench/spark_bench.py --cpu           # + CPU seconds per streaming query by process
     python bench/spark_bench.py --json out.json --mongodb-uri mongodb://...
     python bench/spark_bench.py --master spark://127.0.0.1:7077 --conf spark.executor.memory=512m
 
@@ -34,6 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -134,6 +136,92 @@ class ArrowFileStreamReader(DataSourceStreamReader):
         pass
 
 
+# -- CPU by process (--cpu) --------------------------------------------------------------
+
+#: What a process of this bench's tree is, by its command line (the first match).
+CPU_KINDS = (
+    ("python_streaming_source_runner", "source runner (driver, per query)"),
+    ("pyspark.daemon pyspark.worker", "executors' Python workers"),
+    ("pyspark.sql.worker.", "planners' Python workers"),
+    ("secantus", "MongoDB server (embedded)"),
+    ("java", "JVM (driver and executors)"),
+    ("spark-submit", "JVM (driver and executors)"),
+    ("spark-class", "JVM (driver and executors)"),
+)
+
+
+class CpuByProcess:
+    """CPU seconds (user + system) of this process and its descendants, by kind
+    (:data:`CPU_KINDS`), from ``/proc`` (Linux), sampled every ``interval`` seconds by a
+    thread: a process is counted until its last sample, so one that lives a fraction of
+    a second (a query's source runner, ~0.5 s) loses at most one interval's CPU."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.root, self.interval = os.getpid(), interval
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.seen: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU seconds)
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="cpu-by-process", daemon=True)
+        self.thread.start()
+
+    def _kind(self, pid: int) -> str:
+        if pid == self.root:
+            return "bench (driver's Python)"
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return "other"
+        return next((kind for key, kind in CPU_KINDS if key in cmd), "other")
+
+    def _sample(self) -> None:
+        stats: dict[int, tuple[int, float]] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat", "rb") as f:
+                        fields = f.read().rsplit(b")", 1)[1].split()
+                except OSError:
+                    continue
+                stats[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / self.tick)
+        tree, grew = {self.root}, True
+        while grew:
+            more = {pid for pid, (ppid, _) in stats.items() if ppid in tree} - tree
+            tree |= more
+            grew = bool(more)
+        with self.lock:
+            for pid in tree:
+                old = self.seen.get(pid)
+                kind = old[0] if old is not None and old[0] != "other" else self._kind(pid)
+                self.seen[pid] = (kind, stats[pid][1])
+
+    def _run(self) -> None:
+        while not self.done.wait(self.interval):
+            self._sample()
+
+    def totals(self) -> dict[str, float]:
+        """CPU seconds so far by kind (exited processes included)."""
+        self._sample()
+        out: dict[str, float] = {}
+        with self.lock:
+            for kind, cpu in self.seen.values():
+                out[kind] = out.get(kind, 0.0) + cpu
+        return out
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def cpu_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {
+        k: round(v - before.get(k, 0.0), 3)
+        for k, v in after.items()
+        if v - before.get(k, 0.0) > 0.0005
+    }
+
+
 # -- one run -----------------------------------------------------------------------------
 
 
@@ -161,7 +249,10 @@ def stream_figures(n: int, seconds: float, t0: float, progress: list[dict]) -> d
     return out
 
 
-def run_stream(spark: Any, fmt: str, opts: dict[str, str], out: Path, n: int) -> dict[str, Any]:
+def run_stream(
+    spark: Any, fmt: str, opts: dict[str, str], out: Path, n: int, cpu: CpuByProcess | None = None
+) -> dict[str, Any]:
+    before = cpu.totals() if cpu else {}
     t = time.perf_counter()
     query = (
         spark.readStream.format(fmt)
@@ -177,9 +268,13 @@ def run_stream(spark: Any, fmt: str, opts: dict[str, str], out: Path, n: int) ->
     seconds = time.perf_counter() - t
     progress = list(query.recentProgress)
     query.stop()
+    used = cpu_between(before, cpu.totals()) if cpu else None  # the source runner exits at stop
     got = spark.read.parquet(str(out / "data")).count()
     assert got == n, f"{fmt} stream→parquet stored {got} of {n} rows"
-    return stream_figures(n, seconds, t, progress)
+    res = stream_figures(n, seconds, t, progress)
+    if used is not None:
+        res["cpu_seconds"] = used
+    return res
 
 
 def timed(n: int, f: Any) -> dict[str, Any]:
@@ -189,7 +284,9 @@ def timed(n: int, f: Any) -> dict[str, Any]:
     return {"seconds": s, "items_per_s": n / s}
 
 
-def one_run(spark: Any, db: Any, uri: str, n: int, args: Any, tmp: Path) -> dict[str, Any]:
+def one_run(
+    spark: Any, db: Any, uri: str, n: int, args: Any, tmp: Path, cpu: CpuByProcess | None
+) -> dict[str, Any]:
     import pyarrow as pa
 
     from bucketq.spark import _ops as ops
@@ -219,7 +316,7 @@ def one_run(spark: Any, db: Any, uri: str, n: int, args: Any, tmp: Path) -> dict
     opts = {"uri": uri, "database": db.name, "numPartitions": str(args.partitions)}
     limit = {"maxRowsPerTrigger": str(args.max_rows)} if args.max_rows else {}
     res["stream_to_parquet"] = run_stream(
-        spark, "bucketq", {**opts, "queue": "bench_stream", **limit}, tmp / "stream", n
+        spark, "bucketq", {**opts, "queue": "bench_stream", **limit}, tmp / "stream", n, cpu
     )
     res["batch_to_parquet"] = timed(
         n,
@@ -232,7 +329,7 @@ def one_run(spark: Any, db: Any, uri: str, n: int, args: Any, tmp: Path) -> dict
     )
     fopts = {"path": str(arrow), "rows": str(n), **limit}
     res["floor_python_stream"] = run_stream(
-        spark, ArrowFileSource.name(), fopts, tmp / "fstream", n
+        spark, ArrowFileSource.name(), fopts, tmp / "fstream", n, cpu
     )
     res["floor_python_batch"] = timed(
         n,
@@ -287,6 +384,13 @@ def main(argv: list[str]) -> int:
         "--max-rows", type=int, default=None, help="maxRowsPerTrigger (default: the source's)"
     )
     ap.add_argument("--partitions", type=int, default=2, help="numPartitions of the source")
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="CPU seconds of each streaming query by process (JVM, the source runner, the "
+        "executors' Python workers, the embedded server), sampled from /proc (Linux) every "
+        "50 ms by a thread that costs CPU itself",
+    )
     ap.add_argument("--json", default=None, help="write every figure here")
     args = ap.parse_args(argv)
     n = 20_000 if args.quick else args.n
@@ -327,9 +431,10 @@ def main(argv: list[str]) -> int:
         # warm-up: one tiny Parquet write, so the JVM's start is nobody's cost
         spark.range(10).write.mode("overwrite").parquet(str(tmp / "warm"))
         shutil.rmtree(tmp / "warm")
+        cpu = CpuByProcess() if args.cpu else None
         for i in range(args.repeat):
             loads.append(os.getloadavg())
-            runs.append(one_run(spark, db, uri, n, args, tmp))
+            runs.append(one_run(spark, db, uri, n, args, tmp, cpu))
             r = runs[-1]
             print(
                 f"run {i + 1}/{args.repeat} (load {loads[-1][0]:.1f}): "
@@ -338,6 +443,8 @@ def main(argv: list[str]) -> int:
                 flush=True,
             )
         loads.append(os.getloadavg())
+        if cpu:
+            cpu.close()
         spark.stop()
         client.drop_database(db.name)
         client.close()
@@ -376,6 +483,17 @@ def main(argv: list[str]) -> int:
             f"{median_of(runs, key, 'items_per_s_in_batches') or 0:,.0f} items/s; "
             f"first run's first micro-batch {runs[0][key]['first_batch_seconds']:.2f} s)"
         )
+    if args.cpu:
+        for key, label in (("stream_to_parquet", "stream"), ("floor_python_stream", "floor")):
+            kinds = sorted({k for r in runs for k in r[key]["cpu_seconds"]})
+            med = {
+                k: statistics.median(r[key]["cpu_seconds"].get(k, 0.0) for r in runs) for k in kinds
+            }
+            print(
+                f"({label}: CPU seconds per query, medians: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in sorted(med.items(), key=lambda x: -x[1]))
+                + f"; total {sum(med.values()):.2f})"
+            )
     if args.json:
         doc = {"env": env, "runs": runs}
         Path(args.json).write_text(json.dumps(doc, indent=2))
