@@ -291,9 +291,12 @@ def _logs_filter(
                               cursor=cursor)  # fmt: skip
 
 
-async def _find_logs(svc: Any, flt: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+async def _find_logs(
+    svc: Any, flt: dict[str, Any], limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """At most ``limit`` records and :data:`_query.PAGE_BYTES`; whether more follow."""
     with mongo_timeout(READ_TIMEOUT):
-        return await svc.storage.logs.find(flt).sort(_query.SORT).limit(limit).to_list()
+        return await _query.find_page(svc.storage.logs, flt, limit)
 
 
 def _out(doc: dict[str, Any]) -> dict[str, Any]:
@@ -318,10 +321,10 @@ async def logs_page(request: Request, op: access.Operator) -> Response:
         f = _filters(request.query_params, projects)
         cursor = _query.decode_cursor(cursor_text) if cursor_text else None
         if f["project"]:
-            docs = await _find_logs(svc, _logs_filter(f, cursor), PAGE + 1)
-            rows = [_out(d) for d in docs[:PAGE]]
-            if len(docs) > PAGE:
-                nxt = urlencode({**f, "cursor": _query.encode_cursor(docs[PAGE - 1])})
+            docs, more = await _find_logs(svc, _logs_filter(f, cursor), PAGE)
+            rows = [_out(d) for d in docs]
+            if more:
+                nxt = urlencode({**f, "cursor": _query.encode_cursor(docs[-1])})
     except _query.CursorError as exc:
         error = str(exc)
     except Exception as exc:  # noqa: BLE001 - the page says storage failed instead of a 500
@@ -340,7 +343,7 @@ async def tail(request: Request, op: access.Operator) -> Response:
     if not f["project"]:
         return JSONResponse({"logs": [], "since": since.isoformat()})
     try:
-        docs = await _find_logs(svc, _logs_filter(f, since=since), TAIL_LIMIT)
+        docs, _more = await _find_logs(svc, _logs_filter(f, since=since), TAIL_LIMIT)
     except Exception as exc:  # noqa: BLE001 - the tail shows the failure and polls on
         return JSONResponse({"error": f"Reading the logs failed ({type(exc).__name__})."},
                             status_code=503, headers={"Retry-After": "2"})  # fmt: skip

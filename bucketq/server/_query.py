@@ -1,4 +1,5 @@
-"""``GET /api/v1/logs``: the MongoDB filter, sort and cursor of one page. Pure."""
+"""``GET /api/v1/logs``: the MongoDB filter, sort and cursor of one page (pure), and
+:func:`find_page`, the one read of a page (bounded in records and in bytes)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,41 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+import bson
 from bson import ObjectId
+from bson.raw_bson import RawBSONDocument
 
 #: Newest first; ``_id`` breaks ties so a page boundary never skips or repeats.
 SORT = [("time", -1), ("_id", -1)]
+#: Stored bytes (BSON) one page may hold: a page of ``limit`` records of up to 1 MB
+#: messages each would otherwise be built whole in memory (1,000 of them: gigabytes).
+PAGE_BYTES = 4 * 1024 * 1024
+
+
+async def find_page(
+    collection: Any, flt: dict[str, Any], limit: int, *, max_bytes: int = PAGE_BYTES
+) -> tuple[list[dict[str, Any]], bool]:
+    """The first records of ``collection`` matching ``flt`` in :data:`SORT` order: at
+    most ``limit``, and no more than ``max_bytes`` of stored BSON (the first record is
+    taken whatever its size); and whether more records follow. Each record is decoded
+    only once it is taken: the driver holds one batch at a time, not the whole page."""
+    opts = collection.codec_options
+    raw = collection.with_options(codec_options=opts.with_options(document_class=RawBSONDocument))
+    docs: list[dict[str, Any]] = []
+    size = 0
+    more = False
+    cursor = raw.find(flt).sort(SORT).limit(limit + 1)
+    try:
+        async for doc in cursor:
+            n = len(doc.raw)
+            if len(docs) == limit or (docs and size + n > max_bytes):
+                more = True
+                break
+            docs.append(bson.decode(doc.raw, opts))
+            size += n
+    finally:
+        await cursor.close()
+    return docs, more
 
 
 class CursorError(ValueError):

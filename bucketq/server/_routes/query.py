@@ -48,15 +48,14 @@ async def read_logs(
     try:
         # pymongo's deadline (the server gives up on the query too) and the event loop's.
         with mongo_timeout(budget):
-            cursor_ = svc.storage.logs.find(flt).sort(_query.SORT).limit(limit + 1)  # type: ignore[union-attr]
-            docs = await asyncio.wait_for(cursor_.to_list(), budget)
+            logs_ = svc.storage.logs  # type: ignore[union-attr]
+            page, more = await asyncio.wait_for(_query.find_page(logs_, flt, limit), budget)
     except Exception as exc:
         log.warning("reading logs failed: %s: %s", type(exc).__name__, exc)
         raise svc.unavailable(
             f"Storage did not answer the read within {budget:g} s (BUCKETQ_READ_TIMEOUT_MS)."
         ) from exc
-    page = docs[:limit]
-    nxt = _query.encode_cursor(page[-1]) if len(docs) > limit else None
+    nxt = _query.encode_cursor(page[-1]) if more else None
     logs = [_query.log_out(d) for d in page]
     # Rendered here, not by the response model: stored data (written by any client of
     # the database) must not make a read fail; log_out made every value JSON.
