@@ -26,7 +26,7 @@ from ..reservoir import from_env as buffer_from_env
 from ._admission import Admission, AdmissionMetrics, BodyTimeout
 from ._config import ServerConfig, from_env
 from ._http_errors import on_body_timeout, on_http, on_overloaded, on_validation
-from ._middleware import BodyLimit, HttpMetrics, LastResort, Observe, RequestId
+from ._middleware import BodyLimit, HttpMetrics, LastResort, Observe, RequestHead, RequestId
 from ._routes import ingest, ops, otlp, query
 from ._service import AT_FORCED_EXIT, Service
 
@@ -99,6 +99,8 @@ def create_app(
     # counted and carry a request id.
     app.add_middleware(Admission, config=cfg, on_refused=admission.refused)
     app.add_middleware(LastResort)
+    # The head's limits and HEAD: inside Observe, so refusals are counted.
+    app.add_middleware(RequestHead)
     app.add_middleware(Observe, metrics=HttpMetrics(reg))
     app.add_middleware(RequestId)
     from ..console import router as console

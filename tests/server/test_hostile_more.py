@@ -1,5 +1,6 @@
 """Hostile and careless requests beyond issue #24's list, against a real ``bucketq serve``:
-a read whose records are huge. Each gets
+a read whose records are huge, request heads past their limits, repeated query
+parameters and HEAD on the read-only routes. Each gets
 the documented answer (docs/server.md, "Limits and overload")."""
 
 from __future__ import annotations
@@ -53,3 +54,54 @@ def test_a_page_of_huge_records_holds_at_most_4_mib_and_the_rest_follow(serve: S
             seen += [x["message"][:2] for x in r.json()["logs"]]
             cursor = r.json()["next_cursor"]
     assert sorted(seen) == ["00", "01", "02", "10", "11", "12"]
+
+
+def test_a_request_head_past_its_limits_is_refused_and_the_connection_closed(
+    serve: Serve, keys
+) -> None:
+    key = keys(_project())
+    many = "".join(f"X-Filler-{i}: v\r\n" for i in range(101))  # 1.7 KB, 101 fields
+    big = "X-Filler: " + "v" * 40_000 + "\r\n"  # one read of the server's: h11 took it
+    for extra in (many, big):
+        head = f"GET /api/v1/logs HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\n{extra}\r\n"
+        out = _raw(serve, head.encode())
+        status = out.split(b"\r\n", 1)[0]
+        # 431 from the service; 400 from h11 when the head's first 16 KiB came alone.
+        assert status in (b"HTTP/1.1 431 Request Header Fields Too Large",
+                          b"HTTP/1.1 400 Bad Request"), out[:300]  # fmt: skip
+        if b"431" in status:
+            assert b'"error":"Request header fields too large"' in out
+            assert b"connection: close" in out.lower()
+    with serve.client(key) as c:  # others are answered as before
+        assert c.get("/api/v1/logs").status_code == 200
+
+
+def test_a_query_parameter_given_twice_is_a_400_not_a_silent_choice(serve: Serve, keys) -> None:
+    with serve.client(keys(_project())) as c:
+        assert c.post("/api/v1/ingest", json=log_batch(2)).status_code == 200
+        for query in ("level=info&level=error", "limit=1&limit=2", "q=m&q=m"):
+            r = c.get(f"/api/v1/logs?{query}")
+            assert r.status_code == 400, (query, r.text[:300])
+            body = r.json()
+            assert body["error"] == "Bad request" and body["request_id"]
+            assert "more than once" in body["message"] and query.split("=")[0] in body["message"]
+        assert len(c.get("/api/v1/logs?level=info&limit=1").json()["logs"]) == 1
+
+
+def test_head_is_answered_on_every_get_route_like_get_without_a_body(serve: Serve, keys) -> None:
+    with serve.client(keys(_project())) as c:
+        for path in ("/health", "/ready", "/metrics", "/api/v1/logs", "/openapi.json"):
+            got = c.get(path)
+            head = c.head(path)
+            assert head.status_code == got.status_code == 200, (path, head.status_code)
+            assert head.content == b""
+            assert head.headers["content-type"] == got.headers["content-type"]
+        # a route that only takes POST still says so; others keep the error shape
+        assert c.head("/api/v1/ingest").status_code == 405
+        assert c.head("/nowhere").status_code == 404
+        for method, status in (("OPTIONS", 405), ("BREW", 405)):
+            r = c.request(method, "/api/v1/logs")
+            assert r.status_code == status and r.json()["request_id"], (method, r.status_code)
+        metrics = c.get("/metrics").text
+    # counted under the route it matched, as HEAD
+    assert 'bucketq_http_requests_total{method="HEAD",route="/health",status="200"}' in metrics
