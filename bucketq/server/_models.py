@@ -104,7 +104,7 @@ class MetricIn(BaseModel):
     service: str = Field(min_length=1, max_length=100)
     name: str = Field(min_length=1, max_length=1000)
     type: Literal["gauge", "counter", "histogram", "summary"] = "gauge"
-    value: float = Field(strict=True)
+    value: float = Field(strict=True, allow_inf_nan=False)  # 1e400 decodes to infinity
     labels: dict[str, str] | None = Field(default=None, json_schema_extra=_KEYS)
 
 

@@ -1,6 +1,6 @@
 """Hostile and careless requests beyond issue #24's list, against a real ``bucketq serve``:
 a read whose records are huge, request heads past their limits, repeated query
-parameters and HEAD on the read-only routes. Each gets
+parameters, HEAD on the read-only routes, and numbers a double cannot hold. Each gets
 the documented answer (docs/server.md, "Limits and overload")."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 import socket
 import uuid
 from urllib.parse import urlsplit
+
+from pymongo import MongoClient
 
 from .helpers import Serve, log_batch
 
@@ -105,3 +107,19 @@ def test_head_is_answered_on_every_get_route_like_get_without_a_body(serve: Serv
         metrics = c.get("/metrics").text
     # counted under the route it matched, as HEAD
     assert 'bucketq_http_requests_total{method="HEAD",route="/health",status="200"}' in metrics
+
+
+def test_a_metric_value_a_double_cannot_hold_is_refused(
+    serve: Serve, keys, mongo_client: MongoClient, server_db: str
+) -> None:
+    project = _project()
+    with serve.client(keys(project)) as c:
+        for number in ("1e400", "-1e400", "9" * 400):
+            raw = (
+                '{"metrics":[{"time":"2024-05-01T10:00:00Z","service":"s","name":"n",'
+                f'"value":{number}}}]}}'
+            )
+            r = c.post("/api/v1/ingest/metrics", content=raw, headers=JSON)
+            assert r.status_code == 422, (number[:10], r.text[:300])
+            assert r.json()["details"][0]["field"] == "metrics[0].value"
+    assert mongo_client[server_db]["metrics"].count_documents({"project_id": project}) == 0
