@@ -72,3 +72,56 @@ def test_a_bucket_changed_since_the_find_is_not_claimed(db, writer):
     (fresh,) = db.q.find({"_id": doc["_id"]})
     flt, upd = core.conditional_claim(fresh, ObjectId(), "h:1", now, 30.0)
     assert db.q.update_one(flt, upd).matched_count == 1
+
+
+def _docs(ids):
+    return [{"_id": i} for i in ids]
+
+
+def test_a_consumer_alone_takes_its_candidates_in_claim_order():
+    c = core.Candidates()
+    c.of(2)
+    c.fill(_docs(range(8)))
+    taken = []
+    while c.of(2):
+        taken.append(c.take()["_id"])
+        c.won()
+    assert taken == list(range(8))
+    c.fill(_docs(range(8, 10)))  # the next find: still in order
+    assert c.take()["_id"] == 8
+    assert c.wanted() == core.CANDIDATES
+
+
+def test_a_lost_race_turns_to_the_other_end_and_a_second_drops_the_stale_list():
+    c = core.Candidates()
+    c.of(0)
+    c.fill(_docs(range(8)))
+    assert c.take()["_id"] == 0
+    c.lost()  # another consumer took 0: it goes on from 1, this one from the end
+    assert c.take()["_id"] == 7
+    c.won()
+    assert c.take()["_id"] == 6
+    c.lost()
+    assert c.take()["_id"] == 1  # turned again
+    c.lost()  # two in a row: the list is stale
+    assert not c.of(0)
+    # a consumer that races reads a longer list next, and keeps its end
+    assert c.wanted() == 2 * core.CANDIDATES
+    c.fill(_docs(range(10, 26)))
+    assert c.take()["_id"] == 25
+    c.won()
+    c.fill(_docs(range(30, 38)))  # no race since the last find: alone again, in order
+    assert c.take()["_id"] == 30
+    assert c.wanted() == core.CANDIDATES
+
+
+def test_candidates_belong_to_one_partition():
+    c = core.Candidates()
+    c.of(1)
+    c.fill(_docs(range(3)))
+    c.take()
+    c.lost()
+    assert not c.of(2)  # another partition: none, and claim order again
+    c.fill(_docs(range(5)))
+    assert c.take()["_id"] == 0
+    assert c.of(2) and not c.of(1)

@@ -1,5 +1,5 @@
 """Property tests of the partition decisions in the pure core: which partition a key or
-a producer's id goes to, the order a consumer's claims visit the partitions, the claim's
+a producer's id goes to, the partition a consumer claims in next and the probe's reads, the claim's
 partition term, packing by partition, folding partitions a queue no longer has, and the
 option's checks."""
 
@@ -18,8 +18,8 @@ from bucketq.errors import ConfigurationError
 from bucketq.queue._core.claims import (
     PROBE_SORT,
     Rotation,
+    candidate_request,
     claim_request,
-    claimable_filter,
     part_filter,
     partition_of_document,
     partitions_to_fold,
@@ -67,79 +67,53 @@ def test_producer_ids_spread_over_the_partitions():
     parts.filter(lambda k: k <= 64),
     st.integers(0, 10**6),
     st.integers(1, 10),
-    st.lists(st.integers(0, 64), max_size=60),
+    st.integers(1, 200),
 )
-def test_a_rotation_tries_every_partition_and_moves_on(k, start, stay, found_at):
+def test_a_rotation_stays_where_buckets_are_then_moves_on(k, start, stay, claims):
     rot = Rotation(start, k, stay)
-    assert rot.round()[0] == start % k
-    in_a_row = 0
-    for offset in found_at:
-        order = rot.round()
-        assert sorted(order) == list(range(k))  # each once per round
-        assert all(order[i + 1] == (order[i] + 1) % k for i in range(k - 1))  # in turn
-        part = order[offset % k]  # the claims before it found nothing
-        in_a_row = in_a_row + 1 if offset % k == 0 else 1
+    assert rot.next == start % k
+    for i in range(claims):
+        part = rot.next
         rot.found(part)
-        if in_a_row >= stay:
-            assert rot.round()[0] == (part + 1) % k  # at most ``stay`` in a row
-            in_a_row = 0
+        if (i + 1) % stay == 0:
+            assert rot.next == (part + 1) % k  # at most ``stay`` in a row
         else:
-            assert rot.round()[0] == part  # stays where the buckets are
+            assert rot.next == part  # stays where the buckets are
 
 
 @settings(deadline=None, max_examples=60)
-@given(st.integers(1, 64), st.integers(0, 10**6), st.integers(0, 10**6))
-def test_an_idle_consumer_starts_its_round_where_a_bucket_was_seen(k, start, seen):
-    rot = Rotation(start, k)
+@given(st.integers(1, 64), st.integers(0, 10**6), st.integers(0, 10**6), st.integers(1, 10))
+def test_a_consumer_claims_next_where_a_read_saw_a_bucket(k, start, seen, stay):
+    rot = Rotation(start, k, stay)
     rot.start_at(seen)
-    order = rot.round()
-    assert order[0] == seen % k and sorted(order) == list(range(k))
-
-
-@settings(deadline=None, max_examples=60)
-@given(
-    st.integers(1, 64),
-    st.integers(0, 10**6),
-    st.lists(st.integers(0, 63), max_size=20),
-    st.floats(0.1, 10.0),
-)
-def test_a_round_skips_partitions_found_empty_until_their_memory_passes(k, start, empty, memory):
-    rot = Rotation(start, k)
-    missed = {p % k for p in empty}
-    for p in missed:
-        rot.missed(p, NOW, memory)
-    order = rot.round(NOW)
-    assert set(order) == set(range(k)) - missed  # the others, each once
-    assert order == [p for p in Rotation(start, k).round() if p not in missed]  # in turn
-    assert sorted(rot.round(NOW + memory)) == list(range(k))  # remembered for ``memory``
-    if missed:
-        p = min(missed)
-        rot.start_at(p)  # an idle read saw a bucket there
-        assert rot.round(NOW)[0] == p
-        q = max(missed)
-        rot.found(q)  # a claim found one there after all
-        assert q in rot.round(NOW)
+    assert rot.next == seen % k
+    for _ in range(stay - 1):
+        rot.found(seen % k)
+    assert rot.next == seen % k  # a count of its own there: ``stay`` claims
+    rot.found(seen % k)
+    assert rot.next == (seen + 1) % k
 
 
 @given(st.integers(0, 64))
-def test_the_idle_probe_looks_from_the_consumers_own_place_then_from_the_start(start):
+def test_the_probe_looks_from_the_consumers_own_place_then_from_the_start(start):
     reqs = probe_requests(NOW, start)
-    assert reqs[-1] == claimable_filter(NOW)  # finally: any partition, from 0
+    assert reqs[-1] == candidate_request(NOW, None)  # finally: any partition, from 0
     if start:
-        assert reqs[0] == {**claimable_filter(NOW), "part": {"$gte": start}}
+        assert reqs[0] == {**candidate_request(NOW, None), "part": {"$gte": start}}
     else:
         assert len(reqs) == 1
     assert PROBE_SORT[0] == ("part", 1)  # partition order, not the oldest bucket
+    assert all("$or" not in r for r in reqs)  # the embedded server scans for a $or
 
 
 def test_the_partition_of_a_stored_bucket():
     assert partition_of_document({}) == 0
     assert partition_of_document({"part": None}) == 0
     assert partition_of_document({"part": 5}) == 5
-    # the read an idle consumer makes has no partition term: it is not a claim
-    assert "part" not in claimable_filter(NOW)
+    # the probe's last read has no partition term: it is not a claim
+    assert "part" not in probe_requests(NOW, 0)[0]
     flt, _ = claim_request(NOW, ObjectId(), "me", 30.0)
-    assert flt == claimable_filter(NOW)
+    assert "part" not in flt
 
 
 @given(st.integers(1, 64), st.integers(1, 10))
@@ -147,7 +121,7 @@ def test_a_consumer_visits_every_partition_while_all_have_buckets(k, stay):
     rot = Rotation(0, k, stay)
     seen = set()
     for _ in range(k * stay):
-        p = rot.round()[0]
+        p = rot.next
         seen.add(p)
         rot.found(p)
     assert seen == set(range(k))
@@ -161,7 +135,7 @@ def test_consumers_that_start_apart_claim_apart(k, consumers, stay):
     n = min(k, consumers)
     rots = [Rotation(i, k, stay) for i in range(n)]
     for _ in range(3 * k * stay):
-        at = [r.round()[0] for r in rots]
+        at = [r.next for r in rots]
         assert len(set(at)) == n
         for r, p in zip(rots, at, strict=True):
             r.found(p)

@@ -4,6 +4,7 @@ and a consumer's rotation over them, and the change events that wake a consumer.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -31,57 +32,38 @@ def part_filter(part: int | None) -> dict[str, Any]:
 
 #: Buckets a consumer claims in a row from one partition before it moves on to the next
 #: (fewer: more claims that find nothing when only some partitions have items, each
-#: move costing up to K-1; more: a partition waits longer for a consumer busy elsewhere).
-#: At 8, one producer's 100 buckets took 138 claims with K=4; at 32, about 110.
+#: move costing a read; more: a partition waits longer for a consumer busy elsewhere).
+#: At 8, one producer's 100 buckets took 138 claims with K=4; at 32, about 110 (when a
+#: move cost up to K-1 claims).
 ROTATION_STAY = 32
 
 
 class Rotation:
-    """The order in which one consumer's claims visit the partitions: a round tries
-    each partition once, from ``next``. A claim that finds a bucket keeps the consumer
-    on that partition for up to ``stay`` buckets in a row, then moves it on, so every
-    partition is visited and consumers that start at different partitions stay spread
-    over them; a partition where a claim finds nothing is left at once (one claim),
-    and rounds skip it for ``memory`` seconds (the queue's ``poll_interval``) unless an
-    idle read saw a bucket there since: on a server without a claim index every claim
-    that finds nothing scans the collection, and with more partitions than producers
-    some partitions stay empty."""
+    """The partition one consumer claims in next. A claim that finds a bucket keeps the
+    consumer on that partition for up to ``stay`` buckets in a row, then moves it to the
+    next one, so every partition is visited and consumers that start at different
+    partitions stay spread over them. Where a claim finds nothing, the consumer does
+    not try the other partitions in turn (on a server without a claim index each empty
+    claim scans): one read (``probe_requests``) tells it the first partition from its
+    place on that has a claimable bucket, and it claims there (``start_at``)."""
 
-    __slots__ = ("partitions", "next", "stay", "run", "missed_until")
+    __slots__ = ("partitions", "next", "stay", "run")
 
     def __init__(self, start: int, partitions: int, stay: int = ROTATION_STAY) -> None:
         self.partitions = partitions
         self.next = start % partitions
         self.stay = stay
         self.run = 0  # buckets found in a row in ``next``
-        self.missed_until: dict[int, float] = {}  # partition -> skipped by rounds until
-
-    def round(self, now: float = 0.0) -> list[int]:
-        """The partitions to try at ``now``, in order, until one has a bucket (empty when
-        each was found empty within its memory: the consumer is then idle)."""
-        k = self.partitions
-        order = [(self.next + i) % k for i in range(k)]
-        if self.missed_until:
-            skip = self.missed_until
-            order = [p for p in order if skip.get(p, 0.0) <= now]
-        return order
-
-    def missed(self, part: int, now: float, memory: float) -> None:
-        """A claim in ``part`` found nothing at ``now``."""
-        self.missed_until[part] = now + memory
 
     def start_at(self, part: int) -> None:
-        """The next round starts at ``part`` (an idle consumer saw a bucket there)."""
+        """Claim in ``part`` next (a read saw a claimable bucket there)."""
         part %= self.partitions
-        self.missed_until.pop(part, None)
         if part != self.next:
             self.next, self.run = part, 0
 
     def found(self, part: int) -> None:
         """A claim in ``part`` found a bucket."""
-        self.missed_until.pop(part, None)
-        if part != self.next:
-            self.next, self.run = part, 0
+        self.start_at(part)
         self.run += 1
         if self.run >= self.stay:
             self.next, self.run = (part + 1) % self.partitions, 0
@@ -123,19 +105,15 @@ WAKEUP_PIPELINE: list[dict[str, Any]] = [
 ]
 
 
-def claimable_filter(now: float) -> dict[str, Any]:
-    """Buckets a claim could take now, in any partition."""
-    dnow = to_datetime(now)
-    return {"mature": {"$lte": dnow}, **not_leased(dnow)}
-
-
 def probe_requests(now: float, start: int) -> list[dict[str, Any]]:
-    """The reads (not claims) an idle consumer of a partitioned queue makes to learn
-    where a claimable bucket is: the first partition from ``start`` on that has one,
-    else from partition 0 (each in partition order, on the index ``{part, mature,
-    _id}``). Starting from its own place, not at the oldest bucket, keeps consumers
-    spread: if all went to the oldest bucket's partition they would claim together."""
-    flt = claimable_filter(now)
+    """The reads (not claims) a consumer of a partitioned queue makes to learn where a
+    claimable bucket is, when it is idle or its partition has none: the first partition
+    from ``start`` on that has one, else from partition 0 (each in partition order, on
+    the index ``{part, mature, _id}``; the lease term without a ``$or``, as the
+    candidate find's, which the embedded server would plan as a scan). Starting from
+    its own place, not at the oldest bucket, keeps consumers spread: if all went to the
+    oldest bucket's partition they would claim together."""
+    flt = candidate_request(now, None)
     if start == 0:
         return [flt]
     return [{**flt, "part": {"$gte": start}}, flt]
@@ -192,6 +170,66 @@ CANDIDATES = 8
 #: The stored fields a conditional claim requires unchanged since its find, besides
 #: ``lease`` (what a served bucket is made of; ``items`` is written once, at insert).
 FENCE_FIELDS = ("leases", "live", "done", "mature", "tries", "next")
+
+
+class Candidates:
+    """The buckets of one partition a candidate find read and this consumer has not
+    tried yet, and the end it takes them from. A consumer alone in a partition takes
+    them in claim order (the front). A lost race (the conditional claim matched
+    nothing: another consumer took that bucket since the find) means another consumer
+    takes from the same list, and the one that took it goes on from there: the loser
+    turns to the other end, so two consumers of one partition take from opposite ends
+    instead of meeting at every claim (each meeting costs an update). A second loss in
+    a row means the list is stale (taken from both ends): it is dropped, for a fresh
+    find. A refill keeps the end while the consumer keeps losing races in the same
+    partition, and goes back to the front when it is alone again or in another one;
+    so claim order holds for a consumer alone in its partition, and within a find."""
+
+    __slots__ = ("part", "docs", "from_back", "lost_in_row", "raced")
+
+    def __init__(self) -> None:
+        self.part: int | None = None
+        self.docs: deque[dict[str, Any]] = deque()
+        self.from_back = False  # take from the end (newest first)
+        self.lost_in_row = 0
+        self.raced = False  # a race lost since the last fill
+
+    def of(self, part: int | None) -> deque[dict[str, Any]]:
+        """The candidates left for a claim in ``part`` (none if they are another's)."""
+        if part != self.part:
+            self.part, self.from_back, self.raced = part, False, False
+            self.docs.clear()
+        return self.docs
+
+    def fill(self, docs: Iterable[dict[str, Any]]) -> None:
+        """A fresh find of this partition read ``docs`` (in claim order)."""
+        self.docs.clear()
+        self.docs.extend(docs)
+        if not self.raced:
+            self.from_back = False
+        self.raced = False
+        self.lost_in_row = 0
+
+    def wanted(self) -> int:
+        """How many the next find reads: twice ``CANDIDATES`` after a race lost since the
+        last fill (consumers sharing the list are fewer to meet on a longer one)."""
+        return 2 * CANDIDATES if self.raced else CANDIDATES
+
+    def take(self) -> dict[str, Any]:
+        """The next candidate to try (there is one)."""
+        return self.docs.pop() if self.from_back else self.docs.popleft()
+
+    def won(self) -> None:
+        self.lost_in_row = 0
+
+    def lost(self) -> None:
+        """The candidate just taken was claimed or changed by someone else."""
+        self.raced = True
+        self.from_back = not self.from_back
+        self.lost_in_row += 1
+        if self.lost_in_row >= 2:
+            self.docs.clear()
+            self.lost_in_row = 0
 
 
 def claim_form(option: str, build_info: dict[str, Any]) -> str:

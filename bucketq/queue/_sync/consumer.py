@@ -132,8 +132,7 @@ class Consumer:
         # The claim form (``core.claim_form``), known at the first claim; with
         # find_then_update, the candidates read and not yet tried, of one partition.
         self._claim_form: str | None = None
-        self._candidates: deque[dict[str, Any]] = deque()
-        self._candidates_of: int | None = None
+        self._candidates = core.Candidates()
 
     def start(self) -> None:
         """Start the fetcher and the flusher (the fetcher starts the watcher when idle)."""
@@ -327,37 +326,58 @@ class Consumer:
             self._fetch_wake.wait(gen, wait)
 
     def _claim(self) -> bool:
-        """Claim one bucket: True if one was found. A partitioned queue tries the next
-        partition of its rotation, then the following ones, and is idle only once a
-        whole round found nothing; a partition where a claim found nothing is left out
-        of its rounds for ``poll_interval`` (``Rotation``). Each claim gets ``op_timeout`` (a round of many
-        partitions is not one operation). While idle, one read looks for a claimable
-        bucket in any partition first: an idle consumer costs one command per poll,
-        not one per partition."""
+        """Claim one bucket: True if one was found. A partitioned queue claims in its
+        rotation's partition (``Rotation``); where that finds nothing, or while idle, one
+        read (``_probe``) looks for the first partition from there on with a claimable
+        bucket, and the consumer claims there, so a claim that finds nothing costs one
+        read, not a claim in every partition, and an idle consumer one or two reads per
+        poll. Each claim and read gets ``op_timeout``."""
         self._setup()
-        if self._rotation is None:
+        rot = self._rotation
+        if rot is None:
             with self._runtime.bounded(self.options.op_timeout):
                 return self._claim_in(None)
-        if self._starved:
-            doc = None
-            for flt in core.probe_requests(_now(), self._rotation.next):
-                with self._runtime.bounded(self.options.op_timeout):
-                    doc = self._col.find_one(flt, {"part": 1}, sort=core.PROBE_SORT)
-                if doc is not None:
-                    break
-            if doc is None:
-                return False
-            self._rotation.start_at(core.partition_of_document(doc))
-        for part in self._rotation.round(_now()):
+        part: int | None = None if self._starved else rot.next
+        for _ in range(rot.partitions):  # a probe's partition can be emptied before our claim
+            if part is None:
+                part = self._probe(rot.next)
+                if part is None:
+                    return False
+                rot.start_at(part)
             with self._runtime.bounded(self.options.op_timeout):
                 got = self._claim_in(part)
             if got:
-                self._rotation.found(part)
+                rot.found(part)
                 return True
-            self._rotation.missed(part, _now(), self.options.poll_interval)
             if self.draining or self._runtime.is_closed():
                 return False
+            part = None
         return False
+
+    def _probe(self, start: int) -> int | None:
+        """The first partition from ``start`` on (else from 0) with a claimable bucket
+        (``core.probe_requests``), or None. With ``find_then_update`` the read is that
+        partition's candidate find (up to ``CANDIDATES`` whole buckets, kept for the
+        claims there); with ``find_and_modify`` it reads one bucket's partition."""
+        if self._claim_form is None:
+            self._claim_form = _claim_form(self._col.database.client, self.options.claim)
+        whole = self._claim_form == "find_then_update"
+        for flt in core.probe_requests(_now(), start):
+            with self._runtime.bounded(self.options.op_timeout):
+                if whole:
+                    docs = self._col.find(
+                        flt, sort=core.PROBE_SORT, limit=core.CANDIDATES
+                    ).to_list()
+                else:
+                    doc = self._col.find_one(flt, {"part": 1}, sort=core.PROBE_SORT)
+                    docs = [] if doc is None else [doc]
+            if docs:
+                part = core.partition_of_document(docs[0])
+                if whole:
+                    self._candidates.of(part)
+                    self._candidates.fill(d for d in docs if core.partition_of_document(d) == part)
+                return part
+        return None
 
     def _claim_in(self, part: int | None) -> bool:
         if self._claim_form is None:
@@ -379,30 +399,29 @@ class Consumer:
         return self._serve_claimed(doc, token, now)
 
     def _find_then_update(self, part: int | None) -> tuple[dict[str, Any], ObjectId, float] | None:
-        """Claim the first candidate of ``part`` whose conditional update matches (see
-        ``core.conditional_claim``): the bucket as before the claim, our token and when
-        the claim was sent; None if none did. Candidates not tried stay for the next
-        claim in ``part``; once they are used up, one fresh find (only one) refills them."""
-        if self._candidates_of != part:
-            self._candidates_of = part
-            self._candidates.clear()
+        """Claim a candidate of ``part`` whose conditional update matches (see
+        ``core.conditional_claim``; which candidate first: ``core.Candidates``): the
+        bucket as before the claim, our token and when the claim was sent; None if none
+        did. Candidates not tried stay for the next claim in ``part``; once they are used
+        up (or stale), one fresh find (only one) refills them."""
         cands = self._candidates
+        left = cands.of(part)
         refilled = False
         while True:
-            if not cands:
+            if not left:
                 if refilled:
                     return None
                 refilled = True
-                cands.extend(
+                cands.fill(
                     self._col.find(
                         core.candidate_request(_now(), part),
                         sort=bucket.CLAIM_SORT,
-                        limit=core.CANDIDATES,
+                        limit=cands.wanted(),
                     ).to_list()
                 )
-                if not cands:
+                if not left:
                     return None
-            doc = cands.popleft()
+            doc = cands.take()
             now = _now()
             token = ObjectId()
             flt, upd = core.conditional_claim(
@@ -410,8 +429,10 @@ class Consumer:
             )
             res = self._col.update_one(flt, upd)
             if res.matched_count:
+                cands.won()
                 return doc, token, now
-            # 0 matched: claimed, released, renewed or changed since the find; the next.
+            # 0 matched: claimed, released, renewed or changed since the find.
+            cands.lost()
 
     def _serve_claimed(self, doc: dict[str, Any], token: ObjectId, now: float) -> bool:
         """Hold a bucket just claimed (``doc`` as before the claim, sent at ``now``)."""
@@ -577,7 +598,10 @@ class Consumer:
                         self._drop(b)
                     else:
                         b.until = now + lease
-            if lost or any(kind != "update" for _, kind in targets):
+            # Room for the fetcher's next claim: buckets dropped with items still queued
+            # (lost, released). A deleted bucket was finished (none queued): its delete
+            # makes no room and nothing claimable, so a fetcher that is idle waits on.
+            if lost or any(kind not in ("update", "delete") for _, kind in targets):
                 self._fetch_wake.notify()
 
     def _requeue_due(self, now: float) -> None:
