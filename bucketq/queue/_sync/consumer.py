@@ -276,7 +276,10 @@ class Consumer:
         return ok
 
     def _buffered_buckets(self) -> int:
-        return sum(1 for b in self.held.values() if b.queued > 0)
+        # Under the mutex: the flusher drops buckets from ``held`` meanwhile (in the sync
+        # twin, a thread: iterating unguarded raised "dictionary changed size").
+        with self._mutex:
+            return sum(1 for b in self.held.values() if b.queued > 0)
 
     def _fetcher_loop(self) -> None:
         idle_attempt = 0
@@ -794,7 +797,10 @@ class Consumer:
         served_before = self._stats["reserved"]
         deadline = _monotonic() + timeout
         while _monotonic() < deadline:
-            outstanding = sum(b.outstanding - b.queued for b in self.held.values() if not b.lost)
+            with self._mutex:
+                outstanding = sum(
+                    b.outstanding - b.queued for b in self.held.values() if not b.lost
+                )
             if not self.ready and not outstanding:
                 break
             recent = _now() - self._last_reserve < 0.25
