@@ -54,8 +54,24 @@ def test_bench_keuss_runs_both_queues_and_reports_their_ratios(mongo_uri, tmp_pa
     assert all(s["median"]["ratio"][f] > 0 for f in FIGURES)
     assert s["floor_us"] > 0 and s["median"]["bucketq"]["cpu_us"] > 0
     table = done.stdout
-    for words in ("push/s", "consume/s", "end-to-end/s", "15x", "BSON floor", "load avg"):
+    for words in ("push/s", "consume/s", "end-to-end/s", "15x", "BSON floor", "load avg",
+                  "where the time goes", "commands per 1,000 items"):  # fmt: skip
         assert words in table, table
+    # The split: each side's commands per phase, counted by its own client (pymongo's
+    # command monitoring; the node driver's for keuss): the bucket inserts when pushing,
+    # a claim per bucket when consuming.
+    split = s["split"]
+    assert split["bucketq"]["push"]["commands_per_1000"].get("insert", 0) > 0, split
+    assert (
+        split["bucketq"]["consume"]["commands_per_1000"].get("update", 0)
+        + split["bucketq"]["consume"]["commands_per_1000"].get("findAndModify", 0)
+        > 0
+    ), split
+    assert split["keuss"]["push"]["commands_per_1000"].get("insert", 0) > 0, split
+    assert split["keuss"]["consume"]["commands_per_1000"].get("findAndModify", 0) > 0, split
+    for who in ("bucketq", "keuss"):
+        for phase in ("push", "consume"):
+            assert split[who][phase]["wall_us"] > 0 and split[who][phase]["cpu_us"] > 0, split
     # keuss's databases are dropped (bucketq's too, by the same code as `bucketq bench`'s,
     # whose databases other tests may be using now)
     from pymongo import MongoClient

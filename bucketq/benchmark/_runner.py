@@ -106,8 +106,10 @@ def run_spec(
     *,
     stall_timeout: float = DEFAULT_STALL_TIMEOUT,
     queue_options: dict[str, Any] | None = None,
+    server_pid: int | None = None,
 ) -> RunResult:
-    """One contender at one N with ``spec.procs`` producer/consumer processes."""
+    """One contender at one N with ``spec.procs`` producer/consumer processes. With the
+    embedded server's ``server_pid``, the workers also measure its CPU per phase."""
     from . import _process
 
     contender = CONTENDERS[spec.contender]
@@ -124,6 +126,7 @@ def run_spec(
         "n": spec.n,
         "procs": spec.procs,
         "queue_options": queue_options,
+        "server_pid": server_pid,
     }
     workers = [
         ctx.Process(

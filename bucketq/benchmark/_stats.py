@@ -135,6 +135,9 @@ class WorkerReport:
     push_commands: dict[str, int] = field(default_factory=dict)
     consume_commands: dict[str, int] = field(default_factory=dict)
     setup_commands: dict[str, int] = field(default_factory=dict)
+    # The embedded server's CPU seconds in each phase (None: no server pid was given).
+    push_server_cpu_s: float | None = None
+    consume_server_cpu_s: float | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WorkerReport:

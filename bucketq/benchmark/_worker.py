@@ -9,7 +9,9 @@ is its own). Each opens its queue and makes its payloads before any clock starts
    items are committed, and flushes its state (consume phase).
 
 Per phase it measures wall time (system-wide monotonic clock), its process CPU time (all
-threads) and the MongoDB commands it sent (pymongo command monitoring, registered
+threads), the embedded server's CPU time when the parent gave its pid (the server's, not
+this worker's alone: with P workers, each sees every worker's load) and the MongoDB
+commands it sent (pymongo command monitoring, registered
 globally so the peers' own clients are counted too). Progress and the committed counts
 live in shared memory, one slot per worker, so the harness costs a store per 1,024
 pushes (per _many call), a store per commit (per _many call) and a look at the sum now and then.
@@ -26,6 +28,7 @@ imports neither loop.
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from collections import Counter
@@ -43,6 +46,19 @@ POLL = 0.05
 #: How long a worker waits at a barrier for the others (setup included).
 BARRIER_TIMEOUT = 600.0
 _STEP = 1024
+
+
+def process_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds process ``pid`` (the embedded server) used so far, from
+    ``/proc/PID/stat`` (Linux); None for no pid, elsewhere, or once it is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class CommandCounter(monitoring.CommandListener):
@@ -88,6 +104,7 @@ class Worker:
         per_call: int = 0,
     ):
         self.uri, self.db = spec["uri"], spec["db"]
+        self.server_pid: int | None = spec.get("server_pid")
         self.n, self.procs, self.idx, self.per_call = spec["n"], spec["procs"], idx, per_call
         self.barrier, self.pushed, self.done, self.counter = barrier, pushed, done, counter
         start, end = share(self.n, self.procs, idx)
@@ -111,11 +128,16 @@ class Worker:
     def begin(self, phase: str) -> None:
         self.barrier.wait(BARRIER_TIMEOUT)
         self.r[f"{phase}_start"] = time.monotonic()
+        self._server_cpu = process_cpu_s(self.server_pid)
         self._cpu = time.process_time()
 
     def end(self, phase: str) -> None:
         self.r[f"{phase}_cpu_s"] = time.process_time() - self._cpu
         self.r[f"{phase}_end"] = time.monotonic()
+        before, after = self._server_cpu, process_cpu_s(self.server_pid)
+        self.r[f"{phase}_server_cpu_s"] = (
+            None if before is None or after is None else after - before
+        )
         self.r[f"{phase}_commands"] = self.counter.take()
 
     # -- the push phase: this worker's payloads in steps, progress after each

@@ -145,7 +145,7 @@ class _Node:
             self.p.wait()
 
 
-def _keuss_round(uri: str, where: Path, n: int) -> dict[str, Any]:
+def _keuss_round(uri: str, where: Path, n: int, pid: int | None = None) -> dict[str, Any]:
     from pymongo import MongoClient
     from pymongo.errors import PyMongoError
 
@@ -159,8 +159,11 @@ def _keuss_round(uri: str, where: Path, n: int) -> dict[str, Any]:
     try:
         for p in procs:
             p.answer(READY_TIMEOUT)
+        c0 = _server_cpu_s(pid)
         push = procs[0].go()
+        c1 = _server_cpu_s(pid)
         consume = procs[1].go()
+        c2 = _server_cpu_s(pid)
         left = list(client[db_name][QUEUE].aggregate([{"$group": {"_id": 1, "n": {"$sum": "$n"}}}]))
         remaining = int(left[0]["n"]) if left else 0
     finally:
@@ -180,18 +183,29 @@ def _keuss_round(uri: str, where: Path, n: int) -> dict[str, Any]:
             f"{remaining:,} left in the queue."
         )
     return {"push_s": push["wall_s"], "consume_s": consume["wall_s"],
-            "cpu_s": push["cpu_s"] + consume["cpu_s"]}  # fmt: skip
+            "cpu_s": push["cpu_s"] + consume["cpu_s"],
+            "push_cpu_s": push["cpu_s"], "consume_cpu_s": consume["cpu_s"],
+            "push_server_cpu_s": _spent(c0, c1), "consume_server_cpu_s": _spent(c1, c2),
+            "push_commands": push.get("commands"),
+            "consume_commands": consume.get("commands")}  # fmt: skip
 
 
-def _bucketq_round(uri: str, n: int) -> dict[str, Any]:
+def _bucketq_round(uri: str, n: int, pid: int | None = None) -> dict[str, Any]:
     from .._runner import RunSpec, run_spec
 
-    r = run_spec(uri, RunSpec("bucketq Queue", n, 1, n), lambda pushed, committed: None)
+    r = run_spec(
+        uri, RunSpec("bucketq Queue", n, 1, n), lambda pushed, committed: None, server_pid=pid
+    )
+    # One worker: the server's CPU in its phases is the run's.
+    w = r.workers[0]
     if not r.items_ok:
         raise RuntimeError(f"bucketq did not deliver every item exactly once: {r.items_problem}.")
     return {"push_s": r.push_s, "consume_s": r.consume_s, "cpu_s": r.cpu_s,
             "push_cpu_s": sum(w.push_cpu_s for w in r.workers),
             "consume_cpu_s": sum(w.consume_cpu_s for w in r.workers),
+            "push_commands": w.push_commands, "consume_commands": w.consume_commands,
+            "push_server_cpu_s": w.push_server_cpu_s,
+            "consume_server_cpu_s": w.consume_server_cpu_s,
             "floor_us": r.floor_us, "commands_per_1000": r.commands_per_1000}  # fmt: skip
 
 
@@ -206,17 +220,17 @@ def _rates(r: dict[str, Any], n: int) -> dict[str, float]:
 def _server_cpu_s(pid: int | None) -> float | None:
     """CPU seconds the embedded server's process used so far (Linux; None elsewhere or
     for a server given by URI): each contender's run is charged what the server spent."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    from .._worker import process_cpu_s
+
+    return process_cpu_s(pid)
+
+
+def _spent(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
 
 
 def _charge(row: dict[str, Any], who: str, before: float | None, after: float | None) -> None:
-    row[who]["server_cpu_s"] = None if before is None or after is None else after - before
+    row[who]["server_cpu_s"] = _spent(before, after)
 
 
 FIGURES = ("push", "consume", "e2e")
@@ -256,12 +270,12 @@ def run(
             row: dict[str, Any] = {"load_avg_1m": [os.getloadavg()[0]]}
             print(f"round {k + 1}: bucketq ...", file=sys.stderr)
             c0 = _server_cpu_s(pid)
-            row["bucketq"] = _bucketq_round(uri, n)
+            row["bucketq"] = _bucketq_round(uri, n, pid)
             c1 = _server_cpu_s(pid)
             _charge(row, "bucketq", c0, c1)
             row["load_avg_1m"].append(os.getloadavg()[0])
             print(f"round {k + 1}: keuss ...", file=sys.stderr)
-            row["keuss"] = _keuss_round(uri, where, n)
+            row["keuss"] = _keuss_round(uri, where, n, pid)
             _charge(row, "keuss", c1, _server_cpu_s(pid))
             row["load_avg_1m"].append(os.getloadavg()[0])
             out["rounds"].append(row)
@@ -286,6 +300,7 @@ def summarize(rounds: list[dict[str, Any]], n: int) -> dict[str, Any]:
     med = statistics.median
     return {
         "per_round": per,
+        "split": _split(rounds, n),
         "median": {
             who: {
                 f: med(p[who][f] for p in per)
@@ -298,6 +313,72 @@ def summarize(rounds: list[dict[str, Any]], n: int) -> dict[str, Any]:
         "floor_us": min(p["floor_us"] for p in per),
         "load_avg_1m": [min(p["load"] for p in per), max(p["load"] for p in per)],
     }
+
+
+PHASES = ("push", "consume")
+
+
+def _phase(r: dict[str, Any], phase: str, n: int) -> dict[str, Any]:
+    """One contender's phase of one round, per item: wall and client CPU (µs), the
+    embedded server's CPU (µs; None when not measured) and its commands (per 1,000
+    items, by name: the queue's work, without connection and setup commands; None when
+    not counted)."""
+    from .._stats import queue_commands
+
+    server = r.get(f"{phase}_server_cpu_s")
+    commands = r.get(f"{phase}_commands")
+    return {
+        "wall_us": 1e6 * r[f"{phase}_s"] / n,
+        "cpu_us": 1e6 * r[f"{phase}_cpu_s"] / n,
+        "server_cpu_us": None if server is None else 1e6 * server / n,
+        "commands_per_1000": None
+        if commands is None
+        else {k: 1000 * c / n for k, c in queue_commands(commands).items()},
+    }
+
+
+def _split(rounds: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Where each contender's time goes, phase by phase: the medians over the rounds of
+    :func:`_phase`'s figures (a command's median per 1,000 items counts 0 in a round
+    that did not send it)."""
+    med = statistics.median
+    out: dict[str, Any] = {}
+    for who in ("bucketq", "keuss"):
+        for phase in PHASES:
+            got = [_phase(r[who], phase, n) for r in rounds]
+            row: dict[str, Any] = {k: med(g[k] for g in got) for k in ("wall_us", "cpu_us")}
+            servers = [g["server_cpu_us"] for g in got]
+            row["server_cpu_us"] = None if None in servers else med(servers)
+            counts = [g["commands_per_1000"] for g in got]
+            if any(c is None for c in counts):
+                row["commands_per_1000"] = None
+            else:
+                names = sorted({k for c in counts for k in c})
+                row["commands_per_1000"] = {k: med(c.get(k, 0.0) for c in counts) for k in names}
+            out.setdefault(who, {})[phase] = row
+    return out
+
+
+def _split_lines(split: dict[str, Any]) -> list[str]:
+    """The split as a table: per contender and phase, µs per item (wall, client CPU,
+    server CPU) and commands per 1,000 items."""
+    lines = [
+        "| contender | phase | wall µs/item | client CPU µs/item | server CPU µs/item "
+        "| commands per 1,000 items |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for who, phases in split.items():
+        for phase, row in phases.items():
+            server = "-" if row["server_cpu_us"] is None else f"{row['server_cpu_us']:.2f}"
+            cmds = row["commands_per_1000"]
+            if cmds is None:
+                named = "not counted"
+            else:
+                named = ", ".join(f"{k} {v:.2f}" for k, v in cmds.items() if v) or "none"
+                named = f"{sum(cmds.values()):.2f} ({named})"
+            lines.append(f"| {who} | {phase} | {row['wall_us']:.2f} | {row['cpu_us']:.2f} | "
+                         f"{server} | {named} |")  # fmt: skip
+    return lines
 
 
 def _report(out: dict[str, Any]) -> None:
@@ -317,6 +398,10 @@ def _report(out: dict[str, Any]) -> None:
             print(f"| {label} | {names[f]} | {p['bucketq'][f]:,.0f} | {p['keuss'][f]:,.0f} | "
                   f"{p['ratio'][f]:.1f}x | {goal} | {load} |")  # fmt: skip
     m = s["median"]
+    print()
+    print("where the time goes (medians of the rounds):")
+    for line in _split_lines(s["split"]):
+        print(line)
     print()
     print(f"client CPU per item (median): bucketq {m['bucketq']['cpu_us']:.2f} µs "
           f"({m['bucketq']['cpu_us'] / s['floor_us']:.1f}x the BSON floor of {s['floor_us']:.2f} µs: "

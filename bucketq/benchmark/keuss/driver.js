@@ -5,8 +5,9 @@
 //   node driver.js produce|consume KEUSS_DIR URI QUEUE N
 //
 // It opens its queue, prints {"ready": true}, waits for a line "go" on stdin, runs its
-// phase and prints one JSON line: wall seconds, process CPU seconds and the checksum
-// (count, sum, sum of squares) of the item numbers it pushed or committed.
+// phase and prints one JSON line: wall seconds, process CPU seconds, the commands its
+// MongoDB client sent in the phase, by name (the driver's command monitoring), and the
+// checksum (count, sum, sum of squares) of the item numbers it pushed or committed.
 //  - produce: pushes items 0 .. N-1 (the same ~100-byte payloads as bucketq's
 //    benchmark) with up to PUSH_WINDOW pushes unanswered (keuss answers a push at once
 //    unless it seals a bucket, whose insert it waits for), then drain() inserts the last,
@@ -52,12 +53,24 @@ function tally(i) {
   sums.squares += BigInt(i) * BigInt(i);
 }
 
+// Commands sent by the queue's MongoDB client, by name, counted from "go" on.
+let commands = {};
+function countCommands(client) {
+  if (!client || typeof client.on !== 'function') return false;
+  client.on('commandStarted', (e) => {
+    commands[e.commandName] = (commands[e.commandName] || 0) + 1;
+  });
+  return true;
+}
+let counting = false;
+
 function report(t0, cpu0, extra) {
   const wall = Number(process.hrtime.bigint() - t0) / 1e9;
   const cpu = process.cpuUsage(cpu0);
   const out = {
     wall_s: wall,
     cpu_s: (cpu.user + cpu.system) / 1e6,
+    commands: counting ? commands : null,
     checksum: [sums.count, sums.total, sums.squares.toString()],
     ...extra,
   };
@@ -127,7 +140,8 @@ function consume(q, done) {
 
 const MQ = need('keuss/backends/bucket-mongo-safe');
 const factoryOpts = {
-  url: uri,
+  // monitorCommands: the client emits commandStarted, counted per phase (see report).
+  url: uri + (uri.includes('?') ? '&' : '?') + 'monitorCommands=true',
   // keuss's defaults would add a stats collection and a capped-collection signaller on
   // the same server; in-memory stats and local signals leave only the queue's own work.
   stats: { provider: need('keuss/stats/mem') },
@@ -136,6 +150,9 @@ const factoryOpts = {
 
 MQ(factoryOpts, (err, factory) => {
   if (err) fail('connect', err);
+  // keuss keeps its MongoClient in the factory (keuss 2.0.6: _mongo_conn); without it the
+  // phase reports no commands (null) rather than failing.
+  counting = countCommands(factory._mongo_conn);
   // keuss's defaults, written out: 1,024 items a bucket, 30 s reserve, 500 ms state flush.
   const opts = { bucket_max_size: 1024, bucket_max_wait: 500, reserve_delay: 30, state_flush_period: 500 };
   factory.queue(queueName, opts, (err, q) => {
@@ -148,6 +165,7 @@ MQ(factoryOpts, (err, factory) => {
     });
     rl.once('line', (line) => {
       if (line.trim() !== 'go') fail('stdin', `expected "go", got ${JSON.stringify(line)}`);
+      commands = {}; // what opening the queue sent is setup, not the phase
       const done = () => {
         finished = true;
         rl.close();
