@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Annotated
@@ -46,10 +45,12 @@ async def read_logs(
 
     budget = remaining(svc.config.read_timeout_ms / 1000)  # BUCKETQ_READ_TIMEOUT_MS
     try:
-        # pymongo's deadline (the server gives up on the query too) and the event loop's.
+        # pymongo's deadline (the server gives up on the query too), not the event loop's:
+        # cancelling the driver mid-reply (asyncio.wait_for) left its connections wedged,
+        # and every later read, ingest and /ready failed until a restart.
         with mongo_timeout(budget):
             logs_ = svc.storage.logs  # type: ignore[union-attr]
-            page, more = await asyncio.wait_for(_query.find_page(logs_, flt, limit), budget)
+            page, more = await _query.find_page(logs_, flt, limit)
     except Exception as exc:
         log.warning("reading logs failed: %s: %s", type(exc).__name__, exc)
         raise svc.unavailable(
