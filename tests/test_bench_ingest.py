@@ -128,6 +128,10 @@ def test_bad_options_name_themselves():
         settings_for(sweep=True, sweep_duration=-1)
     with pytest.raises(ConfigurationError, match="batch must be a whole number"):
         settings_for(batch=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="--only chooses parts of --limits"):
+        settings_for(only=["hostile"])
+    with pytest.raises(ConfigurationError, match="hostile_duration"):
+        settings_for(limits=True, only=["hostile"], hostile_duration=0)
 
 
 def test_a_bad_option_is_one_line_and_exit_1_before_anything_starts(capsys):
@@ -269,7 +273,7 @@ def _fake_run(capacity_rate: float):
     """A stand-in for run_mode: sustained up to ``capacity_rate``; overload refused."""
     calls = []
 
-    def run_one(mode, rate, duration, batch, side=None, settle=None, **kw):
+    def run_one(mode, rate, duration, batch, side=None, settle=None, keep_samples=False, **kw):
         calls.append((mode, rate, batch))
         ok = rate <= capacity_rate
         lat = {"n": 10, "p50_ms": 5.0, "p95_ms": 20.0 if ok else 900.0, "p99_ms": 30.0,
@@ -282,15 +286,67 @@ def _fake_run(capacity_rate: float):
         if settle is not None:
             assert settle(load) == ok
         side_value = None
+        extra = {}
         if side is _hostile.HealthProbe:
             side_value = {"n": 5, "max_ms": 3.0, "p99_ms": 3.0, "failures": {}}
-        elif side is _hostile.Hostile:
-            side_value = {"huge": {"413": 2}}
+        elif side is not None and side.func is _hostile.Alternating:
+            assert keep_samples and side.keywords["window"] == min(5.0, duration / 4)
+            side_value, samples = _windows([10.0, 20.0, 10.0, 20.0])
+            extra = {"samples": samples, "t0": 100.0}
         return {"rate": rate, "batch": batch, "load": load, "stored_ok": True,
                 "api_cpu_s": 0.5, "records_stored": load["records_accepted"], "side": side_value,
-                "refused_without_retry_after": 0}  # fmt: skip
+                "refused_without_retry_after": 0, **extra}  # fmt: skip
 
     return run_one, calls
+
+
+def _windows(p99_ms, trailing_ms=None):
+    """An ``Alternating`` report of 1 s windows from t=100 (quiet, hostile, ...), each
+    window's requests (10, scheduled from t0=100) answered in 1 ms but one in ``p99_ms``;
+    a last quiet window of 0.5 s (cut by the load's end) answered in ``trailing_ms``."""
+    from bucketq.benchmark.ingest._stats import Sample
+
+    windows, samples = [], []
+    full = {"huge sent": 1, "deep sent": 1, "otlp sent": 1, "silent opened": 200, "slow opened": 5}
+    cuts = [(k, 100.0 + k, 101.0 + k, ms) for k, ms in enumerate(p99_ms)]
+    if trailing_ms is not None:
+        k = len(p99_ms)
+        cuts.append((k, 100.0 + k, 100.5 + k, trailing_ms))
+    for k, start, end, ms in cuts:
+        kind = "alone" if k % 2 == 0 else "hostile"
+        windows.append({"kind": kind, "index": k, "start": start, "end": end, "quiesced": True,
+                        "load1": 1.0 + k, "hostile_sent": full if kind == "hostile" else {}})  # fmt: skip
+        n = int((end - start) * 10)
+        for i in range(n):
+            at = start - 100.0 + i / 10
+            lat = ms / 1000 if i == n - 1 else 0.001
+            samples.append(Sample(len(samples), at, at, at + lat, 200))
+    answers = {"huge": {"sent": 2, "413": 2}}
+    return {"window_s": 1.0, "windows": windows, "answers": answers}, samples
+
+
+def test_the_hostile_neighbour_pools_whole_quiet_and_hostile_windows():
+    side, samples = _windows([10.0, 40.0, 30.0, 30.0], trailing_ms=5000.0)
+    hn = _limits.hostile_figures(samples, 100.0, side, 10)
+    # p99 of 20 requests by nearest rank: the worst; the cut-short last window is left out
+    assert hn["windows"] == {"alone": 2, "hostile": 2}
+    assert hn["alone"]["p99_ms"] == pytest.approx(30.0)
+    assert hn["beside"]["p99_ms"] == pytest.approx(40.0)
+    assert hn["ratio"] == pytest.approx(40 / 30)
+    assert [p["ratio"] for p in hn["pairs"]] == pytest.approx([4.0, 1.0])
+    assert hn["pair_ratio"]["median"] == pytest.approx(2.5)
+    assert hn["alone"]["requests"] == hn["beside"]["requests"] == 20
+    assert hn["hostile_windows_with_every_case"] == 2 and hn["load1"] == [1.0, 4.0]
+    assert hn["hostile_sent"]["silent"] == 400 and hn["hostile_sent_in_quiet_windows"] == 0
+    # a request scheduled in a hostile window counts there however late its answer came
+    late = [s for s in samples if 101.0 <= 100.0 + s.scheduled < 102.0][0]
+    late.done = late.scheduled + 9.0
+    assert _limits.hostile_figures(samples, 100.0, side, 10)["beside"]["p99_ms"] == pytest.approx(
+        9000.0
+    )
+    # a hostile window where a case sent nothing is not counted as one where all ran
+    side["windows"][3]["hostile_sent"] = {"huge sent": 1}
+    assert _limits.hostile_figures(samples, 100.0, side, 10)["hostile_windows_with_every_case"] == 1
 
 
 def test_limits_double_the_rate_then_bisect_and_judge_each_figure():
@@ -304,9 +360,9 @@ def test_limits_double_the_rate_then_bisect_and_judge_each_figure():
     assert c["records_per_s"] == 4000 and c["api_cpu_us_per_record"] == 1e6 * 0.5 / 1000
     o = out["overload"]["off"]
     assert o["rate"] == 80 and o["refused"] == 3 and o["answered_in_time"] and o["health_in_time"]
-    assert out["hostile"]["ratio"] == 1.0 and out["hostile"]["hostile_answers"] == {
-        "huge": {"413": 2}
-    }
+    hn = out["hostile"]["off"]
+    assert hn["ratio"] == 2.0 and hn["hostile_answers"] == {"huge": {"sent": 2, "413": 2}}
+    assert any(line.startswith("hostile neighbour off:") and "x2.00" in line for line in lines)
     assert any(line.startswith("capacity off: 4,000 records/s") for line in lines)
     assert any("overload off at 80 req/s" in line and "✓" in line for line in lines)
     assert ("off", 50.0, 10) in calls  # the good traffic: 50 requests/s of 10 records
@@ -315,6 +371,12 @@ def test_limits_double_the_rate_then_bisect_and_judge_each_figure():
     c = _limits.capacity(run_one, "off", st)
     assert [s["rate"] for s in c["steps"]] == [10, 5, 2.5, 3.75]
     assert c["records_per_s"] == 250
+    # --only: one part
+    run_one, calls = _fake_run(capacity_rate=50)
+    st = _limits.LimitSettings.for_run(("memory",), False, parts=["hostile"], hostile_duration=8)
+    out = _limits.run_limits(run_one, st, lines.append)
+    assert calls == [("memory", 50.0, 10)] and out["capacity"] == {} and out["overload"] == {}
+    assert st.hostile_window == 2.0 and out["hostile"]["memory"]["duration_s"] == 8
 
 
 def test_hostile_clients_and_the_health_probe_against_a_real_server(mongo_uri):
@@ -328,19 +390,58 @@ def test_hostile_clients_and_the_health_probe_against_a_real_server(mongo_uri):
         key = serve.create_key("bench")
         hostile = _hostile.Hostile(serve.url, key, scale=0.001)  # small bodies: brief
         with _hostile.HealthProbe(serve.url) as health, hostile as report:
+            hostile.resume(1)
 
             def answered() -> dict | None:
                 r = report()
                 got = r.get("silent", {}).get("opened") and r.get("slow", {}).get("opened")
-                return r if got and all(r.get(k) for k in ("huge", "deep", "otlp")) else None
+                return (
+                    r
+                    if got and all(len(r.get(k, {})) > 1 for k in ("huge", "deep", "otlp"))
+                    else None
+                )
 
             eventually(answered, timeout=120, what="the hostile clients to reach the server")
+            # paused: every connection closed, nothing more sent until resumed
+            assert hostile.pause(timeout=60)
+            paused = report()
+            assert not hostile.busy
+            hostile.resume(3)
+            eventually(lambda: hostile.window_report().get(3), timeout=60, what="a resume")
         assert health()["n"] > 0
+        sent = hostile.window_report()
+        assert sent[1]["huge sent"] >= 1 and sent[1]["silent opened"] >= 1
+        assert paused["huge"]["sent"] == sent[1]["huge sent"]  # nothing sent while paused
     finally:
         serve.stop()
         serve.close()
         with MongoClient(mongo_uri) as client:
             client.drop_database(db)
+
+
+def test_limits_only_hostile_runs_the_hostile_neighbour_alone(mongo_uri, tmp_path, capsys):
+    from bucketq.cli import main
+
+    path = tmp_path / "limits.json"
+    # 2 s of good traffic: windows of 0.5 s (quiet, hostile, quiet, hostile)
+    assert main(["bench", "ingest", "--limits", "--only", "hostile", "--mode", "memory",
+                 "--hostile-duration", "2", "--mongodb-uri", mongo_uri, "--json", str(path),
+                 "--no-plots"]) == 0  # fmt: skip
+    limits = json.loads(path.read_text())["limits"]
+    assert limits["capacity"] == {} and limits["overload"] == {}  # not run
+    hn = limits["hostile"]["memory"]
+    assert hn["window_s"] == 0.5 and hn["windows"]["alone"] == hn["windows"]["hostile"] >= 1
+    # the good traffic ran throughout, answered and stored, in both kinds of window
+    assert hn["alone"]["requests"] > 0 and hn["beside"]["requests"] > 0
+    assert hn["alone"]["errors"] == 0 and hn["beside"]["errors"] == 0 and hn["stored_ok"]
+    assert hn["ratio"] is not None and len(hn["pairs"]) == hn["windows"]["hostile"]
+    # every hostile case went in the hostile windows, none in the quiet ones, and was refused
+    assert all(n >= 1 for n in hn["hostile_sent"].values()), hn["hostile_sent"]
+    assert hn["hostile_sent_in_quiet_windows"] == 0
+    answers = hn["hostile_answers"]
+    assert answers["huge"].get("413") and answers["otlp"].get("413") and answers["deep"].get("400")
+    out = capsys.readouterr().out
+    assert "hostile neighbour memory: good traffic" in out and "capacity memory" not in out
 
 
 def test_the_overload_reports_the_event_loop_from_two_metrics_scrapes():

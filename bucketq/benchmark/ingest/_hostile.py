@@ -7,8 +7,10 @@
 - ``slow``: 5 connections sending a request head one byte every half second.
 
 Each request case is sent again as soon as its answer came (after a short pause); the
-answers are counted by status. Nothing here asserts anything: the runner compares the
-good traffic's latency with and without them.
+answers are counted by status. :class:`Alternating` switches them on and off in short
+windows beside one steady good load, so the machine's drift falls on both kinds of
+window alike. Nothing here asserts anything: ``_limits`` compares the good traffic's
+latency in the two kinds of window.
 """
 
 from __future__ import annotations
@@ -67,10 +69,14 @@ def otlp_body(records: int = OTLP_RECORDS) -> bytes:
 
 
 class Hostile:
-    """The hostile clients against ``url`` with ``key``, as a context manager: started on
-    enter, stopped on exit; :meth:`report` says what each case sent and got. ``scale``
-    below 1 makes every case smaller (the bodies, the numbers of connections): a brief
-    exercise of the machinery, not the benchmark's cases."""
+    """The hostile clients against ``url`` with ``key``, switched on and off: started
+    (idle) on enter, stopped on exit; :meth:`resume` lets them go, :meth:`pause` stops
+    them and waits until none holds a connection (the requests in flight answered, the
+    silent and slow sockets closed), so a pause ends their effect on the server.
+    :meth:`report` says what each case sent and got, in all and per window (the number
+    :meth:`resume` was given). ``scale`` below 1 makes every case smaller (the bodies,
+    the numbers of connections): a brief exercise of the machinery, not the benchmark's
+    cases."""
 
     def __init__(self, url: str, key: str, *, scale: float = 1.0) -> None:
         self.scale = scale
@@ -78,9 +84,14 @@ class Hostile:
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
         self.key = key
         self.stop = threading.Event()
+        self.on = threading.Event()
+        self.window = 0
         self.answers: dict[str, Counter[str]] = {}
+        self.by_window: dict[int, Counter[str]] = {}
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)
+        self.busy: set[str] = set()
 
     def __enter__(self) -> Callable[[], dict[str, Any]]:
         json_type = "application/json"
@@ -94,17 +105,36 @@ class Hostile:
             self._thread(name, functools.partial(self._post, name, path, ctype, payload))
         self._thread("silent", self._silent)
         for i in range(max(1, int(SLOW_CLIENTS * k))):
-            self._thread(f"slow{i}", self._slow)
+            self._thread(f"slow{i}", functools.partial(self._slow, f"slow{i}"))
         return self.report
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        self.on.set()  # wake the idle ones
         for t in self.threads:
             t.join(30)
+
+    def resume(self, window: int = 0) -> None:
+        """The clients go (what they send is counted under ``window``)."""
+        with self.lock:
+            self.window = window
+        self.on.set()
+
+    def pause(self, timeout: float = 60.0) -> bool:
+        """The clients stop; True once none holds a connection, False if one still
+        did after ``timeout`` seconds (a request the server has not answered)."""
+        self.on.clear()
+        with self.idle:
+            return self.idle.wait_for(lambda: not self.busy, timeout)
 
     def report(self) -> dict[str, Any]:
         with self.lock:
             return {k: dict(v) for k, v in self.answers.items()}
+
+    def window_report(self) -> dict[int, dict[str, int]]:
+        """Per window: ``"<case> sent"`` / ``"<case> opened"`` counts."""
+        with self.lock:
+            return {w: dict(c) for w, c in self.by_window.items()}
 
     def _thread(self, name: str, fn: Callable[[], None]) -> None:
         t = threading.Thread(target=fn, name=f"hostile-{name}", daemon=True)
@@ -115,8 +145,41 @@ class Hostile:
         with self.lock:
             self.answers.setdefault(case, Counter())[what] += 1
 
-    def _post(self, case: str, path: str, ctype: str, payload: bytes) -> None:
+    def _started(self, worker: str, case: str, what: str) -> bool:
+        """``worker`` takes a connection in the current window (False: paused meanwhile)."""
+        with self.lock:
+            if not self.on.is_set() or self.stop.is_set():
+                return False
+            self.busy.add(worker)
+            self.by_window.setdefault(self.window, Counter())[f"{case} {what}"] += 1
+            self.answers.setdefault(case, Counter())[what] += 1
+            return True
+
+    def _released(self, worker: str) -> None:
+        with self.idle:
+            self.busy.discard(worker)
+            self.idle.notify_all()
+
+    def _going(self) -> bool:
+        """Wait while paused; False once stopped."""
         while not self.stop.is_set():
+            if self.on.wait(0.5):
+                return not self.stop.is_set()
+        return False
+
+    def _nap(self, seconds: float) -> bool:
+        """Sleep ``seconds`` in short steps; False as soon as paused or stopped."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if self.stop.is_set() or not self.on.is_set():
+                return False
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        return self.on.is_set() and not self.stop.is_set()
+
+    def _post(self, case: str, path: str, ctype: str, payload: bytes) -> None:
+        while self._going():
+            if not self._started(case, case, "sent"):
+                continue
             conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
             try:
                 conn.request("POST", path, body=payload,
@@ -128,15 +191,28 @@ class Hostile:
                 self._count(case, type(exc).__name__)
             finally:
                 conn.close()
-            self.stop.wait(PAUSE)
+                self._released(case)
+            self._nap(PAUSE)
 
     def _silent(self) -> None:
-        """Keep :data:`SILENT_SOCKETS` connections open that send nothing."""
+        """Keep :data:`SILENT_SOCKETS` connections open that send nothing (all closed
+        while paused)."""
         sel = selectors.DefaultSelector()
         silent = max(1, int(SILENT_SOCKETS * self.scale))
+
+        def close_all() -> None:
+            for key in list(sel.get_map().values()):
+                sel.unregister(key.fileobj)
+                key.fileobj.close()  # type: ignore[union-attr]
+            self._released("silent")
+
         try:
             while not self.stop.is_set():
-                while len(sel.get_map()) < silent and not self.stop.is_set():
+                if not self.on.is_set():
+                    close_all()
+                    self.on.wait(0.5)
+                    continue
+                while len(sel.get_map()) < silent and self._started("silent", "silent", "opened"):
                     try:
                         s = socket.create_connection((self.host, self.port), timeout=5)
                     except OSError as exc:
@@ -144,8 +220,7 @@ class Hostile:
                         break
                     s.setblocking(False)
                     sel.register(s, selectors.EVENT_READ)
-                    self._count("silent", "opened")
-                for key, _ in sel.select(timeout=0.5):
+                for key, _ in sel.select(timeout=0.05):
                     held = key.fileobj
                     if not isinstance(held, socket.socket):
                         continue
@@ -156,31 +231,88 @@ class Hostile:
                     held.close()
                     self._count("silent", "closed by the server")
         finally:
-            for key in list(sel.get_map().values()):
-                key.fileobj.close()  # type: ignore[union-attr]
+            close_all()
             sel.close()
 
-    def _slow(self) -> None:
-        """A request head, one byte every :data:`SLOW_BYTE_EVERY` seconds, forever."""
+    def _slow(self, worker: str) -> None:
+        """A request head, one byte every :data:`SLOW_BYTE_EVERY` seconds, until paused."""
         line = b"GET /health HTTP/1.1\r\nX-Slow: " + b"a" * 100_000
-        while not self.stop.is_set():
+        while self._going():
+            if not self._started(worker, "slow", "opened"):
+                continue
             try:
                 s = socket.create_connection((self.host, self.port), timeout=5)
             except OSError as exc:
                 self._count("slow", type(exc).__name__)
-                self.stop.wait(PAUSE)
+                self._released(worker)
+                self._nap(PAUSE)
                 continue
-            self._count("slow", "opened")
             try:
                 for b in _bytes(line):
-                    if self.stop.is_set():
-                        return
                     s.sendall(b)
-                    self.stop.wait(SLOW_BYTE_EVERY)
+                    if not self._nap(SLOW_BYTE_EVERY):
+                        break
             except OSError:
                 self._count("slow", "closed by the server")
             finally:
                 s.close()
+                self._released(worker)
+
+
+class Alternating:
+    """The hostile-neighbour side (:func:`._runner.run_mode`'s ``side``): windows of
+    ``window`` seconds, the hostile clients of :class:`Hostile` paused in the first
+    and every other one, running in the others, from enter to exit. A hostile window
+    ends when its clients are quiet again (:meth:`Hostile.pause`), so what they caused
+    stays in it; the next quiet window starts then, and the next hostile one on the
+    schedule (every ``2 x window`` seconds from the start, so the windows never drift).
+    :meth:`report`: the windows (kind, start, end in ``time.monotonic()`` seconds: the
+    load generator's clock too), what the hostile clients sent in each, the machine's
+    1-minute load average at each window's start."""
+
+    def __init__(self, url: str, key: str, *, window: float, scale: float = 1.0) -> None:
+        self.hostile = Hostile(url, key, scale=scale)
+        self.window = window
+        self.stop = threading.Event()
+        self.windows: list[dict[str, Any]] = []
+        self.thread = threading.Thread(target=self._run, name="hostile-windows", daemon=True)
+
+    def __enter__(self) -> Callable[[], dict[str, Any]]:
+        self.hostile.__enter__()
+        self.thread.start()
+        return self.report
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(120)
+        self.hostile.__exit__(*exc)
+
+    def _run(self) -> None:
+        import os
+
+        t0 = time.monotonic()
+        k = 0
+        start = t0
+        while not self.stop.is_set():
+            kind = "alone" if k % 2 == 0 else "hostile"
+            load1 = os.getloadavg()[0]
+            if kind == "hostile":
+                self.hostile.resume(k)
+            self.stop.wait(max(0.0, t0 + (k + 1) * self.window - time.monotonic()))
+            quiet = self.hostile.pause() if kind == "hostile" else True
+            end = time.monotonic()
+            self.windows.append({"kind": kind, "index": k, "start": start, "end": end,
+                                 "quiesced": quiet, "load1": load1})  # fmt: skip
+            start = end
+            k += 1
+
+    def report(self) -> dict[str, Any]:
+        sent = self.hostile.window_report()
+        return {
+            "window_s": self.window,
+            "windows": [w | {"hostile_sent": sent.get(w["index"], {})} for w in self.windows],
+            "answers": self.hostile.report(),
+        }
 
 
 def _bytes(data: bytes) -> Iterator[bytes]:

@@ -12,19 +12,29 @@ printed beside its target.
   beside it, the service's event loop (``bucketq_event_loop_*``): how late its timers
   ran and what the lateness went to (the loop's own work, other threads, or the CPU
   taken by other processes).
-- **hostile neighbour** (buffer off): 50 requests/s of 10 records, once alone and once
-  beside the hostile clients of :mod:`._hostile`; the good traffic's p99 beside them
-  within 2x its p99 alone.
+- **hostile neighbour**, per mode: one steady open-loop load of 50 requests/s of 10
+  records for ``hostile_duration`` seconds while the hostile clients of :mod:`._hostile`
+  are switched on and off in alternate windows (quiet, hostile, quiet, ...); the good
+  traffic's p99 over the pooled hostile windows within 2x its p99 over the pooled quiet
+  ones. Both kinds of window share the machine's drift (a busy minute falls on both), and
+  each quiet/hostile pair's ratio says how much the figure moves within the run.
+
+``parts`` runs only some of them (``--only``): ``capacity`` (the capacity search and the
+overload at twice it) and ``hostile``.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._hostile import HealthProbe, Hostile
+from ._hostile import Alternating, HealthProbe
+from ._stats import Sample, load_summary
 
 CAPACITY_BATCH = 100
 CAPACITY_P95_MS = 250.0
@@ -36,6 +46,16 @@ INGEST_TIMEOUT_MS = 5000
 #: The generator's connections in the overload run (below the service's cap of 512, so
 #: the health probe's connection is never the one over it).
 OVERLOAD_CONNECTIONS = 400
+#: The parts of ``--limits`` (``--only``): the capacity search with the overload at
+#: twice it, and the hostile neighbour.
+PARTS = ("capacity", "hostile")
+#: Seconds of one quiet or hostile window of the hostile neighbour (shorter when the run
+#: is too short for two pairs of them).
+HOSTILE_WINDOW = 5.0
+#: The hostile clients' cases, and what each counts when it goes (a request sent, a
+#: connection opened).
+HOSTILE_CASES = {"huge": "sent", "deep": "sent", "otlp": "sent", "silent": "opened",
+                 "slow": "opened"}  # fmt: skip
 
 
 @dataclass
@@ -46,13 +66,36 @@ class LimitSettings:
     min_rate: float = 1.0
     max_rate: float = 1280.0
     overload_duration: float = 30.0
-    hostile_duration: float = 30.0
+    #: Seconds of good traffic, half of it beside the hostile clients.
+    hostile_duration: float = 60.0
+    parts: tuple[str, ...] = PARTS
+    #: Below 1: smaller hostile cases (tests only; see :class:`._hostile.Hostile`).
+    hostile_scale: float = 1.0
 
     @classmethod
-    def for_run(cls, modes: tuple[str, ...], quick: bool) -> LimitSettings:
-        if quick:
-            return cls(modes, step_duration=5.0, overload_duration=10.0, hostile_duration=10.0)
-        return cls(modes)
+    def for_run(
+        cls,
+        modes: tuple[str, ...],
+        quick: bool,
+        *,
+        parts: Sequence[str] | None = None,
+        hostile_duration: float | None = None,
+        hostile_scale: float = 1.0,
+    ) -> LimitSettings:
+        st = (
+            cls(modes, step_duration=5.0, overload_duration=10.0, hostile_duration=20.0)
+            if quick
+            else cls(modes)
+        )
+        st.parts = tuple(p for p in PARTS if p in (parts or PARTS))
+        st.hostile_duration = hostile_duration or st.hostile_duration
+        st.hostile_scale = hostile_scale
+        return st
+
+    @property
+    def hostile_window(self) -> float:
+        """At most :data:`HOSTILE_WINDOW`, at least two quiet/hostile pairs."""
+        return min(HOSTILE_WINDOW, self.hostile_duration / 4)
 
 
 #: ``run_one(mode, rate, duration, batch, **run_mode options)``: one run's result.
@@ -172,20 +215,83 @@ def overload(run_one: RunOne, mode: str, rate: float, st: LimitSettings) -> dict
     }
 
 
-def hostile(run_one: RunOne, st: LimitSettings) -> dict[str, Any]:
-    alone = run_one("off", GOOD_RATE, st.hostile_duration, GOOD_BATCH)
-    beside = run_one("off", GOOD_RATE, st.hostile_duration, GOOD_BATCH, side=Hostile)
-    p99_alone = alone["load"]["latency"]["p99_ms"]
-    p99_beside = beside["load"]["latency"]["p99_ms"]
+def hostile(run_one: RunOne, mode: str, st: LimitSettings) -> dict[str, Any]:
+    """The hostile neighbour in ``mode``: one good load throughout, the hostile clients
+    in alternate windows; the figures of :func:`hostile_figures`."""
+    side = functools.partial(Alternating, window=st.hostile_window, scale=st.hostile_scale)
+    t0 = time.monotonic()
+    r = run_one(mode, GOOD_RATE, st.hostile_duration, GOOD_BATCH, side=side, keep_samples=True)
+    out = {"mode": mode, "good_rate": GOOD_RATE, "duration_s": st.hostile_duration,
+           **hostile_figures(r["samples"], r["t0"], r["side"], GOOD_BATCH),
+           "stored_ok": r["stored_ok"], "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+    return out
+
+
+def _kind(summary: dict[str, Any]) -> dict[str, Any]:
+    lat = summary["latency"]
+    return {"requests": summary["requests"], "p50_ms": lat["p50_ms"], "p99_ms": lat["p99_ms"],
+            "max_ms": lat["max_ms"], "errors": summary["errors"],
+            "errors_by_kind": summary["errors_by_kind"], "lag_p99_ms": summary["lag"]["p99_ms"],
+            "late_requests": summary["late_requests"],
+            "kept_schedule": summary["kept_schedule"]}  # fmt: skip
+
+
+def hostile_figures(
+    samples: Sequence[Sample], t0: float, side: dict[str, Any], batch: int
+) -> dict[str, Any]:
+    """The good traffic's figures per kind of window (pure). Each request belongs to the
+    window its *scheduled* send time fell in (``t0`` + its offset, against the windows'
+    ``time.monotonic()`` bounds), so a request delayed by a hostile window counts there
+    however late it was answered. Only whole pairs count (a quiet window and the hostile
+    one after it, both with requests), so the two kinds have as many windows. ``ratio``:
+    the pooled hostile windows' p99 over the pooled quiet ones'; ``pairs``: each pair's
+    two p99s and their ratio, the spread within the run."""
+    windows = [w for w in side["windows"] if w["end"] > w["start"]]
+    starts = [w["start"] for w in windows]
+    per: list[list[Sample]] = [[] for _ in windows]
+    for s in samples:
+        at = t0 + s.scheduled
+        i = bisect.bisect_right(starts, at) - 1
+        if i >= 0 and at < windows[i]["end"]:
+            per[i].append(s)
+    # whole quiet/hostile pairs only: a window cut short by the load's end is left out
+    used: list[tuple[dict[str, Any], list[Sample]]] = []
+    pairs = []
+    both = list(zip(windows, per, strict=True))
+    for (wa, sa), (wh, sh) in zip(both, both[1:], strict=False):
+        if wa["kind"] == "alone" and wh["index"] == wa["index"] + 1 and sa and sh:
+            used += [(wa, sa), (wh, sh)]
+            a = load_summary(sa, batch)["latency"]["p99_ms"]
+            h = load_summary(sh, batch)["latency"]["p99_ms"]
+            pairs.append({"alone_p99_ms": a, "hostile_p99_ms": h,
+                          "ratio": h / a if a and h is not None else None,
+                          "requests": [len(sa), len(sh)], "load1": wa["load1"]})  # fmt: skip
+    pooled = {k: [s for w, ss in used if w["kind"] == k for s in ss] for k in ("alone", "hostile")}
+    kinds = {k: _kind(load_summary(v, batch)) for k, v in pooled.items()}
+    p99 = {k: v["p99_ms"] for k, v in kinds.items()}
+    ratios = [p["ratio"] for p in pairs if p["ratio"] is not None]
+    hostile_windows = [w for w, _ in used if w["kind"] == "hostile"]
+    sent_quiet = sum(sum(w["hostile_sent"].values()) for w, _ in used if w["kind"] == "alone")
+    every_case = [w for w in hostile_windows
+                  if all(w["hostile_sent"].get(f"{c} {what}") for c, what in HOSTILE_CASES.items())]  # fmt: skip
+    loads = [w["load1"] for w, _ in used]
     return {
-        "good_rate": GOOD_RATE,
-        "alone": {"p50_ms": alone["load"]["latency"]["p50_ms"], "p99_ms": p99_alone,
-                  "errors": alone["load"]["errors"]},
-        "beside": {"p50_ms": beside["load"]["latency"]["p50_ms"], "p99_ms": p99_beside,
-                   "errors": beside["load"]["errors"],
-                   "errors_by_kind": beside["load"]["errors_by_kind"]},
-        "hostile_answers": beside["side"],
-        "ratio": None if not p99_alone or p99_beside is None else p99_beside / p99_alone,
+        "window_s": side["window_s"],
+        "windows": {k: sum(1 for w, _ in used if w["kind"] == k) for k in ("alone", "hostile")},
+        "alone": kinds["alone"],
+        "beside": kinds["hostile"],
+        "ratio": None if not p99["alone"] or p99["hostile"] is None
+        else p99["hostile"] / p99["alone"],
+        "pairs": pairs,
+        "pair_ratio": None if not ratios else {"min": min(ratios), "median": statistics.median(ratios),
+                                               "max": max(ratios)},
+        "hostile_windows_with_every_case": len(every_case),
+        "hostile_sent_in_quiet_windows": sent_quiet,
+        "hostile_quiet_after_each_window": all(w["quiesced"] for w in hostile_windows),
+        "hostile_sent": {c: sum(w["hostile_sent"].get(f"{c} {what}", 0) for w in hostile_windows)
+                         for c, what in HOSTILE_CASES.items()},
+        "hostile_answers": side["answers"],
+        "load1": None if not loads else [min(loads), max(loads)],
     }  # fmt: skip
 
 
@@ -194,8 +300,9 @@ def run_limits(run_one: RunOne, st: LimitSettings, say: Callable[[str], None]) -
     import os
 
     t0 = time.monotonic()
-    out: dict[str, Any] = {"capacity": {}, "overload": {}, "load_average_start": os.getloadavg()}
-    for mode in st.modes:
+    out: dict[str, Any] = {"capacity": {}, "overload": {}, "hostile": {},
+                           "load_average_start": os.getloadavg()}  # fmt: skip
+    for mode in st.modes if "capacity" in st.parts else ():
         c = out["capacity"][mode] = capacity(run_one, mode, st)
         cpu = c["api_cpu_us_per_record"]
         say(f"capacity {mode}: {c['records_per_s'] or 0:,.0f} records/s sustained at 100 per "
@@ -216,16 +323,37 @@ def run_limits(run_one: RunOne, st: LimitSettings, say: Callable[[str], None]) -
             say(f"time {mode}: capacity search {c['seconds']:g} s ({len(c['steps'])} runs, "
                 f"storing after the load {sum(x['drain_s'] for x in c['steps']):g} s of it), "
                 f"overload {o['seconds']:g} s (storing {o['drain_s']:g} s)")  # fmt: skip
-    hn = out["hostile"] = hostile(run_one, st)
-    ratio = hn["ratio"]
-    say(f"hostile neighbour: good traffic p99 {hn['alone']['p99_ms'] or 0:.1f} ms alone, "
-        f"{hn['beside']['p99_ms'] or 0:.1f} ms beside the hostile clients "
-        f"(x{'-' if ratio is None else f'{ratio:.2f}'}; target ≤ 2) "
-        f"{_ok(ratio is not None and ratio <= 2)}; good errors beside: {hn['beside']['errors']}; "
-        f"hostile answers {hn['hostile_answers']} [load {_load()}]")  # fmt: skip
+    for mode in st.modes if "hostile" in st.parts else ():
+        say(hostile_line(out["hostile"].setdefault(mode, hostile(run_one, mode, st))))
     out["seconds"] = time.monotonic() - t0
     out["load_average_end"] = os.getloadavg()
     return out
+
+
+def hostile_line(hn: dict[str, Any]) -> str:
+    """The hostile neighbour's figures beside its target, in one line."""
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    def x(r: float | None) -> str:
+        return "-" if r is None else f"x{r:.2f}"
+
+    a, b, ratio, pr = hn["alone"], hn["beside"], hn["ratio"], hn["pair_ratio"]
+    n = hn["windows"]
+    spread = "-" if pr is None else f"{x(pr['min'])}-{x(pr['max'])}, median {x(pr['median'])}"
+    load = "-" if hn["load1"] is None else "-".join(f"{v:.1f}" for v in hn["load1"])
+    return (f"hostile neighbour {hn['mode']}: good traffic ({hn['good_rate']:g} req/s throughout) "
+            f"p99 {ms(a['p99_ms'])} ms over {n['alone']} quiet windows, {ms(b['p99_ms'])} ms over "
+            f"{n['hostile']} hostile ones ({hn['window_s']:g} s each, alternating; {x(ratio)}, "
+            f"target ≤ 2) {_ok(ratio is not None and ratio <= 2)}; per quiet/hostile pair "
+            f"{spread}; good errors {a['errors']} quiet, {b['errors']} hostile; generator lag "
+            f"p99 {ms(a['lag_p99_ms'])} / {ms(b['lag_p99_ms'])} ms "
+            f"{_ok(a['kept_schedule'] and b['kept_schedule'])}; every hostile case ran in "
+            f"{hn['hostile_windows_with_every_case']} of {n['hostile']} hostile windows, sent "
+            f"{hn['hostile_sent_in_quiet_windows']} in quiet ones; hostile sent "
+            f"{hn['hostile_sent']}, answered {hn['hostile_answers']}; 1-min load over the "
+            f"windows {load} [load {_load()}]")  # fmt: skip
 
 
 def _loop(e: dict[str, Any] | None) -> str:

@@ -94,6 +94,12 @@ class Settings:
     drain_timeout: float
     redis_url: str
     limits: bool = False
+    #: ``--only``: the parts of ``--limits`` to run (empty: all of them).
+    only: tuple[str, ...] = ()
+    #: ``--hostile-duration``: seconds of the hostile neighbour (None: its default).
+    hostile_duration: float | None = None
+    #: Below 1: smaller hostile cases (tests only).
+    hostile_scale: float = 1.0
 
 
 def _redis_problem(url: str) -> str | None:
@@ -149,13 +155,16 @@ def run_mode(
     side: Side | None = None,
     max_connections: int | None = None,
     settle: Callable[[dict[str, Any]], bool] | None = None,
+    keep_samples: bool = False,
 ) -> dict[str, Any]:
     """One mode at one rate, from a fresh database to the count of what storage holds.
     ``extra_env``: more of the server's environment; ``side(url, key)``: a context
     manager that runs beside the load (its value, once it ended, is the result's
     ``"side"``); ``max_connections``: the generator's; ``settle(load summary)``: False
     when what was accepted need not be stored (a run already judged on its answers):
-    the server is then killed at once, not drained (``"settled": False``)."""
+    the server is then killed at once, not drained (``"settled": False``);
+    ``keep_samples``: the result also has every request's ``Sample`` (``"samples"``) and
+    the load's start (``"t0"``, a ``time.monotonic()`` value)."""
     run_id = uuid.uuid4().hex[:10]
     database = f"bqbench_{mode}_{run_id}"
     prefix = f"bqbench:{run_id}"
@@ -223,7 +232,9 @@ def run_mode(
         shutdown = _SHUTDOWN.findall(serve.log_tail(20_000))
         api_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
         mongo_cpu = None if mcpu0 is None or mcpu1 is None else mcpu1 - mcpu0
+        kept = {"samples": samples, "t0": t0} if keep_samples else {}
         return {
+            **kept,
             "mode": mode,
             "rate": rate,
             "duration_s": duration,
@@ -311,6 +322,9 @@ def settings_for(
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
     redis_url: str | None = None,
     limits: bool = False,
+    only: Sequence[str] | None = None,
+    hostile_duration: float | None = None,
+    hostile_scale: float = 1.0,
 ) -> Settings:
     """The run's settings from the options, checked (a bad one names itself)."""
     rate = DEFAULT_RATE if rate is None else rate
@@ -327,6 +341,15 @@ def settings_for(
                               ("drain_timeout", drain_timeout, "seconds")):  # fmt: skip
         v.number(name, value, lo=0, hi=None, open_lo=True, unit=unit)
     v.count("batch", batch, lo=1, hi=1000, unit="records per request")
+    if hostile_duration is not None:
+        v.number("hostile_duration", hostile_duration, lo=0, hi=None, open_lo=True, unit="seconds")
+    from ._limits import PARTS
+
+    only = tuple(dict.fromkeys(only or ()))
+    if only and not limits:
+        raise ConfigurationError("--only chooses parts of --limits; give --limits too.")
+    if [p for p in only if p not in PARTS]:
+        raise ConfigurationError(f"--only takes {' or '.join(PARTS)}; got {list(only)}.")
     chosen = tuple(dict.fromkeys(modes or (LIMIT_MODES if limits else MODES)))
     unknown = [m for m in chosen if m not in MODES]
     if unknown:
@@ -343,6 +366,9 @@ def settings_for(
         drain_timeout=drain_timeout,
         redis_url=os.environ.get("REDIS_URL", "") if redis_url is None else redis_url,
         limits=limits,
+        only=only,
+        hostile_duration=hostile_duration,
+        hostile_scale=hostile_scale,
     )
 
 
@@ -504,9 +530,13 @@ def _run_limits(
         ui.result(r)
         return r
 
-    lst = LimitSettings.for_run(modes, st.quick)
-    ui.headline(f"[bold]bucketq bench ingest --limits[/]: capacity, overload and hostile "
-                f"neighbour; modes {', '.join(modes)}; on {env['server']['description']}")  # fmt: skip
+    lst = LimitSettings.for_run(modes, st.quick, parts=st.only,
+                                hostile_duration=st.hostile_duration,
+                                hostile_scale=st.hostile_scale)  # fmt: skip
+    what = {"capacity": "capacity, overload", "hostile": "hostile neighbour"}
+    ui.headline(f"[bold]bucketq bench ingest --limits[/]: "
+                f"{' and '.join(what[p] for p in lst.parts)}; modes {', '.join(modes)}; on "
+                f"{env['server']['description']}")  # fmt: skip
     with ui.runs():
         limits = run_limits(one, lst, ui.say)
     doc = {

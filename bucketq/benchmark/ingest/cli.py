@@ -43,6 +43,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="instead: capacity (100 records per request, p95 < 250 ms), overload at twice it, "
         "and the hostile neighbour run; default modes off, memory, redis, bucketq",
     )
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=("capacity", "hostile"),
+        help="with --limits, run only this part (repeatable): capacity (the capacity search "
+        "and the overload at twice it) or hostile (the hostile neighbour)",
+    )
+    p.add_argument(
+        "--hostile-duration",
+        type=float,
+        help="seconds of the hostile neighbour's good traffic, in alternating quiet and hostile "
+        "windows of up to 5 s (default 60, --quick 20)",
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     p.add_argument("--plots", metavar="DIR", help="the PNG goes here (default: bench-results/)")
     p.add_argument("--no-plots", action="store_true", help="write no plot")
@@ -62,7 +75,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         settings = settings_for(quick=args.quick, rate=args.rate, duration=args.duration,
                                 batch=args.batch, modes=args.mode, sweep=args.sweep,
                                 sweep_duration=args.sweep_duration, redis_url=args.redis_url,
-                                limits=args.limits)  # fmt: skip
+                                limits=args.limits, only=args.only,
+                                hostile_duration=args.hostile_duration)  # fmt: skip
         run(args.mongodb_uri, settings, json_path=args.json,
             plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR))  # fmt: skip
 
