@@ -5,10 +5,12 @@ the documented answer (docs/server.md, "Limits and overload")."""
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from urllib.parse import urlsplit
 
+import httpx
 from pymongo import MongoClient
 
 from .helpers import Serve, log_batch
@@ -123,3 +125,29 @@ def test_a_metric_value_a_double_cannot_hold_is_refused(
             assert r.status_code == 422, (number[:10], r.text[:300])
             assert r.json()["details"][0]["field"] == "metrics[0].value"
     assert mongo_client[server_db]["metrics"].count_documents({"project_id": project}) == 0
+
+
+def test_a_header_read_once_given_twice_is_a_400_not_a_silent_choice(serve: Serve, keys) -> None:
+    # the first X-API-Key was used and the second ignored; a second Content-Encoding
+    # (identity, then gzip) made a gzip body read as plain JSON
+    key = keys(_project())
+    body = json.dumps(log_batch(1)).encode()
+    cases = {
+        "x-api-key": [("X-API-Key", key), ("X-API-Key", "bq_" + "0" * 64)],
+        "content-encoding": [("X-API-Key", key), ("Content-Encoding", "identity"),
+                             ("Content-Encoding", "gzip")],
+        "idempotency-key": [("X-API-Key", key), ("Idempotency-Key", "a"),
+                            ("Idempotency-Key", "b")],
+    }  # fmt: skip
+    with httpx.Client(base_url=serve.url, timeout=30) as c:
+        for name, headers in cases.items():
+            r = c.post("/api/v1/ingest", content=body, headers=[*headers, *JSON.items()])
+            assert r.status_code == 400, (name, r.text[:300])
+            assert name in r.json()["message"] and r.json()["request_id"]
+            r = c.post("/v1/logs", content=b"{}", headers=[*headers, *JSON.items()])
+            assert r.status_code == 400, (name, r.text[:300])  # OTLP: a google.rpc.Status
+            assert name in r.json()["message"]
+        assert (
+            c.post("/api/v1/ingest", content=body, headers={"X-API-Key": key, **JSON}).status_code
+            == 200
+        )

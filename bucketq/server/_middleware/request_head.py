@@ -1,6 +1,7 @@
 """What the request head may be, on every route: at most :data:`MAX_HEAD_BYTES` and
 :data:`MAX_HEADERS` fields (h11's own 16 KiB limit holds only for a head that arrives in
-pieces: one read of up to 256 KiB was taken whole), each query parameter once (a second
+pieces: one read of up to 256 KiB was taken whole), each header the service reads one
+value of (:data:`SINGLE`: the key, the encoding, ...) once, each query parameter once (a second
 ``level=`` silently replacing the first gave a careless client a wrong, empty page), and
 ``HEAD`` answered on every ``GET`` route as its ``GET`` without the body (RFC 9110: load
 balancers and monitors probe with it)."""
@@ -20,13 +21,25 @@ MAX_HEAD_BYTES = 16 * 1024
 #: Header fields in one request.
 MAX_HEADERS = 100
 _CLOSE = {"Connection": "close"}
+#: Headers the service reads one value of: a second one (another key, another encoding)
+#: would be silently ignored, so it is refused.
+SINGLE = frozenset({b"x-api-key", b"authorization", b"content-encoding", b"content-type",
+                    b"idempotency-key"})  # fmt: skip
 
 
 def head_error(scope: dict[str, Any]) -> ApiError | None:
     """The refusal of a request head past a limit, else None."""
     headers = scope.get("headers") or ()
     size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-    size += sum(len(k) + len(v) + 4 for k, v in headers)
+    once: set[bytes] = set()
+    for k, v in headers:
+        size += len(k) + len(v) + 4
+        if k in SINGLE:
+            if k in once:
+                return ApiError(400, "Bad request",
+                                f"The header {k.decode()} is given more than once; give it "
+                                "once.")  # fmt: skip
+            once.add(k)
     if len(headers) > MAX_HEADERS or size > MAX_HEAD_BYTES:
         return ApiError(431, "Request header fields too large",
                         f"The request head holds {len(headers)} header fields and {size} bytes; "
