@@ -12,6 +12,7 @@ Contenders, run one after the other in ONE process against ONE server, ``--repea
 times (each run with new queues, a new checkpoint and new output):
   stream→parquet       streaming query (offsets = seqs, acks on commit) until drained,
                        its start included
+  stream, K partition(s) with --also-partitions K: the same, numPartitions=K (another copy)
   batch→parquet        batch read of the same items (a second copy in another stream)
   floor: python stream the same rows (an Arrow file the bench wrote) through a minimal
                        Python streaming data source into Parquet: what PySpark's Python
@@ -140,13 +141,13 @@ class ArrowFileStreamReader(DataSourceStreamReader):
 
 #: What a process of this bench's tree is, by its command line (the first match).
 CPU_KINDS = (
-    ("python_streaming_source_runner", "source runner (driver, per query)"),
+    ("python_streaming_source_runner", "source runner (per query)"),
     ("pyspark.daemon pyspark.worker", "executors' Python workers"),
     ("pyspark.sql.worker.", "planners' Python workers"),
     ("secantus", "MongoDB server (embedded)"),
-    ("java", "JVM (driver and executors)"),
-    ("spark-submit", "JVM (driver and executors)"),
-    ("spark-class", "JVM (driver and executors)"),
+    ("java", "JVM"),
+    ("spark-submit", "JVM"),
+    ("spark-class", "JVM"),
 )
 
 
@@ -292,17 +293,19 @@ def one_run(
     from bucketq.spark import _ops as ops
     from bucketq.stream import StreamQueue
 
-    for name in ("bench_stream", "bench_batch"):
+    extra = [f"bench_stream_p{k}" for k in args.also_partitions]
+    names = ["bench_stream", "bench_batch", *extra]
+    for name in names:
         db.drop_collection(name)
         db.drop_collection(name + ".meta")
     items = payloads(n)
     res: dict[str, Any] = {}
     t = time.perf_counter()
-    for name in ("bench_stream", "bench_batch"):
+    for name in names:
         q = StreamQueue(db, name)
         q.push_many(items)
         q.close()
-    push_s = (time.perf_counter() - t) / 2
+    push_s = (time.perf_counter() - t) / len(names)
     res["push"] = {"items": n, "seconds": push_s, "items_per_s": n / push_s}
 
     # The floor's rows: exactly what the source yields for this stream, as an Arrow file.
@@ -318,6 +321,11 @@ def one_run(
     res["stream_to_parquet"] = run_stream(
         spark, "bucketq", {**opts, "queue": "bench_stream", **limit}, tmp / "stream", n, cpu
     )
+    for k, name in zip(args.also_partitions, extra, strict=True):
+        res[f"stream_to_parquet_p{k}"] = run_stream(
+            spark, "bucketq", {**opts, "numPartitions": str(k), "queue": name, **limit},
+            tmp / name, n, cpu,
+        )  # fmt: skip
     res["batch_to_parquet"] = timed(
         n,
         lambda: (
@@ -385,11 +393,20 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--partitions", type=int, default=2, help="numPartitions of the source")
     ap.add_argument(
+        "--also-partitions",
+        type=int,
+        action="append",
+        default=[],
+        metavar="K",
+        help="also stream another copy with numPartitions=K, right after the first (repeatable)",
+    )
+    ap.add_argument(
         "--cpu",
         action="store_true",
         help="CPU seconds of each streaming query by process (JVM, the source runner, the "
         "executors' Python workers, the embedded server), sampled from /proc (Linux) every "
-        "50 ms by a thread that costs CPU itself",
+        "50 ms by a thread that costs CPU itself; this process's descendants only (not a "
+        "cluster's executors)",
     )
     ap.add_argument("--json", default=None, help="write every figure here")
     args = ap.parse_args(argv)
@@ -432,13 +449,21 @@ def main(argv: list[str]) -> int:
         spark.range(10).write.mode("overwrite").parquet(str(tmp / "warm"))
         shutil.rmtree(tmp / "warm")
         cpu = CpuByProcess() if args.cpu else None
+        rows = [
+            *ROWS[:2],
+            *(
+                (f"stream_to_parquet_p{k}", f"stream, {k} partition(s)")
+                for k in args.also_partitions
+            ),
+            *ROWS[2:],
+        ]
         for i in range(args.repeat):
             loads.append(os.getloadavg())
             runs.append(one_run(spark, db, uri, n, args, tmp, cpu))
             r = runs[-1]
             print(
                 f"run {i + 1}/{args.repeat} (load {loads[-1][0]:.1f}): "
-                + ", ".join(f"{k} {r[k]['items_per_s']:,.0f}" for k, _ in ROWS[1:])
+                + ", ".join(f"{k} {r[k]['items_per_s']:,.0f}" for k, _ in rows[1:])
                 + " items/s",
                 flush=True,
             )
@@ -462,6 +487,7 @@ def main(argv: list[str]) -> int:
         "payload_bytes": round(sum(len(json.dumps(p)) for p in payloads(1000)) / 1000),
         "maxRowsPerTrigger": args.max_rows or "source default",
         "numPartitions": args.partitions,
+        "also_numPartitions": args.also_partitions,
         "load_average_1m": [round(x[0], 2) for x in loads],
     }
     print(
@@ -471,11 +497,16 @@ def main(argv: list[str]) -> int:
     )
     floor = median_of(runs, "floor_memory", "items_per_s") or 1.0
     print(f"{'contender':<24}{'seconds':>10}{'items/s':>12}{'vs memory':>11}")
-    for key, label in ROWS:
+    for key, label in rows:
         s, ips = median_of(runs, key, "seconds"), median_of(runs, key, "items_per_s")
         ratio = "" if key == "push" else f"{(ips or 0) / floor:.2f}x"
         print(f"{label:<24}{s or 0:>10.2f}{ips or 0:>12,.0f}{ratio:>11}")
-    for key, label in (("stream_to_parquet", "stream"), ("floor_python_stream", "floor")):
+    streams = [("stream_to_parquet", "stream")]
+    streams += [
+        (f"stream_to_parquet_p{k}", f"stream, {k} partition(s)") for k in args.also_partitions
+    ]
+    streams.append(("floor_python_stream", "floor"))
+    for key, label in streams:
         print(
             f"({label}: start {median_of(runs, key, 'start_seconds') or 0:.2f} s, "
             f"{median_of(runs, key, 'micro_batches') or 0:.0f} micro-batch(es) in "
@@ -484,7 +515,9 @@ def main(argv: list[str]) -> int:
             f"first run's first micro-batch {runs[0][key]['first_batch_seconds']:.2f} s)"
         )
     if args.cpu:
-        for key, label in (("stream_to_parquet", "stream"), ("floor_python_stream", "floor")):
+        # A cluster's executors are its workers' children, not this process's descendants.
+        uncounted = "" if args.master.startswith("local") else "; the executors not counted"
+        for key, label in streams:
             kinds = sorted({k for r in runs for k in r[key]["cpu_seconds"]})
             med = {
                 k: statistics.median(r[key]["cpu_seconds"].get(k, 0.0) for r in runs) for k in kinds
@@ -492,7 +525,7 @@ def main(argv: list[str]) -> int:
             print(
                 f"({label}: CPU seconds per query, medians: "
                 + ", ".join(f"{k} {v:.2f}" for k, v in sorted(med.items(), key=lambda x: -x[1]))
-                + f"; total {sum(med.values()):.2f})"
+                + f"; total {sum(med.values()):.2f}{uncounted})"
             )
     if args.json:
         doc = {"env": env, "runs": runs}
