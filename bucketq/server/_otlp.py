@@ -5,7 +5,8 @@ Mapping: resource ``service.name`` -> ``service``; the other resource attributes
 ``metadata.resource``; severity number (or text) -> ``level``; body -> ``message``
 (a non-string body as JSON); attributes -> ``metadata`` (spans: ``attributes``);
 trace and span ids -> lower-case hex. A record that cannot be mapped (an id of the wrong
-length) is rejected and counted in the answer's ``partial_success``.
+length, a service name, span name or message longer than the JSON API takes) is rejected
+and counted in the answer's ``partial_success``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from ._models import LogIn, SpanIn
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -183,6 +186,23 @@ def _level(number: int, text: str) -> str:
     return t if t in _TEXT_LEVELS else "info"
 
 
+def _max_length(model: Any, field: str) -> int:
+    """The JSON API's ``max_length`` of ``model.field``: OTLP records get the same."""
+    return next(
+        m.max_length for m in model.model_fields[field].metadata if hasattr(m, "max_length")
+    )
+
+
+MAX_SERVICE = _max_length(LogIn, "service")
+MAX_MESSAGE = _max_length(LogIn, "message")
+MAX_SPAN_NAME = _max_length(SpanIn, "name")
+
+
+def _too_long(what: str, text: str, limit: int) -> str:
+    """Why a record is rejected when ``text`` is longer than ``limit``, else ``""``."""
+    return f"{what} is longer than {limit} characters" if len(text) > limit else ""
+
+
 def _resource(resource: Any, limit: int) -> tuple[str, dict[str, Any]]:
     attrs = _attrs(resource.attributes, 2, limit)  # stored under metadata.resource
     service = attrs.pop("service.name", None)
@@ -207,7 +227,7 @@ def _convert(
     for group in resources:
         try:
             service, res = _resource(group.resource, limit)
-            bad = ""
+            bad = _too_long("service.name", service, MAX_SERVICE)
         except TooDeep as exc:
             service, res, bad = "", {}, f"resource {exc}"
         for scope in getattr(group, scopes):
@@ -238,6 +258,13 @@ def log_records(
             body = _value(lr.body, 0, max_depth) if lr.HasField("body") else None
         except TooDeep as exc:
             return f"body {exc}"
+        message = (
+            body
+            if isinstance(body, str)
+            else ("" if body is None else json.dumps(body, default=str))
+        )
+        if len(message) > MAX_MESSAGE:
+            return _too_long("body", message, MAX_MESSAGE)
         meta = _attrs(lr.attributes, 1, max_depth)
         if res:
             meta["resource"] = res
@@ -248,9 +275,7 @@ def log_records(
             "time": _time(ns) if ns else now,
             "service": service,
             "level": _level(lr.severity_number, lr.severity_text),
-            "message": body
-            if isinstance(body, str)
-            else ("" if body is None else json.dumps(body, default=str)),
+            "message": message,
         }
         if meta:
             rec["metadata"] = meta
@@ -271,6 +296,8 @@ def span_records(
     def one(sp: Any, service: str, res: dict[str, Any], scope: Any) -> _Converted:
         if len(sp.trace_id) != 16 or len(sp.span_id) != 8:
             return "a span needs a 16-byte trace_id and an 8-byte span_id"
+        if len(sp.name) > MAX_SPAN_NAME:
+            return _too_long("name", sp.name, MAX_SPAN_NAME)
         attrs = _attrs(sp.attributes, 1, max_depth)
         if res:
             attrs["resource"] = res

@@ -11,11 +11,14 @@ import uuid
 from urllib.parse import urlsplit
 
 import httpx
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from pymongo import MongoClient
 
 from .helpers import Serve, log_batch
 
 JSON = {"Content-Type": "application/json"}
+PB = {"Content-Type": "application/x-protobuf"}
 MiB = 1024 * 1024
 
 
@@ -151,3 +154,34 @@ def test_a_header_read_once_given_twice_is_a_400_not_a_silent_choice(serve: Serv
             c.post("/api/v1/ingest", content=body, headers={"X-API-Key": key, **JSON}).status_code
             == 200
         )
+
+
+def test_otlp_records_get_the_json_apis_length_limits(
+    serve: Serve, keys, mongo_client: MongoClient, server_db: str
+) -> None:
+    # a 100,000-character span name, a 2,000-character service.name and a message over
+    # the JSON API's 1,000,000 characters were stored as sent over OTLP
+    project = _project()
+    logs = logs_service_pb2.ExportLogsServiceRequest()
+    for service, body in (("api", "ok"), ("s" * 101, "long service"), ("api", "b" * 1_000_001)):
+        rl = logs.resource_logs.add()
+        kv = rl.resource.attributes.add()
+        kv.key, kv.value.string_value = "service.name", service
+        rl.scope_logs.add().log_records.add().body.string_value = body
+    spans = trace_service_pb2.ExportTraceServiceRequest()
+    for name in ("ok", "n" * 1001):
+        sp = spans.resource_spans.add().scope_spans.add().spans.add()
+        sp.trace_id, sp.span_id, sp.name = b"\x01" * 16, b"\x02" * 8, name
+    with serve.client(keys(project)) as c:
+        r = c.post("/v1/logs", content=logs.SerializeToString(), headers=PB)
+        assert r.status_code == 200, r.content[:300]
+        answer = logs_service_pb2.ExportLogsServiceResponse.FromString(r.content)
+        assert answer.partial_success.rejected_log_records == 2
+        assert "longer than" in answer.partial_success.error_message
+        assert [x["message"] for x in c.get("/api/v1/logs").json()["logs"]] == ["ok"]
+        r = c.post("/v1/traces", content=spans.SerializeToString(), headers=PB)
+        assert r.status_code == 200, r.content[:300]
+        answer = trace_service_pb2.ExportTraceServiceResponse.FromString(r.content)
+        assert answer.partial_success.rejected_spans == 1
+    stored = mongo_client[server_db]["spans"].find({"project_id": project})
+    assert [s["name"] for s in stored] == ["ok"]
