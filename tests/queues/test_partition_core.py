@@ -23,6 +23,7 @@ from bucketq.queue._core.claims import (
     part_filter,
     partition_of_document,
     partitions_to_fold,
+    probe_done,
     probe_requests,
 )
 
@@ -97,11 +98,15 @@ def test_a_consumer_claims_next_where_a_read_saw_a_bucket(k, start, seen, stay):
 @given(st.integers(0, 64))
 def test_the_probe_looks_from_the_consumers_own_place_then_from_the_start(start):
     reqs = probe_requests(NOW, start)
-    assert reqs[-1] == candidate_request(NOW, None)  # finally: any partition, from 0
+    assert reqs[0] == candidate_request(NOW, None)  # first: any partition, from 0
     if start:
-        assert reqs[0] == {**candidate_request(NOW, None), "part": {"$gte": start}}
+        assert reqs[1] == {**candidate_request(NOW, None), "part": {"$gte": start}}
     else:
         assert len(reqs) == 1
+    # the first read answers when it finds nothing or a partition from ``start`` on
+    assert probe_done(None, start) and probe_done(start, start) and probe_done(start + 1, start)
+    if start:
+        assert not probe_done(start - 1, start)  # one before: read again from ``start``
     assert PROBE_SORT[0] == ("part", 1)  # partition order, not the oldest bucket
     assert all("$or" not in r for r in reqs)  # the embedded server scans for a $or
 

@@ -108,15 +108,25 @@ WAKEUP_PIPELINE: list[dict[str, Any]] = [
 def probe_requests(now: float, start: int) -> list[dict[str, Any]]:
     """The reads (not claims) a consumer of a partitioned queue makes to learn where a
     claimable bucket is, when it is idle or its partition has none: the first partition
-    from ``start`` on that has one, else from partition 0 (each in partition order, on
-    the index ``{part, mature, _id}``; the lease term without a ``$or``, as the
-    candidate find's, which the embedded server would plan as a scan). Starting from
-    its own place, not at the oldest bucket, keeps consumers spread: if all went to the
-    oldest bucket's partition they would claim together."""
+    from ``start`` on that has one, else the first from partition 0 (each read in
+    partition order, on the index ``{part, mature, _id}``; the lease term without a
+    ``$or``, as the candidate find's, which the embedded server would plan as a scan).
+    The first read is from partition 0: when it finds nothing (an idle consumer's usual
+    poll) or a partition from ``start`` on, it is the answer, in one read; the second
+    (from ``start`` on) is read only when the first found a partition before ``start``
+    (``probe_done``). Starting from its own place, not at the oldest bucket, keeps
+    consumers spread: if all went to the oldest bucket's partition they would claim
+    together."""
     flt = candidate_request(now, None)
     if start == 0:
         return [flt]
-    return [{**flt, "part": {"$gte": start}}, flt]
+    return [flt, {**flt, "part": {"$gte": start}}]
+
+
+def probe_done(found_part: int | None, start: int) -> bool:
+    """Whether a probe read that found ``found_part`` (None: nothing) answers the probe
+    from ``start``: nothing claimable anywhere, or a partition from ``start`` on."""
+    return found_part is None or found_part >= start
 
 
 #: The order of the idle probe: the first partition with a claimable bucket.

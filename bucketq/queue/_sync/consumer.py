@@ -365,6 +365,7 @@ class Consumer:
         if self._claim_form is None:
             self._claim_form = _claim_form(self._col.database.client, self.options.claim)
         whole = self._claim_form == "find_then_update"
+        found: list[dict[str, Any]] = []
         for flt in core.probe_requests(_now(), start):
             with self._runtime.bounded(self.options.op_timeout):
                 if whole:
@@ -374,13 +375,16 @@ class Consumer:
                 else:
                     doc = self._col.find_one(flt, {"part": 1}, sort=core.PROBE_SORT)
                     docs = [] if doc is None else [doc]
-            if docs:
-                part = core.partition_of_document(docs[0])
-                if whole:
-                    self._candidates.of(part)
-                    self._candidates.fill(d for d in docs if core.partition_of_document(d) == part)
-                return part
-        return None
+            found = docs or found
+            if core.probe_done(core.partition_of_document(docs[0]) if docs else None, start):
+                break
+        if not found:
+            return None
+        part = core.partition_of_document(found[0])
+        if whole:
+            self._candidates.of(part)
+            self._candidates.fill(d for d in found if core.partition_of_document(d) == part)
+        return part
 
     def _claim_in(self, part: int | None) -> bool:
         if self._claim_form is None:
