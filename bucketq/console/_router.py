@@ -265,7 +265,15 @@ def _parse_time(text: str | None) -> datetime | None:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+    if t.tzinfo is None:
+        return t.replace(tzinfo=UTC)
+    try:
+        return t.astimezone(UTC)
+    except OverflowError:
+        # Before year 1 or after 9999 once in UTC (0001-01-01T00:00+14:00): the first or
+        # last time there is, not a query that fails with "reading the logs failed".
+        edge = datetime.min if (t.utcoffset() or timedelta()) > timedelta() else datetime.max
+        return edge.replace(tzinfo=UTC)
 
 
 def _filters(params: Any, projects: list[str]) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from pymongo import MongoClient
 
+from bucketq.server import _keys
+
 from .helpers import Serve, log_batch
 
 JSON = {"Content-Type": "application/json"}
@@ -185,3 +187,27 @@ def test_otlp_records_get_the_json_apis_length_limits(
         assert answer.partial_success.rejected_spans == 1
     stored = mongo_client[server_db]["spans"].find({"project_id": project})
     assert [s["name"] for s in stored] == ["ok"]
+
+
+def test_the_consoles_times_at_the_edges_of_the_calendar_are_read_not_failed(
+    serve: Serve, keys, mongo_client: MongoClient, server_db: str
+) -> None:
+    # 0001-01-01T00:00:00+14:00 is before year 1 in UTC: the page said "Reading the logs
+    # failed (OverflowError); try again" and the tail answered 503, as if storage failed
+    project = _project()
+    with serve.client(keys(project)) as c:
+        assert c.post("/api/v1/ingest", json=log_batch(1, prefix="edge")).status_code == 200
+    operator = _keys.create_key(mongo_client[server_db], "", operator=True)
+    with httpx.Client(base_url=serve.url, timeout=30) as c:
+        r = c.post("/console/login", data={"key": operator, "next": "/console/"},
+                   headers={"Sec-Fetch-Site": "same-origin"})  # fmt: skip
+        assert r.status_code == 303, r.text[:300]
+        early, late = "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"
+        page = c.get("/console/logs", params={"project": project, "from": early, "to": late})
+        assert page.status_code == 200 and "edge-0" in page.text
+        assert "failed" not in page.text
+        tail = c.get("/console/api/tail", params={"project": project, "since": early})
+        assert tail.status_code == 200, tail.text[:300]
+        assert [x["message"] for x in tail.json()["logs"]] == ["edge-0"]
+        tail = c.get("/console/api/tail", params={"project": project, "since": late})
+        assert tail.status_code == 200 and tail.json()["logs"] == [], tail.text[:300]
