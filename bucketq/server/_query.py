@@ -71,6 +71,9 @@ def decode_cursor(text: str) -> tuple[datetime, Any]:
         oid = ObjectId(raw["i"]) if raw.get("o") else str(raw["i"])
         if t.tzinfo is None:
             raise ValueError
+        # in UTC, as handed out: a forged offset past year 1 or 9999 fails here (not as
+        # the query's encoding, which was answered as storage failing: 503)
+        t = t.astimezone(UTC)
     except Exception:  # noqa: BLE001 - any damage means "not ours"
         raise CursorError(
             "cursor is not valid; pass the next_cursor of the previous page"

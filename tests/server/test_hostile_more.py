@@ -5,6 +5,7 @@ the documented answer (docs/server.md, "Limits and overload")."""
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import uuid
@@ -211,3 +212,17 @@ def test_the_consoles_times_at_the_edges_of_the_calendar_are_read_not_failed(
         assert [x["message"] for x in tail.json()["logs"]] == ["edge-0"]
         tail = c.get("/console/api/tail", params={"project": project, "since": late})
         assert tail.status_code == 200 and tail.json()["logs"] == [], tail.text[:300]
+
+
+def test_a_forged_cursor_past_the_calendar_is_a_400_not_a_storage_failure(
+    serve: Serve, keys
+) -> None:
+    # a cursor's time 0001-01-01T00:00+14:00 decoded, then failed to encode in the query:
+    # answered 503 "Storage did not answer the read" with Retry-After, an invitation to
+    # retry a request that can never work
+    with serve.client(keys(_project())) as c:
+        for t in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"):
+            raw = json.dumps({"t": t, "i": "x", "o": False}).encode()
+            r = c.get("/api/v1/logs", params={"cursor": base64.urlsafe_b64encode(raw).decode()})
+            assert r.status_code == 400, (t, r.text[:300])
+            assert r.json()["error"] == "Bad cursor"
