@@ -12,9 +12,9 @@
     health thread:  probes an endpoint marked down every health_interval
 
 The caller's side (:meth:`Processor.submit`) is a deque append: when the queue is full
-the record goes to a second bounded deque (``queue_size`` records) that the monitor
-thread writes to the spill in batches; only when that one is full too does the caller
-write its record to the spill itself. Every background thread sleeps on an event with
+the record goes to a second bounded deque (``SPILL_BUFFER_QUEUES * queue_size``
+records) that the monitor thread writes to the spill in batches; only when that one is
+full too does the caller write its record to the spill itself. Every background thread sleeps on an event with
 a long timeout rather than polling: a thread that wakes must take the interpreter lock
 from the application.
 
@@ -61,6 +61,14 @@ _MONITOR_TICK = 0.25
 _WORKER_IDLE = 1.0
 #: records the monitor writes to the spill at a time
 _SPILL_CHUNK = 500
+#: the spill buffer (records the full queue refused, on their way to the spill) holds up
+#: to this many times ``queue_size``. The monitor shares the interpreter lock with the
+#: application, so a hot loop of log calls outruns it for a while; a record that finds
+#: the buffer full is converted and written by the caller's own thread, 2-5x the cost of
+#: a call (at one times ``queue_size``, 300-1,500 of 100,000 calls in a hot loop did
+#: that, and they were a third to a half of the slowest 1%). A queued record is a tuple of
+#: about 250 bytes: 4,000 of them are about 1 MB.
+SPILL_BUFFER_QUEUES = 4
 #: a replay stops (to start again later) when the queue is this full with new records
 REPLAY_YIELD_PERCENT = 50.0
 
@@ -121,7 +129,7 @@ class Processor:
                                high_water=DRAIN_START_PERCENT, high=self._wake)  # fmt: skip
         #: records the queue refused, on their way to the spill (written by the monitor)
         self._overflow: deque[Queued] = deque()
-        self._overflow_max = cfg.queue_size
+        self._overflow_max = SPILL_BUFFER_QUEUES * cfg.queue_size
         self._overflow_lock = threading.Lock()
         self.spill = Spill(
             cfg.spill_path(),
