@@ -15,6 +15,9 @@ from typing import Any
 from .. import _validate as v
 from ..errors import ConfigurationError
 
+#: Where ``bucketq serve`` listens unless told (``--host``, ``--port``; 0: any free port).
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
 #: Largest request body, in bytes (after gzip decompression for OTLP).
 DEFAULT_MAX_BODY_BYTES = 5 * 1024 * 1024
 #: Most records one request may carry.

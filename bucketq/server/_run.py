@@ -23,13 +23,11 @@ from typing import Any
 
 from ..embedded import URI_FILE, EmbeddedServer, private_dir, state_dir, write_private
 from ..reservoir import from_env as buffer_from_env
-from ._config import ServerConfig, from_env
+from ._config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, from_env
 from ._middleware._base import Middleware
 
 log = logging.getLogger("bucketq.server")
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: prometheus_client's multiprocess directory (read when it is first imported).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

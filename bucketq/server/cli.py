@@ -12,8 +12,7 @@ from typing import Any
 
 from .. import _validate as v
 from ..errors import BucketQError
-from ._config import DEFAULT_DATABASE, LOG_LEVELS
-from ._run import DEFAULT_HOST, DEFAULT_PORT
+from ._config import DEFAULT_DATABASE, DEFAULT_HOST, DEFAULT_PORT, LOG_LEVELS
 
 EXTRA = "bucketq[server]"
 

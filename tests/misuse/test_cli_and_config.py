@@ -105,6 +105,22 @@ def test_bench_on_a_dead_mongodb_says_so_in_one_line():
     one_clear_line(out, "cannot reach MongoDB")
 
 
+def test_a_command_other_than_serve_does_not_need_the_server_extra():
+    """Only ``bucketq serve`` imports FastAPI and uvicorn: every other command works
+    without the server extra (and does not pay its import, about 0.3 s a start)."""
+    script = (
+        "import runpy, sys\n"
+        "sys.modules.update(fastapi=None, uvicorn=None)  # as if not installed\n"
+        "sys.argv = ['bucketq', 'bench', '--repeat', '0']\n"
+        "runpy.run_module('bucketq', run_name='__main__')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=120, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 2
+    one_clear_line(out, "--repeat", "at least 1")
+
+
 def test_server_on_a_port_in_use_says_the_address_is_in_use():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
