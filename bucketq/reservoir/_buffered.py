@@ -302,17 +302,28 @@ class BufferedReservoir(Reservoir):
             raise ValueError(f"origin must be one of {', '.join(ORIGINS)}; got {origin!r}")
         errors: list[dict[str, Any]] = []
         groups: dict[int, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+        cfg = self.config
+        overflowed = self.overflowed()
+        # Sharded by project (the default, and metrics always): one shard per project
+        # in a call, found once, not per record.
+        by_project = cfg.shard_key == "project" or kind == "metric"
+        shard_of: dict[str, int] = {}
+        now = time.time()
         for i, rec in enumerate(records):
             pid = rec.get("project_id") if isinstance(rec, dict) else None
             if not isinstance(pid, str) or not pid:
                 errors.append({"index": i, "error": "project_id must be a non-empty string"})
                 continue
             try:
-                entry = new_entry(kind, pid, rec)
+                entry = new_entry(kind, pid, rec, now=now)
             except ValueError as exc:
                 errors.append({"index": i, "error": str(exc)})
                 continue
-            groups[self.shard_of_record(kind, pid, rec)].append((i, entry))
+            if not by_project:
+                shard = record_shard(kind, pid, rec, cfg.shards, overflowed, cfg.shard_key)
+            elif (shard := shard_of.get(pid, -1)) < 0:
+                shard = shard_of[pid] = record_shard(kind, pid, rec, cfg.shards, overflowed)
+            groups[shard].append((i, entry))
         if not groups:
             return result(0, len(errors), errors)  # type: ignore[return-value]
         if self._state != "running":
@@ -327,9 +338,13 @@ class BufferedReservoir(Reservoir):
             delay = self.delays.delay(kind, origin, self.wall_clock()) if self.delays else 0.0
             if delay:
                 self._held_until = max(self._held_until, time.monotonic() + delay)
-            outs = await asyncio.gather(
-                *(self._enqueue(kind, s, items, delay) for s, items in groups.items())
-            )
+            if len(groups) == 1:  # one shard (one project): no task for a gather
+                [(s, items)] = groups.items()
+                outs = [await self._enqueue(kind, s, items, delay)]
+            else:
+                outs = await asyncio.gather(
+                    *(self._enqueue(kind, s, items, delay) for s, items in groups.items())
+                )
             out = result()
             for o in outs:
                 out["ingested"] += o["ingested"]

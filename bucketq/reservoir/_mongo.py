@@ -63,7 +63,7 @@ def parse_time(value: Any, field: str) -> datetime:
 
 
 def _common(rec: Any, fields: tuple[str, ...]) -> dict[str, Any]:
-    if not isinstance(rec, Mapping):
+    if type(rec) is not dict and not isinstance(rec, Mapping):
         raise RecordError("a record must be an object")
     pid = rec.get("project_id")
     if not isinstance(pid, str) or not pid:
@@ -74,7 +74,10 @@ def _common(rec: Any, fields: tuple[str, ...]) -> dict[str, Any]:
     elif not isinstance(rid, str) or not rid:
         raise RecordError("_id must be a non-empty string (the record's stable id)")
     doc = {"_id": rid}
-    doc.update((k, rec[k]) for k in fields if rec.get(k) is not None)
+    for k in fields:
+        v = rec.get(k)
+        if v is not None:
+            doc[k] = v
     return doc
 
 

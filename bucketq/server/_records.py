@@ -85,24 +85,32 @@ def check_storable(name: str, records: list[dict[str, Any]], decoded: int) -> No
 
 
 def log_record(project: str, r: LogIn) -> dict[str, Any]:
-    rec = {"project_id": project, "time": iso(r.time), "service": r.service,
-           "level": r.level, "message": r.message}  # fmt: skip
-    for k in ("metadata", "trace_id", "span_id", "session_id", "hostname"):
-        v = getattr(r, k)
-        if v is not None:
-            rec[k] = v.lower() if k in ("trace_id", "span_id") else v
+    # Times stay datetimes (aware, UTC: the model made them so): storage keeps them as
+    # they are, instead of parsing back the ISO text they would be made into here.
+    rec = {"project_id": project, "time": r.time, "service": r.service, "level": r.level,
+           "message": r.message}  # fmt: skip
+    if r.metadata is not None:
+        rec["metadata"] = r.metadata
+    if r.trace_id is not None:
+        rec["trace_id"] = r.trace_id.lower()
+    if r.span_id is not None:
+        rec["span_id"] = r.span_id.lower()
+    if r.session_id is not None:
+        rec["session_id"] = r.session_id
+    if r.hostname is not None:
+        rec["hostname"] = r.hostname
     return rec
 
 
 def span_record(project: str, s: SpanIn) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "project_id": project, "trace_id": s.trace_id.lower(), "span_id": s.span_id.lower(),
-        "service": s.service, "name": s.name, "kind": s.kind, "start_time": iso(s.start_time),
+        "service": s.service, "name": s.name, "kind": s.kind, "start_time": s.start_time,
     }  # fmt: skip
     if s.parent_span_id:
         rec["parent_span_id"] = s.parent_span_id.lower()
     if s.end_time is not None:
-        rec["end_time"] = iso(s.end_time)
+        rec["end_time"] = s.end_time
     if s.status is not None:
         rec["status"] = s.status.model_dump(exclude_none=True)
     if s.attributes is not None:
@@ -111,7 +119,7 @@ def span_record(project: str, s: SpanIn) -> dict[str, Any]:
 
 
 def metric_record(project: str, m: MetricIn) -> dict[str, Any]:
-    rec = {"project_id": project, "time": iso(m.time), "service": m.service, "name": m.name,
+    rec = {"project_id": project, "time": m.time, "service": m.service, "name": m.name,
            "type": m.type, "value": m.value}  # fmt: skip
     if m.labels is not None:
         rec["labels"] = m.labels

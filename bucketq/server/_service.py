@@ -29,6 +29,7 @@ from ._admission import AdmissionMetrics, RecordGate, past_deadline, remaining
 from ._config import DEFAULT_DATABASE, ServerConfig
 from ._http_errors import ApiError
 from ._keys import KeyCache
+from ._records import iso
 
 log = logging.getLogger("bucketq.server")
 
@@ -388,7 +389,8 @@ def record_id(project: str, route: str, key: str, index: int) -> str:
 
 def tee_item(project: str, r: dict[str, Any]) -> dict[str, Any]:
     """A log record as ``bucketq pipeline`` reads it (``ts, project, service, level, message``)."""
-    item = {"ts": r["time"], "project": project, "service": r["service"], "level": r["level"],
+    t = r["time"]
+    item = {"ts": iso(t) if isinstance(t, datetime) else t, "project": project, "service": r["service"], "level": r["level"],
             "message": r["message"]}  # fmt: skip
     for k in ("metadata", "trace_id", "span_id"):
         if r.get(k) is not None:
