@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,12 @@ from pymongo import AsyncMongoClient, MongoClient
 
 from bucketq.embedded import URI_ENV, EmbeddedServer
 from waiting import eventually, eventually_async
+
+# PYTHONDONTWRITEBYTECODE=1 (set in this machine's environment) also stops pytest from
+# caching the test modules it rewrites for its assertion messages, so every xdist worker
+# rewrote all of them again: about 1.3 s of CPU a worker (a collection took 3.5 s of CPU,
+# 2.2 s with the cache). Only this process writes again; __pycache__ is ignored by git.
+sys.dont_write_bytecode = False
 
 # No per-example deadline: a property test checks what a function returns, not how fast
 # (speed is the benchmarks' business); under a loaded machine the default 200 ms deadline
