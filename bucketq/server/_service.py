@@ -294,26 +294,29 @@ class Service:
         """Remember that ``key`` on ``route`` was sent with a body of ``digest``; a 422
         when it was sent before with another body (its records would silently be the
         first body's). Kept :data:`IDEMPOTENCY_TTL_S`; store calls within the ingest budget."""
+        from pymongo import timeout as mongo_timeout
+
         coll = self.db[IDEMPOTENCY_COLLECTION]
         kid = hashlib.sha256(f"{project}\x00{route}\x00{key}".encode()).hexdigest()
-        budget = self.config.ingest_timeout_ms / 1000
+        # pymongo's deadline, never the event loop's (asyncio.wait_for): a driver call
+        # cancelled mid-reply closes its connection, and under load the reconnects wedged
+        # the service (see the read route).
         try:
-            if not self._idempotency_index:
+            with mongo_timeout(self.config.ingest_timeout_ms / 1000):
+                if not self._idempotency_index:
+                    try:
+                        await coll.create_index("at", expireAfterSeconds=IDEMPOTENCY_TTL_S)
+                    except OperationFailure as exc:
+                        if exc.timeout:
+                            raise
+                        # another TTL on "at": keys still work
+                        log.warning("idempotency keys' TTL index not made: %s", exc)
+                    self._idempotency_index = True
                 try:
-                    await asyncio.wait_for(
-                        coll.create_index("at", expireAfterSeconds=IDEMPOTENCY_TTL_S), budget
-                    )
-                except OperationFailure as exc:  # another TTL on "at": keys still work
-                    log.warning("idempotency keys' TTL index not made: %s", exc)
-                self._idempotency_index = True
-            try:
-                await asyncio.wait_for(
-                    coll.insert_one({"_id": kid, "digest": digest, "at": datetime.now(UTC)}),
-                    budget,
-                )
-                return
-            except DuplicateKeyError:
-                first = await asyncio.wait_for(coll.find_one({"_id": kid}), budget)
+                    await coll.insert_one({"_id": kid, "digest": digest, "at": datetime.now(UTC)})
+                    return
+                except DuplicateKeyError:
+                    first = await coll.find_one({"_id": kid})
         except (TimeoutError, PyMongoError) as exc:
             log.warning("idempotency key store: %s: %s", type(exc).__name__, exc)
             raise self.unavailable("The idempotency key store is unavailable.") from exc

@@ -80,6 +80,12 @@ def test_a_frozen_store_is_a_503_in_time_and_unknown_keys_evict_no_known_one(
                 assert int(r.headers["Retry-After"]) > 0
                 assert c.get("/ready").status_code == 503
                 assert c.get("/health").status_code == 200
+                # An idempotency key is claimed in the store before the records are taken.
+                r = c.post("/api/v1/ingest", json=log_batch(1, prefix="idem"),
+                           headers={"Idempotency-Key": "during-the-freeze"})  # fmt: skip
+                assert r.status_code == 503, r.text
+                assert "idempotency key store" in r.json()["message"]
+                assert int(r.headers["Retry-After"]) > 0
 
                 before = _lookups_sent(c.get("/metrics").text)
                 t0 = time.monotonic()
