@@ -19,7 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 from .. import _validate as v
 from ..errors import ConfigurationError
 
-#: records held in memory per configuration (the writeback buffer holds as many again)
+#: records held in memory per configuration (the writeback buffer holds as many again,
+#: the spill buffer 4 times as many: see _processor.SPILL_BUFFER_QUEUES)
 DEFAULT_QUEUE_SIZE = 1000
 #: sender threads per configuration, each with its own HTTP connection pool
 DEFAULT_WORKERS = 2
@@ -137,7 +138,7 @@ class Config:
         shown="`$XDG_STATE_HOME/bucketq/sdk-spill` (`~/.local/state/...`)",
         help="root of the spill; each destination (url and key) has its own directory below it")
     queue_size: int = v.option(DEFAULT_QUEUE_SIZE, v.count, lo=1,
-        help="records held in memory; the writeback buffer holds up to as many again")
+        help="records held in memory; the writeback buffer holds up to as many again, and the spill buffer 4 times as many on their way to the spill")
     workers: int = v.option(DEFAULT_WORKERS, v.count, lo=1,
         help="sender threads, each with its own connection pool")
     batch_size: int = v.option(DEFAULT_BATCH_SIZE, v.count, lo=1,
