@@ -493,14 +493,17 @@ class Consumer:
                     log.info("queue %s: renewed the lapsed lease of bucket %s", self.name, old.id)
                     self._consumers.notify()
                     return True
-                if not old.lost:
-                    old.lost = True
-                    self._stats["lease_losses"] += 1
-                    log.warning(
-                        "queue %s: lost the lease of bucket %s; dropping it", self.name, old.id
-                    )
-                self._drop(old)
+                self._lose(old)
                 return False
+
+    def _lose(self, b: core.HeldBucket) -> None:
+        """Another consumer holds ``b`` now: count the loss once and forget it (call with
+        the mutex held)."""
+        if not b.lost:
+            b.lost = True
+            self._stats["lease_losses"] += 1
+            log.warning("queue %s: lost the lease of bucket %s; dropping it", self.name, b.id)
+        self._drop(b)
 
     def _drop(self, b: core.HeldBucket) -> None:
         """Forget a bucket this process no longer holds (call with the mutex held)."""
@@ -591,12 +594,7 @@ class Consumer:
             with self._mutex:
                 for b, kind in targets:
                     if b.id in lost:
-                        b.lost = True
-                        self._stats["lease_losses"] += 1
-                        log.warning(
-                            "queue %s: lost the lease of bucket %s; dropping it", self.name, b.id
-                        )
-                        self._drop(b)
+                        self._lose(b)
                     elif kind == "delete":
                         self._drop(b)
                     elif kind == "release":
