@@ -73,7 +73,7 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     out = bytearray()
     data = body
     while True:
-        d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+        d = zlib.decompressobj(wbits=31 if encoding == "gzip" else _deflate_wbits(data))
         try:
             while data:
                 out += d.decompress(data, min(_STEP, limit + 1 - len(out)))
@@ -93,6 +93,14 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
             return bytes(out)
         if encoding != "gzip" or data[:2] != b"\x1f\x8b":
             raise ApiError(400, "Bad request", f"The body has bytes after its {encoding} stream.")
+
+
+def _deflate_wbits(data: bytes) -> int:
+    """``deflate`` is the zlib format (RFC 9110), but some clients send raw deflate
+    (no header): a zlib header is one whose method is 8 and whose two bytes are a
+    multiple of 31; anything else is read as raw deflate."""
+    zlib_header = len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+    return 15 if zlib_header else -15
 
 
 # -- JSON -----------------------------------------------------------------------------------

@@ -298,10 +298,14 @@ def span_records(
             return "a span needs a 16-byte trace_id and an 8-byte span_id"
         if len(sp.name) > MAX_SPAN_NAME:
             return _too_long("name", sp.name, MAX_SPAN_NAME)
+        t0, t1 = sp.start_time_unix_nano, sp.end_time_unix_nano
+        if t0 and t1 and t1 < t0:
+            return "a span's end_time_unix_nano is before its start_time_unix_nano"
         attrs = _attrs(sp.attributes, 1, max_depth)
         if res:
             attrs["resource"] = res
-        start = _time(sp.start_time_unix_nano) if sp.start_time_unix_nano else now
+        # Without a start, the span starts at its end (duration 0), else at its arrival.
+        start = _time(t0 or t1) if t0 or t1 else now
         rec: dict[str, Any] = {
             "project_id": project,
             "trace_id": sp.trace_id.hex(),
@@ -317,9 +321,9 @@ def span_records(
         }
         if sp.parent_span_id:
             rec["parent_span_id"] = sp.parent_span_id.hex()
-        if sp.end_time_unix_nano:
-            rec["end_time"] = _time(sp.end_time_unix_nano)
-            rec["duration_ms"] = (sp.end_time_unix_nano - sp.start_time_unix_nano) / 1e6
+        if t1:
+            rec["end_time"] = _time(t1)
+            rec["duration_ms"] = (t1 - (t0 or t1)) / 1e6
         if attrs:
             rec["attributes"] = attrs
         return rec

@@ -199,6 +199,19 @@ def test_otlp_answers(serve: Serve, keys, mongo_client: MongoClient) -> None:
         )
         r = c.post("/v1/traces", content=tr.SerializeToString(), headers=pb)
         assert r.status_code == 200
+        # A span that ends before it starts is rejected alone (a negative duration was
+        # stored); one with no start starts at its end (its duration was the time since 1970).
+        tr2 = trace_service_pb2.ExportTraceServiceRequest()
+        spans = tr2.resource_spans.add().scope_spans.add()
+        for i, (t0, t1) in enumerate(((2_000, 1_000), (0, 1_714_557_600_500_000_000))):
+            bad = spans.spans.add()
+            bad.trace_id, bad.span_id, bad.name = b"\x06" * 16, bytes([7, i]) * 4, f"odd{i}"
+            bad.start_time_unix_nano, bad.end_time_unix_nano = t0, t1
+        r = c.post("/v1/traces", content=tr2.SerializeToString(), headers=pb)
+        assert r.status_code == 200
+        answer = trace_service_pb2.ExportTraceServiceResponse.FromString(r.content)
+        assert answer.partial_success.rejected_spans == 1
+        assert "before its start" in answer.partial_success.error_message
     with serve.client() as c:
         r = c.post("/v1/logs", content=_logs_request([b""]).SerializeToString(), headers=pb)
         assert r.status_code == 401 and status_pb2.Status.FromString(r.content).code == 16
@@ -214,8 +227,12 @@ def test_otlp_answers(serve: Serve, keys, mongo_client: MongoClient) -> None:
         )
         == 0
     )  # rejected: bad trace id
-    span = db["spans"].find_one({"project_id": project})
+    span = db["spans"].find_one({"project_id": project, "name": "op"})
     assert span["kind"] == "server" and span["duration_ms"] == 500 and span["service"] == "unknown"
+    assert db["spans"].count_documents({"project_id": project, "name": "odd0"}) == 0
+    no_start = db["spans"].find_one({"project_id": project, "name": "odd1"})
+    assert no_start is not None and no_start["duration_ms"] == 0
+    assert no_start["start_time"] == no_start["end_time"]
 
 
 def _metric(text: str, name: str) -> float:

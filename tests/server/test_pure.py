@@ -134,6 +134,9 @@ def test_bodies_are_decoded_within_their_limits() -> None:
 
     assert d.decompress(gzip.compress(b"ab") + gzip.compress(b"cd"), "gzip", 10) == b"abcd"
     assert d.decompress(zlib.compress(b"abc"), "deflate", 10) == b"abc"
+    # Raw deflate (no zlib header), as some clients send it, is read too.
+    raw = zlib.compressobj(wbits=-15)
+    assert d.decompress(raw.compress(b"abc" * 10) + raw.flush(), "deflate", 100) == b"abc" * 10
     gz = gzip.compress(b"x" * 1000)
     for broken in (gz[:-4], gz[:10], b"\x1f\x8bjunk", gz + b"junk", zlib.compress(b"a") + b"z"):
         assert status(d.decompress, broken, "gzip", 5000) == 400
