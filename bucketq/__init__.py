@@ -1,8 +1,8 @@
 """bucketq: a durable queue on MongoDB that packs many items into one bucket document."""
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _lazy
 from .errors import (
     AckOutOfOrder,
     BucketQError,
@@ -33,20 +33,20 @@ from .errors import (
 # The queue kinds load on first use (PEP 562), so ``import bucketq.sdk`` or a Spark
 # Python worker's ``import bucketq.spark`` loads only what it uses.
 _LAZY = {
-    "AsyncElementQueue": "queue",
-    "AsyncQueue": "queue",
-    "AsyncReceipt": "queue",
-    "ElementQueue": "queue",
-    "Message": "queue",
-    "Queue": "queue",
-    "QueueOptions": "queue",
-    "Receipt": "queue",
-    "AsyncStreamConsumer": "stream",
-    "AsyncStreamQueue": "stream",
-    "StreamBatch": "stream",
-    "StreamConsumer": "stream",
-    "StreamOptions": "stream",
-    "StreamQueue": "stream",
+    "AsyncElementQueue": ".queue",
+    "AsyncQueue": ".queue",
+    "AsyncReceipt": ".queue",
+    "ElementQueue": ".queue",
+    "Message": ".queue",
+    "Queue": ".queue",
+    "QueueOptions": ".queue",
+    "Receipt": ".queue",
+    "AsyncStreamConsumer": ".stream",
+    "AsyncStreamQueue": ".stream",
+    "StreamBatch": ".stream",
+    "StreamConsumer": ".stream",
+    "StreamOptions": ".stream",
+    "StreamQueue": ".stream",
 }
 
 if TYPE_CHECKING:
@@ -75,16 +75,7 @@ def __getattr__(name: str) -> Any:
         from ._version import version
 
         return version()
-    sub = _LAZY.get(name)
-    if sub is None:
-        raise AttributeError(f"module 'bucketq' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{sub}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _load(name)
 
 
 __all__ = [
@@ -128,3 +119,5 @@ __all__ = [
     "WriteConcernNotConfirmed",
     "__version__",
 ]
+
+_load, __dir__ = _lazy.attributes(__name__, _LAZY, __all__)

@@ -9,8 +9,8 @@ Every import in bucketq/ counts, a lazy one inside a function too. The rules:
    (``LAYERS``, top first); packages side by side in one layer do not import each other.
 2. Nothing imports another package's private module (a name starting with ``_`` below
    the package): packages meet through public names. The root's private modules
-   (``bucketq._validate``, ``_driver``, ``_guard``, ``_deps``, ``_version``) are the base layer that
-   everything shares.
+   (``bucketq._validate``, ``_driver``, ``_guard``, ``_deps``, ``_lazy``, ``_version``)
+   are the base layer that everything shares.
 3. Every module of bucketq belongs to a layer: a new package is placed in ``LAYERS``.
 """
 
@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, ...]] = [
         "bucketq._deps",
         "bucketq._driver",
         "bucketq._guard",
+        "bucketq._lazy",
         "bucketq._validate",
         "bucketq._version",
     ),

@@ -17,9 +17,9 @@ names once. It imports nothing above it (``scripts/check_layers.py`` enforces th
 The async files in ``_async/`` are the source; ``scripts/unasync.py`` generates ``_sync/``.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .. import _lazy
 from .codec import *  # noqa: F403
 from .concurrency import AsyncReceipt as AsyncReceipt
 from .concurrency import Receipt as Receipt
@@ -58,10 +58,4 @@ if TYPE_CHECKING:
     from ._sync.wake import WakeWatcher as WakeWatcher
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = _lazy.attributes(__name__, _LAZY, _LAZY)

@@ -28,6 +28,7 @@ What an ingest API calls:
 Errors are in :mod:`bucketq.errors` (``TransportError`` and its kinds, ``CircuitOpen``).
 """
 
+from .. import _lazy
 from ._buffered import BufferedReservoir, install_signal_handlers
 from ._config import BufferConfig, config_table, from_env
 from ._factory import wrap_reservoir
@@ -35,20 +36,6 @@ from ._metrics import render_metrics
 from ._mongo import MongoReservoir
 from ._reservoir import STORAGE_METHOD, IngestResult, Reservoir
 from ._transport import Delivery, MemoryTransport, PassthroughTransport, Transport
-
-
-def __getattr__(name: str) -> object:
-    # The redis and bucketq transports import their drivers; load them on first use.
-    if name == "RedisTransport":
-        from ._redis import RedisTransport
-
-        return RedisTransport
-    if name == "BucketqTransport":
-        from ._bucketq import BucketqTransport
-
-        return BucketqTransport
-    raise AttributeError(f"module 'bucketq.reservoir' has no attribute {name!r}")
-
 
 __all__ = [
     "STORAGE_METHOD",
@@ -69,3 +56,8 @@ __all__ = [
     "render_metrics",
     "wrap_reservoir",
 ]
+
+# The redis and bucketq transports import their drivers: they load on first use.
+__getattr__, __dir__ = _lazy.attributes(
+    __name__, {"RedisTransport": "._redis", "BucketqTransport": "._bucketq"}, __all__
+)

@@ -4,9 +4,9 @@ in-order acknowledgements (exactly-once with a sink that stores the seq).
 The sync and async flavours load on first use (PEP 562): a process that uses one (a
 Spark Python worker uses the sync one) does not import the other."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .. import _lazy
 from .core import AckOutOfOrder, StreamBatch, StreamOptions
 
 _LAZY = {
@@ -21,19 +21,6 @@ if TYPE_CHECKING:
     from ._sync.stream import StreamConsumer, StreamQueue
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
-
-
 __all__ = [
     "AckOutOfOrder",
     "AsyncStreamConsumer",
@@ -43,3 +30,5 @@ __all__ = [
     "StreamOptions",
     "StreamQueue",
 ]
+
+__getattr__, __dir__ = _lazy.attributes(__name__, _LAZY, __all__)
