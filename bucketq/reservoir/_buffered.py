@@ -35,6 +35,7 @@ from ._policy import (
     result,
     retry_delay,
     shard_for,
+    sharded_by_project,
 )
 from ._reservoir import STORAGE_METHOD, IngestResult, Reservoir
 from ._transport import Delivery, Transport
@@ -306,7 +307,7 @@ class BufferedReservoir(Reservoir):
         overflowed = self.overflowed()
         # Sharded by project (the default, and metrics always): one shard per project
         # in a call, found once, not per record.
-        by_project = cfg.shard_key == "project" or kind == "metric"
+        by_project = sharded_by_project(kind, cfg.shard_key)
         shard_of: dict[str, int] = {}
         now = time.time()
         for i, rec in enumerate(records):

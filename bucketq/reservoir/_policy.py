@@ -44,11 +44,17 @@ def shard_key(kind: str, project_id: str, record: Mapping[str, Any], mode: str =
     ``mode="entity"`` ``{project_id}-{entity}``, the entity being a span's ``trace_id``,
     a log's ``trace_id`` when it has one, else the project (metrics: the project). All
     records of one entity land on one shard, in the order they were accepted."""
-    if mode == "entity" and kind != "metric":
+    if not sharded_by_project(kind, mode):
         trace = record.get("trace_id")
         if isinstance(trace, str) and trace:
             return f"{project_id}-{trace}"
     return project_id
+
+
+def sharded_by_project(kind: str, mode: str = "project") -> bool:
+    """Whether every record of ``kind`` goes to its project's shard under ``mode`` (so
+    one lookup per project serves a whole call): all but spans and logs by entity."""
+    return mode != "entity" or kind == "metric"
 
 
 def record_shard(
