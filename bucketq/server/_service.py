@@ -392,9 +392,8 @@ def record_id(project: str, route: str, key: str, index: int) -> str:
 
 def tee_item(project: str, r: dict[str, Any]) -> dict[str, Any]:
     """A log record as ``bucketq pipeline`` reads it (``ts, project, service, level, message``)."""
-    t = r["time"]
-    item = {"ts": iso(t) if isinstance(t, datetime) else t, "project": project, "service": r["service"], "level": r["level"],
-            "message": r["message"]}  # fmt: skip
+    item = {"ts": iso(r["time"]), "project": project, "service": r["service"],
+            "level": r["level"], "message": r["message"]}  # fmt: skip
     for k in ("metadata", "trace_id", "span_id"):
         if r.get(k) is not None:
             item[k] = r[k]
