@@ -465,6 +465,7 @@ def run(
                         progress,
                         stall_timeout=stall_timeout,
                         queue_options=queue_options,
+                        server_pid=server.embedded.pid if server.embedded else None,
                     )
                 except RuntimeError as exc:  # one failed run must not cost the others
                     failed.append({**asdict(spec), "error": str(exc)})

@@ -54,7 +54,15 @@ def _race(queues: list[Queue], want: int, deadline: float = 120.0) -> list[list[
 @pytest.mark.parametrize("partitions", [1, 2])
 @pytest.mark.parametrize("claim", ["find_and_modify", "find_then_update"])
 def test_two_consumers_never_claim_a_bucket_twice(mongo_uri, db, claim, partitions):
-    producer = Queue(db, "q", bucket_max_size=PER_BUCKET, partitions=partitions, **FAST)
+    # Buckets are sealed by size only: a pause of the pushing thread on a busy machine
+    # must not seal one early (FAST's 50 ms bucket_max_wait did: 201 buckets).
+    producer = Queue(
+        db,
+        "q",
+        bucket_max_size=PER_BUCKET,
+        partitions=partitions,
+        **{**FAST, "bucket_max_wait": 30.0},
+    )
     for i in range(ITEMS):
         producer.push(i, key=i // PER_BUCKET)
     producer.close()

@@ -81,38 +81,45 @@ def _docs(ids):
 def test_a_consumer_alone_takes_its_candidates_in_claim_order():
     c = core.Candidates()
     c.of(2)
+    assert c.order() == CLAIM_SORT
     c.fill(_docs(range(8)))
     taken = []
     while c.of(2):
         taken.append(c.take()["_id"])
-        c.won()
     assert taken == list(range(8))
-    c.fill(_docs(range(8, 10)))  # the next find: still in order
+    assert c.order() == CLAIM_SORT  # the next find: still in order
+    c.fill(_docs(range(8, 10)))
     assert c.take()["_id"] == 8
-    assert c.wanted() == core.CANDIDATES
 
 
-def test_a_lost_race_turns_to_the_other_end_and_a_second_drops_the_stale_list():
+def test_a_lost_race_drops_the_stale_list_and_reads_from_the_other_end():
     c = core.Candidates()
     c.of(0)
     c.fill(_docs(range(8)))
     assert c.take()["_id"] == 0
-    c.lost()  # another consumer took 0: it goes on from 1, this one from the end
-    assert c.take()["_id"] == 7
-    c.won()
-    assert c.take()["_id"] == 6
+    c.lost()  # another consumer took 0: it claims from the oldest on
+    assert not c.of(0)  # this list is stale
+    assert c.order() == core.NEWEST_FIRST == [("mature", -1), ("_id", -1)]
+    c.fill(_docs(range(30, 22, -1)))  # the partition's newest 8, newest first
+    assert [c.take()["_id"] for _ in range(3)] == [30, 29, 28]
+    # it stays at the newest end while it is in this partition
+    assert c.order() == core.NEWEST_FIRST
+    c.fill(_docs(range(27, 19, -1)))
+    assert c.take()["_id"] == 27
+    c.lost()  # met the other one coming from the oldest: turn again
+    assert c.order() == CLAIM_SORT
+
+
+def test_a_short_find_goes_back_to_claim_order():
+    # Fewer than CANDIDATES claimable: the partition is nearly empty, the ends meet anyway.
+    c = core.Candidates()
+    c.of(1)
+    c.fill(_docs(range(8)))
+    c.take()
     c.lost()
-    assert c.take()["_id"] == 1  # turned again
-    c.lost()  # two in a row: the list is stale
-    assert not c.of(0)
-    # a consumer that races reads a longer list next, and keeps its end
-    assert c.wanted() == 2 * core.CANDIDATES
-    c.fill(_docs(range(10, 26)))
-    assert c.take()["_id"] == 25
-    c.won()
-    c.fill(_docs(range(30, 38)))  # no race since the last find: alone again, in order
-    assert c.take()["_id"] == 30
-    assert c.wanted() == core.CANDIDATES
+    assert c.order() == core.NEWEST_FIRST
+    c.fill(_docs(range(3)))
+    assert c.order() == CLAIM_SORT
 
 
 def test_candidates_belong_to_one_partition():
@@ -121,7 +128,9 @@ def test_candidates_belong_to_one_partition():
     c.fill(_docs(range(3)))
     c.take()
     c.lost()
+    assert c.order() == core.NEWEST_FIRST
     assert not c.of(2)  # another partition: none, and claim order again
+    assert c.order() == CLAIM_SORT
     c.fill(_docs(range(5)))
     assert c.take()["_id"] == 0
     assert c.of(2) and not c.of(1)

@@ -1,5 +1,6 @@
 """Property tests of the partition decisions in the pure core: which partition a key or
-a producer's id goes to, the partition a consumer claims in next and the probe's reads, the claim's
+a producer's id goes to, the partition a consumer claims in next, the probe's reads and the
+map read's counts, the claim's
 partition term, packing by partition, folding partitions a queue no longer has, and the
 option's checks."""
 
@@ -20,6 +21,8 @@ from bucketq.queue._core.claims import (
     Rotation,
     candidate_request,
     claim_request,
+    map_pipeline,
+    mapped_counts,
     part_filter,
     partition_of_document,
     partitions_to_fold,
@@ -93,6 +96,58 @@ def test_a_consumer_claims_next_where_a_read_saw_a_bucket(k, start, seen, stay):
     assert rot.next == seen % k  # a count of its own there: ``stay`` claims
     rot.found(seen % k)
     assert rot.next == (seen + 1) % k
+
+
+def test_the_map_read_counts_claimable_buckets_of_every_partition():
+    match, group = map_pipeline(NOW)
+    assert match == {"$match": candidate_request(NOW, None)}  # any partition, no $or
+    # a $group, not distinct(): distinct leaves out partition 0 (no field), and a
+    # consumer would wait idle beside partition 0's buckets
+    assert group == {"$group": {"_id": "$part", "n": {"$sum": 1}}}
+    assert mapped_counts([{"_id": None, "n": 3}, {"_id": 2, "n": 5}]) == {0: 3, 2: 5}
+    assert mapped_counts([]) == {}
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    st.integers(2, 64),
+    st.dictionaries(st.integers(0, 63), st.integers(0, 50), max_size=10),
+    st.integers(0, 10**6),
+)
+def test_a_consumer_picks_only_partitions_the_map_counts_buckets_in(k, counts, start):
+    rot = Rotation(start, k)
+    assert rot.pick() is None  # no map yet
+    rot.mapped(counts)
+    have = {p % k for p, n in counts.items() if n > 0}
+    picked = {rot.pick() for _ in range(50)}
+    if have:
+        assert picked <= have
+    else:
+        assert picked == {None}
+    for p in list(have):  # each claim there found nothing
+        rot.dry(p)
+    assert rot.pick() is None
+
+
+def test_picks_follow_the_backlog():
+    # 900 claimable buckets in partition 1, 100 in 2: consumers leaving a partition
+    # at once spread in that proportion, not all to the first one named.
+    rot = Rotation(0, 4)
+    rot.mapped({1: 900, 2: 100})
+    picks = [rot.pick() for _ in range(2000)]
+    assert 0.8 < picks.count(1) / len(picks) < 0.97
+    assert picks.count(2) > 0
+
+
+@given(st.integers(2, 64), st.integers(0, 63), st.integers(1, 10))
+def test_after_its_stay_a_consumer_moves_to_the_next_partition_the_map_knows(k, part, stay):
+    part %= k
+    rot = Rotation(part, k, stay)
+    rot.mapped({part: 10, (part + k // 2) % k: 10})
+    for _ in range(stay):
+        rot.found(part)
+    other = (part + k // 2) % k
+    assert rot.next == (other if other != part else (part + 1) % k)
 
 
 @given(st.integers(0, 64))

@@ -4,6 +4,7 @@ and a consumer's rotation over them, and the change events that wake a consumer.
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Iterable
 from datetime import datetime
@@ -11,7 +12,7 @@ from typing import Any
 
 from bson import ObjectId
 
-from ...bucket.document import not_leased
+from ...bucket.document import CLAIM_SORT, not_leased
 from ...bucket.times import to_datetime
 
 #: The claim index of a partitioned queue: a claim is one equality on ``part`` and then
@@ -40,20 +41,29 @@ ROTATION_STAY = 32
 
 class Rotation:
     """The partition one consumer claims in next. A claim that finds a bucket keeps the
-    consumer on that partition for up to ``stay`` buckets in a row, then moves it to the
-    next one, so every partition is visited and consumers that start at different
-    partitions stay spread over them. Where a claim finds nothing, the consumer does
-    not try the other partitions in turn (on a server without a claim index each empty
-    claim scans): one read (``probe_requests``) tells it the first partition from its
-    place on that has a claimable bucket, and it claims there (``start_at``)."""
+    consumer on that partition for up to ``stay`` buckets in a row, then moves it on, so
+    every partition is visited and consumers that start at different partitions stay
+    spread over them. Where a claim finds nothing, the consumer does not try the other
+    partitions in turn (on a server without a claim index each empty claim scans): a
+    read (``probe_requests``) tells it where a claimable bucket is, and it claims there
+    (``start_at``). With ``find_then_update`` that read is the map read
+    (``map_pipeline``), which counts the claimable buckets of every partition
+    (``mapped``): the consumer picks one of them at random, weighted by those counts
+    (``pick``), so consumers leaving a partition at once spread over the others in
+    proportion to their backlog instead of all moving to the same one, and picks again
+    from the map, without reading, when its partition runs dry (``dry``)."""
 
-    __slots__ = ("partitions", "next", "stay", "run")
+    __slots__ = ("partitions", "next", "stay", "run", "known", "_random")
 
     def __init__(self, start: int, partitions: int, stay: int = ROTATION_STAY) -> None:
         self.partitions = partitions
         self.next = start % partitions
         self.stay = stay
         self.run = 0  # buckets found in a row in ``next``
+        #: Claimable buckets per partition at the last map read, less the partitions
+        #: found dry since (None: no map).
+        self.known: dict[int, int] | None = None
+        self._random = random.Random()
 
     def start_at(self, part: int) -> None:
         """Claim in ``part`` next (a read saw a claimable bucket there)."""
@@ -62,11 +72,35 @@ class Rotation:
             self.next, self.run = part, 0
 
     def found(self, part: int) -> None:
-        """A claim in ``part`` found a bucket."""
+        """A claim in ``part`` found a bucket. After ``stay`` in a row the consumer moves
+        to the next partition the map knows, else to the next one (the map is then
+        stale: a claim that finds nothing there reads it again)."""
         self.start_at(part)
         self.run += 1
         if self.run >= self.stay:
-            self.next, self.run = (part + 1) % self.partitions, 0
+            others = sorted(p for p in self.known or () if p != part)
+            if others:
+                other = next((p for p in others if p > part), others[0])
+            else:
+                other, self.known = (part + 1) % self.partitions, None
+            self.next, self.run = other, 0
+
+    def mapped(self, counts: dict[int, int]) -> None:
+        """A map read counted ``counts[p]`` claimable buckets in partition ``p``."""
+        self.known = {p % self.partitions: n for p, n in counts.items() if n > 0}
+
+    def dry(self, part: int) -> None:
+        """A claim in ``part`` found nothing."""
+        if self.known is not None:
+            self.known.pop(part, None)
+
+    def pick(self) -> int | None:
+        """A partition the map knows claimable buckets in, at random, weighted by their
+        number; None if it knows none."""
+        if not self.known:
+            return None
+        parts = list(self.known)
+        return self._random.choices(parts, weights=[self.known[p] for p in parts])[0]
 
 
 def partition_of_document(doc: dict[str, Any]) -> int:
@@ -106,8 +140,10 @@ WAKEUP_PIPELINE: list[dict[str, Any]] = [
 
 
 def probe_requests(now: float, start: int) -> list[dict[str, Any]]:
-    """The reads (not claims) a consumer of a partitioned queue makes to learn where a
-    claimable bucket is, when it is idle or its partition has none: the first partition
+    """The reads (not claims) a consumer of a partitioned queue claiming with
+    ``find_and_modify`` makes to learn where a claimable bucket is, when it is idle or
+    its partition has none (``find_then_update`` reads the map: ``map_pipeline``): the
+    first partition
     from ``start`` on that has one, else the first from partition 0 (each read in
     partition order, on the index ``{part, mature, _id}``; the lease term without a
     ``$or``, as the candidate find's, which the embedded server would plan as a scan).
@@ -127,6 +163,28 @@ def probe_done(found_part: int | None, start: int) -> bool:
     """Whether a probe read that found ``found_part`` (None: nothing) answers the probe
     from ``start``: nothing claimable anywhere, or a partition from ``start`` on."""
     return found_part is None or found_part >= start
+
+
+def map_pipeline(now: float) -> list[dict[str, Any]]:
+    """The map read of ``find_then_update``: an aggregation counting the buckets a claim
+    could take at ``now`` in every partition (``$group`` on ``part``: null is partition
+    0, stored without the field). The embedded server scans for it as it does for
+    ``probe_requests``' reads (no partition equality), but it is one read where those
+    are one or two, it returns no buckets, and it names every partition, so a consumer
+    whose partition runs dry claims in another one named without reading again."""
+    return [
+        {"$match": candidate_request(now, None)},
+        {"$group": {"_id": "$part", "n": {"$sum": 1}}},
+    ]
+
+
+def mapped_counts(groups: Iterable[dict[str, Any]]) -> dict[int, int]:
+    """The map read's groups as claimable buckets per partition."""
+    out: dict[int, int] = {}
+    for g in groups:
+        part = partition_of_document({"part": g.get("_id")})
+        out[part] = out.get(part, 0) + int(g.get("n") or 0)
+    return out
 
 
 #: The order of the idle probe: the first partition with a claimable bucket.
@@ -160,8 +218,9 @@ def claim_request(
 # with the ``$or``.
 #
 # ``find_then_update``: a ``find`` of the first ``CANDIDATES`` claimable buckets of the
-# partition in claim order (``candidate_request``: no ``$or``, so the server narrows by
-# the index), whole documents; the consumer tries them in that order, each with one
+# partition in claim order (newest first for a consumer that lost a race there:
+# ``Candidates``; ``candidate_request``: no ``$or``, so the server narrows by the
+# index), whole documents; the consumer tries them in that order, each with one
 # conditional ``update_one`` (``conditional_claim``) that matches only while the bucket
 # is exactly as read (``FENCE_FIELDS`` and its ``lease``: every writer of a bucket, a
 # claim, a holder's flush or release, ``remove()``, an operator's requeue, changes one
@@ -177,69 +236,73 @@ CLAIM_FORMS = ("auto", "find_and_modify", "find_then_update")
 #: Buckets a candidate find returns at most, kept for the next claims.
 CANDIDATES = 8
 
+#: Candidate finds one claim makes at most (each after a race lost) before it gives up
+#: on that partition for now.
+CLAIM_FINDS = 3
+
 #: The stored fields a conditional claim requires unchanged since its find, besides
 #: ``lease`` (what a served bucket is made of; ``items`` is written once, at insert).
 FENCE_FIELDS = ("leases", "live", "done", "mature", "tries", "next")
 
 
+#: The order of the candidate find of a consumer that lost a race in its partition
+#: since its last find: newest first (``CLAIM_SORT`` reversed).
+NEWEST_FIRST = [(field, -1) for field, _ in CLAIM_SORT]
+
+
 class Candidates:
     """The buckets of one partition a candidate find read and this consumer has not
-    tried yet, and the end it takes them from. A consumer alone in a partition takes
-    them in claim order (the front). A lost race (the conditional claim matched
-    nothing: another consumer took that bucket since the find) means another consumer
-    takes from the same list, and the one that took it goes on from there: the loser
-    turns to the other end, so two consumers of one partition take from opposite ends
-    instead of meeting at every claim (each meeting costs an update). A second loss in
-    a row means the list is stale (taken from both ends): it is dropped, for a fresh
-    find. A refill keeps the end while the consumer keeps losing races in the same
-    partition, and goes back to the front when it is alone again or in another one;
-    so claim order holds for a consumer alone in its partition, and within a find."""
+    tried yet, in the order it tries them. A consumer alone in a partition reads and
+    takes them in claim order. A lost race (the conditional claim matched nothing:
+    another consumer took that bucket since the find) means another consumer claims
+    in the same partition, from the oldest on: the loser turns to the other end of its
+    list, and its finds read the partition's newest buckets first (``order``) while it
+    stays there, so two consumers of one partition claim from opposite ends of it,
+    each from its own list, and meet only when the partition is nearly empty (each
+    meeting costs an update). A second loss in a row means the list is stale: it is
+    dropped, for a fresh find. A consumer goes back to claim order when a find comes
+    back short (the partition is nearly empty: the ends meet anyway) and in every
+    partition it moves to, so claim order holds for a consumer alone in its partition
+    (and one that lost a race there takes the newest buckets until the rotation moves
+    it on: at most ``ROTATION_STAY`` buckets)."""
 
-    __slots__ = ("part", "docs", "from_back", "lost_in_row", "raced")
+    __slots__ = ("part", "docs", "newest_first")
 
     def __init__(self) -> None:
         self.part: int | None = None
         self.docs: deque[dict[str, Any]] = deque()
-        self.from_back = False  # take from the end (newest first)
-        self.lost_in_row = 0
-        self.raced = False  # a race lost since the last fill
+        self.newest_first = False  # this consumer claims from the partition's newest end
 
     def of(self, part: int | None) -> deque[dict[str, Any]]:
         """The candidates left for a claim in ``part`` (none if they are another's)."""
         if part != self.part:
-            self.part, self.from_back, self.raced = part, False, False
+            self.part, self.newest_first = part, False
             self.docs.clear()
         return self.docs
 
+    def order(self) -> list[tuple[str, int]]:
+        """The sort of the next candidate find: newest first after a race lost in this
+        partition (the other consumer goes on from the oldest), else claim order."""
+        return NEWEST_FIRST if self.newest_first else CLAIM_SORT
+
     def fill(self, docs: Iterable[dict[str, Any]]) -> None:
-        """A fresh find of this partition read ``docs`` (in claim order)."""
+        """A fresh find of this partition read ``docs`` (in ``order()``, at most
+        ``CANDIDATES``)."""
         self.docs.clear()
         self.docs.extend(docs)
-        if not self.raced:
-            self.from_back = False
-        self.raced = False
-        self.lost_in_row = 0
-
-    def wanted(self) -> int:
-        """How many the next find reads: twice ``CANDIDATES`` after a race lost since the
-        last fill (consumers sharing the list are fewer to meet on a longer one)."""
-        return 2 * CANDIDATES if self.raced else CANDIDATES
+        if len(self.docs) < CANDIDATES:
+            self.newest_first = False
 
     def take(self) -> dict[str, Any]:
         """The next candidate to try (there is one)."""
-        return self.docs.pop() if self.from_back else self.docs.popleft()
-
-    def won(self) -> None:
-        self.lost_in_row = 0
+        return self.docs.popleft()
 
     def lost(self) -> None:
-        """The candidate just taken was claimed or changed by someone else."""
-        self.raced = True
-        self.from_back = not self.from_back
-        self.lost_in_row += 1
-        if self.lost_in_row >= 2:
-            self.docs.clear()
-            self.lost_in_row = 0
+        """The candidate just taken was claimed or changed by someone else: another
+        consumer claims from this end of the partition. The list (read from this end)
+        is stale: the next find reads from the other end."""
+        self.newest_first = not self.newest_first
+        self.docs.clear()
 
 
 def claim_form(option: str, build_info: dict[str, Any]) -> str:

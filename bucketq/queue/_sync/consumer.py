@@ -100,8 +100,10 @@ class Consumer:
         self._consumers = Notifier()
         self._fetch_wake = Notifier()
         self._flush_wake = Notifier()
-        # Set while claims come back empty: the fetcher waits, and the watcher reads for it.
-        self._starved = True
+        # Set while claims come back empty: the fetcher waits, and the watcher reads for
+        # it. Not at first: a partitioned queue's first claim is in its own partition,
+        # where its own pushes went (one read, not a probe and then a claim).
+        self._starved = False
         self._waiters = 0
         self._fetch_full = False  # the fetcher waits for room under prefetch
         self._last_reserve = 0.0
@@ -329,23 +331,26 @@ class Consumer:
             self._fetch_wake.wait(gen, wait)
 
     def _claim(self) -> bool:
-        """Claim one bucket: True if one was found. A partitioned queue claims in its
-        rotation's partition (``Rotation``); where that finds nothing, or while idle, one
-        read (``_probe``) looks for the first partition from there on with a claimable
-        bucket, and the consumer claims there, so a claim that finds nothing costs one
-        read, not a claim in every partition, and an idle consumer one or two reads per
-        poll. Each claim and read gets ``op_timeout``."""
+        """Claim one bucket: True if one was found (or if other consumers took every
+        bucket it tried: claim again at once). A partitioned queue claims in its
+        rotation's partition (``Rotation``); where that finds nothing, or while idle, it
+        claims in another that its map names, and where the map names none, one read
+        (``_probe``) looks for a partition with a claimable bucket: a claim that finds
+        nothing costs at most one read, not a claim in every partition, and an idle
+        consumer one or two reads per poll. Each claim and read gets ``op_timeout``."""
         self._setup()
         rot = self._rotation
         if rot is None:
             with self._runtime.bounded(self.options.op_timeout):
-                return self._claim_in(None)
+                return self._claim_in(None) is not False
+        start = rot.next
         part: int | None = None if self._starved else rot.next
+        raced = False
         for _ in range(rot.partitions):  # a probe's partition can be emptied before our claim
             if part is None:
-                part = self._probe(rot.next)
+                part = self._probe(start)
                 if part is None:
-                    return False
+                    return raced
                 rot.start_at(part)
             with self._runtime.bounded(self.options.op_timeout):
                 got = self._claim_in(part)
@@ -354,45 +359,52 @@ class Consumer:
                 return True
             if self.draining or self._runtime.is_closed():
                 return False
-            part = None
-        return False
+            if got is None:
+                raced = True  # others claim there: not dry
+            else:
+                rot.dry(part)
+            start = (part + 1) % rot.partitions
+            part = rot.pick()
+        # Raced out everywhere it tried: the caller claims again at once, not after an
+        # idle wait (the partitions are not empty).
+        return raced
 
     def _probe(self, start: int) -> int | None:
-        """The first partition from ``start`` on (else from 0) with a claimable bucket
-        (``core.probe_requests``), or None. With ``find_then_update`` the read is that
-        partition's candidate find (up to ``CANDIDATES`` whole buckets, kept for the
-        claims there); with ``find_and_modify`` it reads one bucket's partition."""
+        """A partition with a claimable bucket, or None. With ``find_then_update``: one map
+        read (``core.map_pipeline``) counting them in every partition, kept in the
+        rotation, which picks one (``Rotation.pick``); with ``find_and_modify``,
+        ``core.probe_requests``' reads of the first one from ``start`` on, else from 0
+        (each walks the claim index on mongod, where a map read would visit every
+        claimable bucket)."""
         if self._claim_form is None:
             self._claim_form = _claim_form(self._col.database.client, self.options.claim)
-        whole = self._claim_form == "find_then_update"
-        found: list[dict[str, Any]] = []
+        rot = self._rotation
+        assert rot is not None
+        if self._claim_form == "find_then_update":
+            with self._runtime.bounded(self.options.op_timeout):
+                cursor = self._col.aggregate(core.map_pipeline(_now()))
+                groups = cursor.to_list()
+            rot.mapped(core.mapped_counts(groups))
+            return rot.pick()
+        found: dict[str, Any] | None = None
         for flt in core.probe_requests(_now(), start):
             with self._runtime.bounded(self.options.op_timeout):
-                if whole:
-                    docs = self._col.find(
-                        flt, sort=core.PROBE_SORT, limit=core.CANDIDATES
-                    ).to_list()
-                else:
-                    doc = self._col.find_one(flt, {"part": 1}, sort=core.PROBE_SORT)
-                    docs = [] if doc is None else [doc]
-            found = docs or found
-            if core.probe_done(core.partition_of_document(docs[0]) if docs else None, start):
+                doc = self._col.find_one(flt, {"part": 1}, sort=core.PROBE_SORT)
+            found = doc or found
+            if core.probe_done(core.partition_of_document(doc) if doc else None, start):
                 break
-        if not found:
-            return None
-        part = core.partition_of_document(found[0])
-        if whole:
-            self._candidates.of(part)
-            self._candidates.fill(d for d in found if core.partition_of_document(d) == part)
-        return part
+        return None if found is None else core.partition_of_document(found)
 
-    def _claim_in(self, part: int | None) -> bool:
+    def _claim_in(self, part: int | None) -> bool | None:
+        """Claim a bucket of ``part``: True if one was claimed, False if none was
+        claimable, None if other consumers took every one this claim tried
+        (``find_then_update`` only: the partition is not dry)."""
         if self._claim_form is None:
             self._claim_form = _claim_form(self._col.database.client, self.options.claim)
         if self._claim_form == "find_then_update":
             claimed = self._find_then_update(part)
-            if claimed is None:
-                return False
+            if not isinstance(claimed, tuple):
+                return claimed
             doc, token, now = claimed
         else:
             now = _now()
@@ -405,29 +417,33 @@ class Consumer:
                 return False
         return self._serve_claimed(doc, token, now)
 
-    def _find_then_update(self, part: int | None) -> tuple[dict[str, Any], ObjectId, float] | None:
+    def _find_then_update(
+        self, part: int | None
+    ) -> tuple[dict[str, Any], ObjectId, float] | bool | None:
         """Claim a candidate of ``part`` whose conditional update matches (see
         ``core.conditional_claim``; which candidate first: ``core.Candidates``): the
-        bucket as before the claim, our token and when the claim was sent; None if none
-        did. Candidates not tried stay for the next claim in ``part``; once they are used
-        up (or stale), one fresh find (only one) refills them."""
+        bucket as before the claim, our token and when the claim was sent; False if a
+        find found none; None if other consumers took every candidate it tried.
+        Candidates not tried stay for the next claim in ``part``; once they are used up,
+        or a race was lost (the list is stale), a fresh find refills them: at most
+        ``CLAIM_FINDS`` finds per claim."""
         cands = self._candidates
         left = cands.of(part)
-        refilled = False
+        finds = 0
         while True:
             if not left:
-                if refilled:
+                if finds == core.CLAIM_FINDS:
                     return None
-                refilled = True
+                finds += 1
                 cands.fill(
                     self._col.find(
                         core.candidate_request(_now(), part),
-                        sort=bucket.CLAIM_SORT,
-                        limit=cands.wanted(),
+                        sort=cands.order(),
+                        limit=core.CANDIDATES,
                     ).to_list()
                 )
                 if not left:
-                    return None
+                    return False
             doc = cands.take()
             now = _now()
             token = ObjectId()
@@ -436,7 +452,6 @@ class Consumer:
             )
             res = self._col.update_one(flt, upd)
             if res.matched_count:
-                cands.won()
                 return doc, token, now
             # 0 matched: claimed, released, renewed or changed since the find.
             cands.lost()
