@@ -50,7 +50,9 @@ def stream_items(db, name):
 
 
 def test_batch_read_of_a_stream_equals_what_was_pushed(spark, db, mongo_uri, db_name):
-    q = StreamQueue(db, "events", bucket_max_size=40, bucket_max_wait=0.05)
+    # Buckets sealed by size (and the durable push): with a 50 ms bucket_max_wait a
+    # pause on a busy machine sealed the tenth early (39 items, an eleventh bucket).
+    q = StreamQueue(db, "events", bucket_max_size=40, bucket_max_wait=30.0)
     pushed = [{"i": i, "tag": f"t{i % 7}"} for i in range(400)]
     q.push_many(pushed[:399])
     q.push(pushed[399], headers={"trace": "abc"}, durable=True)
