@@ -92,22 +92,30 @@ def test_a_consumer_alone_takes_its_candidates_in_claim_order():
     assert c.take()["_id"] == 8
 
 
-def test_a_lost_race_drops_the_stale_list_and_reads_from_the_other_end():
+def test_a_lost_race_drops_the_stale_list_and_reads_elsewhere_in_the_partition():
     c = core.Candidates()
     c.of(0)
     c.fill(_docs(range(8)))
-    assert c.take()["_id"] == 0
+    assert c.take()["_id"] == 0 and c.skip() == 0
     c.lost()  # another consumer took 0: it claims from the oldest on
     assert not c.of(0)  # this list is stale
     assert c.order() == core.NEWEST_FIRST == [("mature", -1), ("_id", -1)]
+    assert c.skip() == 0
     c.fill(_docs(range(30, 22, -1)))  # the partition's newest 8, newest first
     assert [c.take()["_id"] for _ in range(3)] == [30, 29, 28]
     # it stays at the newest end while it is in this partition
     assert c.order() == core.NEWEST_FIRST
     c.fill(_docs(range(27, 19, -1)))
     assert c.take()["_id"] == 27
-    c.lost()  # met the other one coming from the oldest: turn again
+    c.lost()  # a third consumer: both ends are taken, it reads a window in the middle
     assert c.order() == CLAIM_SORT
+    lo, hi = core.MIDDLE_SKIP
+    skips = {c.skip() for _ in range(200)}
+    assert min(skips) >= lo == core.CANDIDATES and max(skips) < hi and len(skips) > 1
+    c.fill(_docs(range(12, 20)))
+    c.take()
+    c.lost()  # met someone there too: from the oldest again
+    assert c.order() == CLAIM_SORT and c.skip() == 0
 
 
 def test_a_short_find_goes_back_to_claim_order():

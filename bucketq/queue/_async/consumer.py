@@ -435,14 +435,18 @@ class AsyncConsumer:
                 if finds == core.CLAIM_FINDS:
                     return None
                 finds += 1
+                skip = cands.skip()
                 cands.fill(
                     await self._col.find(
                         core.candidate_request(_now(), part),
                         sort=cands.order(),
+                        skip=skip,
                         limit=core.CANDIDATES,
                     ).to_list()
                 )
                 if not left:
+                    if skip:  # past the last one: read from the oldest
+                        continue
                     return False
             doc = cands.take()
             now = _now()

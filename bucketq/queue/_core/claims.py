@@ -250,48 +250,65 @@ FENCE_FIELDS = ("leases", "live", "done", "mature", "tries", "next")
 NEWEST_FIRST = [(field, -1) for field, _ in CLAIM_SORT]
 
 
+#: Where in its partition a consumer's candidate finds read (``Candidates.end``): the
+#: oldest buckets (claim order), the newest, or a window past the oldest
+#: (``MIDDLE_SKIP``).
+OLDEST, NEWEST, MIDDLE = 0, 1, 2
+
+#: The window of a find from the middle starts this many buckets past the oldest (a
+#: fresh draw at each find).
+MIDDLE_SKIP = (CANDIDATES, 4 * CANDIDATES)
+
+
 class Candidates:
     """The buckets of one partition a candidate find read and this consumer has not
-    tried yet, in the order it tries them. A consumer alone in a partition reads and
-    takes them in claim order. A lost race (the conditional claim matched nothing:
-    another consumer took that bucket since the find) means another consumer claims
-    in the same partition, from the oldest on: the loser turns to the other end of its
-    list, and its finds read the partition's newest buckets first (``order``) while it
-    stays there, so two consumers of one partition claim from opposite ends of it,
-    each from its own list, and meet only when the partition is nearly empty (each
-    meeting costs an update). A second loss in a row means the list is stale: it is
-    dropped, for a fresh find. A consumer goes back to claim order when a find comes
-    back short (the partition is nearly empty: the ends meet anyway) and in every
-    partition it moves to, so claim order holds for a consumer alone in its partition
-    (and one that lost a race there takes the newest buckets until the rotation moves
-    it on: at most ``ROTATION_STAY`` buckets)."""
+    tried yet, in the order it tries them, and where in the partition it reads
+    (``end``). A consumer alone in a partition reads and takes them in claim order
+    (the oldest first). A lost race (the conditional claim matched nothing: another
+    consumer took that bucket since the find) means another consumer claims from
+    that end of the partition: the list is stale, so it is dropped, and the loser's
+    next finds read elsewhere while it stays in the partition: the newest buckets
+    first after a race lost at the oldest, a window from ``MIDDLE_SKIP`` buckets past
+    the oldest after one lost at the newest (a third consumer), the oldest again after
+    one lost there. So two consumers of one partition claim from its two ends, each
+    from its own list, a third from its middle, and they meet (each meeting costs an
+    update) when the partition is nearly empty. A consumer goes back to claim order
+    when a find comes back short (the partition is nearly empty: the ends meet anyway)
+    and in every partition it moves to, so claim order holds for a consumer alone in
+    its partition (and one that lost a race there reads elsewhere in it until the
+    rotation moves it on: at most ``ROTATION_STAY`` buckets)."""
 
-    __slots__ = ("part", "docs", "newest_first")
+    __slots__ = ("part", "docs", "end", "_random")
 
     def __init__(self) -> None:
         self.part: int | None = None
         self.docs: deque[dict[str, Any]] = deque()
-        self.newest_first = False  # this consumer claims from the partition's newest end
+        self.end = OLDEST
+        self._random = random.Random()
 
     def of(self, part: int | None) -> deque[dict[str, Any]]:
         """The candidates left for a claim in ``part`` (none if they are another's)."""
         if part != self.part:
-            self.part, self.newest_first = part, False
+            self.part, self.end = part, OLDEST
             self.docs.clear()
         return self.docs
 
     def order(self) -> list[tuple[str, int]]:
-        """The sort of the next candidate find: newest first after a race lost in this
-        partition (the other consumer goes on from the oldest), else claim order."""
-        return NEWEST_FIRST if self.newest_first else CLAIM_SORT
+        """The sort of the next candidate find: newest first, else claim order."""
+        return NEWEST_FIRST if self.end == NEWEST else CLAIM_SORT
+
+    def skip(self) -> int:
+        """How many buckets past the oldest the next candidate find starts (0 but from
+        the middle)."""
+        return self._random.randrange(*MIDDLE_SKIP) if self.end == MIDDLE else 0
 
     def fill(self, docs: Iterable[dict[str, Any]]) -> None:
-        """A fresh find of this partition read ``docs`` (in ``order()``, at most
-        ``CANDIDATES``)."""
+        """A fresh find of this partition read ``docs`` (in ``order()``, from ``skip()``,
+        at most ``CANDIDATES``)."""
         self.docs.clear()
         self.docs.extend(docs)
         if len(self.docs) < CANDIDATES:
-            self.newest_first = False
+            self.end = OLDEST
 
     def take(self) -> dict[str, Any]:
         """The next candidate to try (there is one)."""
@@ -299,9 +316,9 @@ class Candidates:
 
     def lost(self) -> None:
         """The candidate just taken was claimed or changed by someone else: another
-        consumer claims from this end of the partition. The list (read from this end)
-        is stale: the next find reads from the other end."""
-        self.newest_first = not self.newest_first
+        consumer claims from where this list was read. It is stale: the next find
+        reads elsewhere (``end``)."""
+        self.end = {OLDEST: NEWEST, NEWEST: MIDDLE, MIDDLE: OLDEST}[self.end]
         self.docs.clear()
 
 
