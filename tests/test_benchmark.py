@@ -26,6 +26,7 @@ from bucketq.benchmark import (
     summarize,
 )
 from bucketq.benchmark._contenders import QUEUE_NAME
+from bucketq.benchmark._report import partition_targets
 from bucketq.benchmark._stats import checksum, next_check, rel_range, share
 from bucketq.cli import main
 from bucketq.errors import ConfigurationError
@@ -435,6 +436,23 @@ def test_medians_and_ranges_of_repetitions():
     assert not bad.items_ok and bad.items_problem == (
         "1 of 4 repetitions: 2 items left in the queue"
     )
+
+
+def test_partitioned_runs_are_set_beside_their_targets():
+    def result(procs: int, e2e_s: float) -> RunResult:
+        r = _result(0, e2e_s, 0.001)
+        r.procs = procs
+        return r
+
+    summaries = summarize([result(1, 1.0), result(4, 0.8)])  # 100 and 125 items/s
+    (t,) = partition_targets(summaries, 4)
+    assert t["procs"] == 4 and t["end_to_end_vs_1_1"] == pytest.approx(1.25)
+    assert t["end_to_end_met"] and t["end_to_end_target"] == 1.0
+    assert t["commands_target"] == 2.5 and t["commands_met"]
+    (slow,) = partition_targets(summarize([result(1, 1.0), result(4, 1.25)]), 4)
+    assert slow["end_to_end_vs_1_1"] == pytest.approx(0.8) and not slow["end_to_end_met"]
+    assert partition_targets(summaries, 1) == []  # not partitioned: no targets
+    assert partition_targets(summarize([result(4, 0.8)]), 4) == []  # no 1+1 to compare
 
 
 def test_partitions_opens_partitioned_queues_and_runs_only_the_queues(mongo_uri, tmp_path):

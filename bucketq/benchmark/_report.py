@@ -153,10 +153,41 @@ def document(
         "runs": runs,
         "medians": [m.as_dict(floor_us) for m in summaries],
         "scaling": scaling(summaries),
+        "partition_targets": partition_targets(summaries, settings.get("partitions") or 1),
         "flat_within": FLAT_WITHIN,
         "notes": notes(results, env, settings),
         "plots": list(plots),
     }
+
+
+#: Partitioned consumers' targets: P producers + P consumers on ``--partitions K`` at
+#: least as fast end to end as 1 + 1, at most this many commands per 1,000 items.
+PARTITION_E2E_TARGET = 1.0
+PARTITION_COMMANDS_TARGET = 2.5
+
+
+def partition_targets(summaries: Sequence[RunSummary], partitions: int) -> list[dict[str, Any]]:
+    """With ``--partitions K`` > 1: for each contender and N that ran with one process and
+    with more, the medians of P+P against 1+1 end to end and P+P's commands per 1,000
+    items, each beside its target."""
+    if partitions <= 1:
+        return []
+    out = []
+    one = {(r.contender, r.n): r for r in summaries if r.procs == 1}
+    for r in summaries:
+        base = one.get((r.contender, r.n))
+        if r.procs == 1 or base is None or not base.e2e_rate:
+            continue
+        vs = r.e2e_rate / base.e2e_rate
+        out.append({
+            "contender": r.contender, "n": r.n, "procs": r.procs, "partitions": partitions,
+            "end_to_end_vs_1_1": vs, "end_to_end_target": PARTITION_E2E_TARGET,
+            "end_to_end_met": vs >= PARTITION_E2E_TARGET,
+            "commands_per_1000": r.commands_per_1000,
+            "commands_target": PARTITION_COMMANDS_TARGET,
+            "commands_met": r.commands_per_1000 <= PARTITION_COMMANDS_TARGET,
+        })  # fmt: skip
+    return out
 
 
 def _fmt_ratio(x: float | None) -> str:
@@ -271,6 +302,15 @@ def print_report(console: Any, results: Sequence[RunSummary], doc: dict[str, Any
                 f"{_fmt_num(cmd['min'])} – {_fmt_num(cmd['max'])}", _fmt_spread(cmd["spread"]),
             )  # fmt: skip
         console.print(s)
+
+    for t in doc.get("partition_targets") or []:
+        console.print(
+            f"Partitioned ({t['partitions']} partitions), {t['contender']}, N={t['n']:,}: "
+            f"{t['procs']}+{t['procs']} end to end {t['end_to_end_vs_1_1']:.2f}x 1+1 "
+            f"(target >= {t['end_to_end_target']:g}x: {'met' if t['end_to_end_met'] else 'MISSED'}); "
+            f"{t['commands_per_1000']:.2f} commands per 1,000 items (target <= "
+            f"{t['commands_target']:g}: {'met' if t['commands_met'] else 'MISSED'})"
+        )
 
     pl = doc["payload"]
     print_environment(
