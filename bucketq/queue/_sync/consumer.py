@@ -537,6 +537,10 @@ class Consumer:
         while not self._runtime.is_closed():
             gen = self._flush_wake.gen
             self._flush_wake.wait(gen, period)
+            if self._flush_wake.gen != gen:
+                # Woken (a bucket finished, an item to dead-letter): gather what else
+                # comes within FLUSH_GATHER, so finished buckets share a delete.
+                sleep(core.FLUSH_GATHER)
             if self._runtime.is_closed():
                 return
             try:
