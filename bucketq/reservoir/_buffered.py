@@ -449,6 +449,12 @@ class BufferedReservoir(Reservoir):
             self._in_flight[shard] = len(deliveries)
             try:
                 await self._flush_held(shard, deliveries)
+            except TransportError as exc:  # the transport failed while settling: expected trouble
+                attempt += 1
+                log.warning("shard %d: %d records were not settled (%s); they will be delivered "
+                            "again", shard, len(deliveries), exc)  # fmt: skip
+                self.breaker.record_failure()
+                await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
             except Exception as exc:  # noqa: BLE001 - unsettled deliveries come back; go on
                 log.warning("shard %d: %d records were not settled; they will be delivered again",
                             shard, len(deliveries))  # fmt: skip

@@ -5,11 +5,12 @@ another consumer; ``query`` passes through."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 
 import pytest
 
-from bucketq.errors import ConfigurationError
+from bucketq.errors import ConfigurationError, TransportUnavailable
 from bucketq.reservoir import BufferedReservoir, MongoReservoir
 from fast_settings import FAST_BUFFER
 
@@ -38,6 +39,35 @@ async def test_memory_records_held_by_a_flush_that_failed_are_delivered_again(ba
         await settled(buf, timeout=20)  # nothing stays in flight forever
         assert broken["left"] == 0
     assert set(storage.messages()) == {f"rec-{i}" for i in range(20)}
+
+
+async def test_a_transport_that_fails_while_settling_is_trouble_not_a_crash(backends, caplog):
+    # The transport's store went away during the ack (tests/server/test_lifecycle.py
+    # kills it): a warning, records delivered again, no traceback and no loop error.
+    storage = FakeStorage()
+    transport = backends.transport("memory")
+    inner_ack = transport.ack
+    broken = {"left": 2}
+
+    async def ack(shard, deliveries):
+        if broken["left"]:
+            broken["left"] -= 1
+            raise TransportUnavailable("the transport's MongoDB went away")
+        await inner_ack(shard, deliveries)
+
+    transport.ack = ack
+    buf = BufferedReservoir(storage, transport, FAST_BUFFER)
+    with caplog.at_level(logging.WARNING, logger="bucketq.reservoir"):
+        async with buf:
+            await buf.ingest([dict(r, project_id="one") for r in logs(20)])
+            await settled(buf, timeout=20)
+            assert broken["left"] == 0
+            assert buf.stats().get("loop_errors", 0) == 0
+    assert set(storage.messages()) == {f"rec-{i}" for i in range(20)}
+    unsettled = [r for r in caplog.records if "were not settled" in r.getMessage()]
+    assert unsettled and all(r.exc_info is None for r in unsettled)
+    assert "went away" in unsettled[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 class SlowFirstWrite(FakeStorage):
