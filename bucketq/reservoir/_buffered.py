@@ -449,17 +449,15 @@ class BufferedReservoir(Reservoir):
             self._in_flight[shard] = len(deliveries)
             try:
                 await self._flush_held(shard, deliveries)
-            except TransportError as exc:  # the transport failed while settling: expected trouble
-                attempt += 1
+            except Exception as exc:  # noqa: BLE001 - unsettled deliveries come back; go on
                 log.warning("shard %d: %d records were not settled (%s); they will be delivered "
                             "again", shard, len(deliveries), exc)  # fmt: skip
                 self.breaker.record_failure()
-                await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
-            except Exception as exc:  # noqa: BLE001 - unsettled deliveries come back; go on
-                log.warning("shard %d: %d records were not settled; they will be delivered again",
-                            shard, len(deliveries))  # fmt: skip
-                self.breaker.record_failure()
-                await asyncio.sleep(guard.failed(exc))
+                if isinstance(exc, TransportError):  # the transport's trouble: expected
+                    attempt += 1
+                    await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
+                else:  # unexpected: the guard logs it with its traceback
+                    await asyncio.sleep(guard.failed(exc))
             finally:
                 self._in_flight[shard] = 0
 

@@ -20,19 +20,26 @@ from .helpers import eventually, logs, settled
 pytestmark = pytest.mark.timeout(90)
 
 
-async def test_memory_records_held_by_a_flush_that_failed_are_delivered_again(backends):
-    storage = FakeStorage()
-    transport = backends.transport("memory")
+def break_ack(transport, exc: Exception, times: int = 1) -> dict[str, int]:
+    """Make ``transport.ack`` raise ``exc`` the next ``times`` calls; the returned
+    ``{"left": n}`` counts down to 0 as they are used."""
     inner_ack = transport.ack
-    broken = {"left": 1}
+    broken = {"left": times}
 
     async def ack(shard, deliveries):
         if broken["left"]:
             broken["left"] -= 1
-            raise RuntimeError("the consumer died between the write and the ack")
+            raise exc
         await inner_ack(shard, deliveries)
 
     transport.ack = ack
+    return broken
+
+
+async def test_memory_records_held_by_a_flush_that_failed_are_delivered_again(backends):
+    storage = FakeStorage()
+    transport = backends.transport("memory")
+    broken = break_ack(transport, RuntimeError("the consumer died between the write and the ack"))
     buf = BufferedReservoir(storage, transport, FAST_BUFFER)
     async with buf:
         await buf.ingest([dict(r, project_id="one") for r in logs(20)])
@@ -46,16 +53,7 @@ async def test_a_transport_that_fails_while_settling_is_trouble_not_a_crash(back
     # kills it): a warning, records delivered again, no traceback and no loop error.
     storage = FakeStorage()
     transport = backends.transport("memory")
-    inner_ack = transport.ack
-    broken = {"left": 2}
-
-    async def ack(shard, deliveries):
-        if broken["left"]:
-            broken["left"] -= 1
-            raise TransportUnavailable("the transport's MongoDB went away")
-        await inner_ack(shard, deliveries)
-
-    transport.ack = ack
+    broken = break_ack(transport, TransportUnavailable("the transport's MongoDB went away"), 2)
     buf = BufferedReservoir(storage, transport, FAST_BUFFER)
     with caplog.at_level(logging.WARNING, logger="bucketq.reservoir"):
         async with buf:

@@ -318,7 +318,7 @@ class Candidates:
         """The candidate just taken was claimed or changed by someone else: another
         consumer claims from where this list was read. It is stale: the next find
         reads elsewhere (``end``)."""
-        self.end = {OLDEST: NEWEST, NEWEST: MIDDLE, MIDDLE: OLDEST}[self.end]
+        self.end = (NEWEST, MIDDLE, OLDEST)[self.end]  # the next place along
         self.docs.clear()
 
 
