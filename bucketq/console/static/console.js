@@ -80,6 +80,14 @@ function refreshQueues() {
       const res = await fetch(table.dataset.url, { credentials: "same-origin" });
       if (!res.ok) return;
       const data = await res.json();
+      // A queue made or dropped since the page was drawn: draw it again (the rows are
+      // the server's template; a sample older than the page may have drawn it).
+      const shown = [...table.querySelectorAll("tr[data-name]")].map(tr => tr.dataset.name);
+      const now = data.queues.map(q => q.name);
+      if (shown.length !== now.length || now.some(n => !shown.includes(n))) {
+        location.reload();
+        return;
+      }
       for (const q of data.queues) {
         const tr = table.querySelector('tr[data-name="' + CSS.escape(q.name) + '"]');
         if (!tr) continue;
