@@ -11,6 +11,7 @@ from ._contenders import CONTENDERS
 from ._stats import (
     FLAT_WITHIN,
     MAIN_COMMANDS,
+    POLL,
     RunResult,
     RunSummary,
     floor,
@@ -88,8 +89,9 @@ def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str,
     )
     out.append(
         "Push ends when every item is stored under the write concern; consume ends when N items are "
-        "committed (a counter shared by the consumer processes) and each consumer has flushed its "
-        "state; close() is not timed (its seconds are in the JSON as close_s)."
+        "committed (a counter shared by the consumer processes; an idle consumer looks at it "
+        f"every {POLL * 1000:.0f} ms) and each consumer has flushed its state; close() is not timed "
+        "(its seconds are in the JSON as close_s)."
     )
     out.append(
         "Items back = exactly once: the items committed are the items pushed, each once (count, sum "

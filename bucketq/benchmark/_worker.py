@@ -38,11 +38,9 @@ from typing import Any
 
 from pymongo import monitoring
 
-from ._stats import checksum, next_check, share
+from ._stats import POLL, checksum, next_check, share
 from ._workload import FLOOR_ITEMS, bson_floor_us, item_numbers, payload_pool
 
-#: How long an idle consumer waits for an item before it looks at the shared counter.
-POLL = 0.05
 #: How long a worker waits at a barrier for the others (setup included).
 BARRIER_TIMEOUT = 600.0
 _STEP = 1024
