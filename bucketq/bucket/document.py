@@ -27,6 +27,37 @@ def member_id(owner: str) -> str:
     return f"{owner}/{ObjectId()}"
 
 
+#: The collection that numbers the members of partitioned queues: one document per
+#: queue, ``{_id: <queue name>, n: <members numbered so far>}``.
+MEMBERS = "bucketq.members"
+
+#: The partition of a push without a key while its queue object does not know its
+#: member number yet: the producer puts such a bucket in its own partition when it
+#: writes it (``member_request``).
+OWN_PARTITION = -1
+
+
+def member_request(queue: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Filter and update of the ``findAndModify`` (no upsert, document after) that gives
+    a queue object of partitioned queue ``queue`` its member number: members of a queue
+    are numbered 0, 1, 2, ... and member ``m`` takes partition ``m % partitions``, so
+    objects opened together spread over distinct partitions (a hash of their ids, the
+    fallback, leaves one partition in three without a producer at 4 of 4). Where it
+    finds no document, ``MEMBERS_START`` (an upsert) makes one and it is sent again: an
+    upserting ``findAndModify`` would number two first members the same on the embedded
+    server, which answers both with no document."""
+    return {"_id": queue}, {"$inc": {"n": 1}}
+
+
+#: The update (upsert) that starts a queue's numbering where it has none.
+MEMBERS_START = {"$setOnInsert": {"n": 0}}
+
+
+def member_partition(after: dict[str, Any], partitions: int) -> int:
+    """The partition of the member numbered by the update that left ``after``."""
+    return (int(after["n"]) - 1) % partitions
+
+
 def partition_of(key: Any, partitions: int) -> int:
     """The partition of a push ``key`` (or of a producer's id): a whole number picks
     ``key % partitions``; str and bytes are hashed (blake2b, the same in every process

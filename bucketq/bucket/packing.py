@@ -52,6 +52,8 @@ class OpenBucket:
             "leases": 0,
         }
         if self.part:  # partition 0 has no field: see part_filter
+            if self.part < 0:  # OWN_PARTITION: its producer did not place it
+                raise ValueError("the bucket was not placed in a partition")
             doc["part"] = self.part
         if seq is not None:
             doc["seq"] = seq

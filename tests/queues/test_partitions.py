@@ -7,6 +7,7 @@ before the queue was partitioned (or had more partitions) are still delivered.""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -14,7 +15,7 @@ import pytest
 from pymongo import MongoClient, monitoring
 
 from bucketq import AsyncElementQueue, AsyncQueue, Queue
-from bucketq.bucket import partition_of
+from bucketq.bucket import MEMBERS, partition_of
 from bucketq.bucket.codec import decode_items
 from bucketq.errors import ConfigurationError
 from bucketq.stream import AsyncStreamQueue, StreamQueue
@@ -26,7 +27,8 @@ class Claims(monitoring.CommandListener):
     findAndModify, or the candidate find of the find_then_update form (its conditional
     updates name one ``_id``); and apart, the probes: reads that find where a claimable
     bucket is (in partition order, sorted by ``part`` first; with find_then_update the
-    map read, an aggregation counting them per partition)."""
+    map read, an aggregation counting them per partition). A queue object's numbering
+    (a findAndModify of ``MEMBERS``) is not a claim."""
 
     def __init__(self) -> None:
         self.filters: list[dict] = []
@@ -37,7 +39,7 @@ class Claims(monitoring.CommandListener):
         pipeline = cmd.get("pipeline") or [{}]
         if event.command_name == "aggregate" and "$group" in pipeline[-1]:
             self.probes.append(dict(pipeline[0]["$match"]))  # core.map_pipeline
-        elif event.command_name == "findAndModify":
+        elif event.command_name == "findAndModify" and cmd["findAndModify"] != MEMBERS:
             self.filters.append(dict(cmd["query"]))
         elif event.command_name == "find" and "lease.until" in cmd["filter"]:
             if next(iter(cmd.get("sort") or {}), None) == "part":
@@ -127,20 +129,16 @@ def test_a_consumer_finds_partition_0_from_any_other(mongo_uri, db, db_name, cla
     # Partition 0 is stored without the field: a read that named partitions by
     # distinct("part") would not see it, and the consumer would wait beside its items.
     producer = Queue(db, "q", partitions=8, **FAST)
-    consumer = None
+    consumer = Queue(db, "q", partitions=8, claim=claim, **FAST)
     try:
         producer.push_many([f"zero-{i}" for i in range(30)], key=0)
         producer.flush()
-        while consumer is None or consumer.partition == 0:
-            if consumer is not None:
-                consumer.close()
-            consumer = Queue(db, "q", partitions=8, claim=claim, **FAST)
         got = consume(consumer, 30, deadline=30.0)
         assert sorted(m.payload for m in got) == sorted(f"zero-{i}" for i in range(30))
+        assert (producer.partition, consumer.partition) == (0, 1)  # members 0 and 1
     finally:
         producer.close()
-        if consumer is not None:
-            consumer.close()
+        consumer.close()
 
 
 @pytest.mark.parametrize("claim", ["find_and_modify", "find_then_update"])
@@ -157,6 +155,70 @@ def test_an_unpartitioned_queue_claims_without_a_partition_term(mongo_uri, db, d
         client.close()
     assert claims.filters and all("part" not in f for f in claims.filters)
     assert all("part" not in d for d in db.q.find())  # today's layout
+    assert MEMBERS not in db.list_collection_names()  # nothing to number
+
+
+def placed(db) -> dict:
+    """The partition of each item of queue ``q`` (payload -> part) as stored."""
+    return {item["p"]: d.get("part", 0) for d in db.q.find() for item in decode_items(d["items"])}
+
+
+@pytest.mark.parametrize("claim", ["find_and_modify", "find_then_update"])
+def test_queue_objects_opened_together_push_to_and_claim_in_distinct_partitions(
+    mongo_uri, db, db_name, claim
+):
+    # Hashed ids would leave a partition in three without a producer at 4 of 4 (and
+    # its consumer claiming in another's); numbered members take one each.
+    claims = Claims()
+    client = MongoClient(mongo_uri, event_listeners=[claims])
+    qs = [Queue(client[db_name], "q", partitions=4, claim=claim, **FAST) for _ in range(4)]
+    try:
+        for k, q in enumerate(qs):
+            q.push_many([f"{k}-{i}" for i in range(3)])
+            q.flush()
+        where = placed(db)
+        assert sorted(q.partition for q in qs) == [0, 1, 2, 3]
+        for k, q in enumerate(qs):
+            assert {where[f"{k}-{i}"] for i in range(3)} == {q.partition}
+        assert db[MEMBERS].find_one({"_id": "q"})["n"] == 4
+        msg = qs[2].reserve(timeout=30)
+        assert msg is not None and msg.payload.startswith("2-")  # its own partition first
+        qs[2].commit(msg)
+        assert claims.filters[0]["part"] == (qs[2].partition or None)
+    finally:
+        for q in qs:
+            q.close()
+        client.close()
+
+
+async def test_an_async_queue_object_is_numbered_too(adb, db):
+    qs = [AsyncQueue(adb, "q", partitions=2, **FAST) for _ in range(2)]
+    try:
+        for k, q in enumerate(qs):
+            await q.push_many([f"{k}"])
+            await q.flush()
+        assert sorted(q.partition for q in qs) == [0, 1]
+        assert placed(db) == {"0": qs[0].partition, "1": qs[1].partition}
+    finally:
+        for q in qs:
+            await q.close()
+
+
+def test_a_member_number_that_cannot_be_read_leaves_the_hash(db, caplog):
+    # Damaged numbering (not a number): $inc fails on the server. The queue object
+    # keeps its hashed partition, says so, and stores and delivers every item.
+    db[MEMBERS].insert_one({"_id": "q", "n": "many"})
+    q = Queue(db, "q", partitions=4, **FAST)
+    try:
+        with caplog.at_level(logging.WARNING, logger="bucketq.queue"):
+            q.push_many(list(range(10)))
+            q.flush()
+        assert any("numbering this queue object failed" in r.getMessage() for r in caplog.records)
+        assert q.partition == partition_of(q.producer_id, 4)
+        assert set(placed(db).values()) == {q.partition}
+        assert sorted(m.payload for m in consume(q, 10)) == list(range(10))
+    finally:
+        q.close()
 
 
 def test_keys_and_producers_place_items_and_keep_their_order(db):

@@ -78,7 +78,9 @@ class AsyncProducer:
         self._space = AsyncNotifier()
         self._writer: AsyncWorker | None = None
         #: The owner's own id; its pushes without a ``key`` go to its partition, so one
-        #: producer's items keep their order within it.
+        #: producer's items keep their order within it: the hash of its id until the
+        #: owner sets its member number's (``document.member_request``), before its
+        #: first write.
         self.producer_id = document.member_id(options.owner)
         self.partition = document.partition_of(self.producer_id, options.partitions)
 
@@ -93,10 +95,18 @@ class AsyncProducer:
     # -- adding -------------------------------------------------------------------------
 
     def partition_for(self, key: Any) -> int:
-        """The partition of a push: the producer's own, or that of ``key``."""
+        """The partition of a push: the producer's own (``OWN_PARTITION`` while there are
+        several: ``place`` names it at write time), or that of ``key``."""
         if key is None:
-            return self.partition
+            return document.OWN_PARTITION if self._opts.partitions > 1 else self.partition
         return document.partition_of(v.partition_key(key), self._opts.partitions)
+
+    def place(self, buckets: list[packing.OpenBucket]) -> None:
+        """Put buckets of pushes without a key in the producer's own partition (before
+        their documents are built)."""
+        for ob in buckets:
+            if ob.part == document.OWN_PARTITION:
+                ob.part = self.partition
 
     async def push(
         self, item: bytes, at: float, now: float, part: int, durable: bool

@@ -102,6 +102,7 @@ class AsyncConsumer:
         # it. Not at first: a partitioned queue's first claim is in its own partition,
         # where its own pushes went (one read, not a probe and then a claim).
         self._starved = False
+        self._first_claim = True
         self._waiters = 0
         self._fetch_full = False  # the fetcher waits for room under prefetch
         self._last_reserve = 0.0
@@ -340,6 +341,10 @@ class AsyncConsumer:
         consumer one or two reads per poll. Each claim and read gets ``op_timeout``."""
         await self._setup()
         rot = self._rotation
+        if self._first_claim:
+            self._first_claim = False
+            if rot is not None:  # in its own partition, known once set up
+                rot.start_at(self.origin.partition)
         if rot is None:
             with self._runtime.bounded(self.options.op_timeout):
                 return await self._claim_in(None) is not False

@@ -13,7 +13,9 @@ import time
 from typing import Any
 
 from bson import ObjectId
+from pymongo import ReturnDocument
 from pymongo.errors import (
+    DuplicateKeyError,
     PyMongoError,
 )
 
@@ -23,6 +25,7 @@ from ...bucket import Producer, Quarantine, Runtime
 from ...bucket import deadline as deadlines
 from ...bucket.codec import encode_item
 from ...bucket.concurrency import (
+    Lock,
     Mutex,
     Receipt,
     register_exit,
@@ -58,9 +61,10 @@ class Queue(QueueApi):
         self._producer = Producer(
             self._runtime, opts, mutex=mutex, write=self._write, written=self._written
         )
-        #: This queue object's own id, and the partition its pushes go to by default.
+        #: This queue object's own id.
         self.producer_id = self._producer.producer_id
-        self.partition = self._producer.partition
+        self._numbered = opts.partitions == 1  # its member number read (or not needed)
+        self._numbering = Lock()  # the writer and the fetcher wait for one read
         self._consumer = Consumer(
             self._runtime,
             opts,
@@ -73,6 +77,13 @@ class Queue(QueueApi):
         )
         register_exit(self)
 
+    @property
+    def partition(self) -> int:
+        """The partition this queue object's pushes without a key go to and its consumer
+        claims in first: its member number's (read before its first write or claim),
+        until then the hash of its id."""
+        return self._producer.partition
+
     def health(self) -> dict[str, Any]:
         """Whether MongoDB answers this queue's operations: see ``Runtime.health``."""
         return self._runtime.health()
@@ -84,10 +95,15 @@ class Queue(QueueApi):
         process, never alongside other start-up work (see ``Startup``); within
         ``timeout`` seconds (default ``op_timeout``), else it is tried again later.
         A partitioned queue also gets its partition index, and buckets of partitions
-        it no longer has (opened with more before) move into its own."""
+        it no longer has (opened with more before) move into its own; a partitioned
+        queue object reads its member number first, once (``_number``)."""
+        timeout = self.options.op_timeout if timeout is None else timeout
+        if not self._numbered:
+            with self._numbering:
+                if not self._numbered:
+                    self._number(timeout)
         if self._setup_done:
             return
-        timeout = self.options.op_timeout if timeout is None else timeout
         parts = self.options.partitions
         what = "mature_id" if parts == 1 else f"part_mature_id/{parts}"
         try:
@@ -97,6 +113,37 @@ class Queue(QueueApi):
             log.warning(
                 "queue %s: creating the claim index failed (%s); will retry", self.name, exc
             )
+
+    def _number(self, timeout: float) -> None:
+        """Read this object's member number, once (``bucket.member_request``): its
+        partition from then on. If the read fails the hash of its id stays its
+        partition: a placement, not worth a retry."""
+        flt, upd = bucket.member_request(self.name)
+        col = self.db.get_collection(bucket.MEMBERS, write_concern=self._col.write_concern)
+        after = None
+        try:
+            with self._bounded(timeout):
+                for _ in range(2):
+                    after = col.find_one_and_update(flt, upd, return_document=ReturnDocument.AFTER)
+                    if after is not None:
+                        break
+                    try:  # the queue's first member
+                        col.update_one(flt, bucket.MEMBERS_START, upsert=True)
+                    except DuplicateKeyError:
+                        pass  # another member started it
+        except PyMongoError as exc:  # unreachable, refused, or n is not a number
+            after, why = None, str(exc)
+        else:
+            why = "no numbering document" if after is None else f"n is {after.get('n')!r}"
+        if after is None or not isinstance(after.get("n"), int):
+            log.warning(
+                "queue %s: numbering this queue object failed (%s); its pushes without a "
+                "key go to partition %d, a hash of its id",
+                self.name, why, self._producer.partition,
+            )  # fmt: skip
+        else:
+            self._producer.partition = bucket.member_partition(after, self.options.partitions)
+        self._numbered = True
 
     def _create_indexes(self, parts: int, timeout: float) -> None:
         with self._bounded(timeout):
@@ -156,6 +203,7 @@ class Queue(QueueApi):
         earlier attempt that landed."""
         deadline = self._producer.write_deadline(buckets)
         self._setup(deadlines.attempt_timeout(deadline, _now()))
+        self._producer.place(buckets)
         docs, bad = bucket.build_documents(buckets, bucket.OpenBucket.document)
         self._consumer.lease_on_write(docs)
 
@@ -310,7 +358,7 @@ class Queue(QueueApi):
 
     def _put_recovered(self, bucket_id: ObjectId, items: list[bytes]) -> None:
         now = _now()
-        ob = bucket.recovered_bucket(bucket_id, items, now, self.partition)
+        ob = bucket.recovered_bucket(bucket_id, items, now, self._partition_for(None))
         failed, error = self._write([ob])
         if failed:
             raise PushFailed(f"Re-queueing quarantined items failed: {error}") from error
