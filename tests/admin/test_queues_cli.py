@@ -45,7 +45,8 @@ def dead_letters(db, name: str, n: int) -> Queue:
 def test_list_counts_ready_scheduled_leased_dead_and_streams(db, mongo_uri, capsys):
     dead_letters(db, "jobs", 2).close()
     q = Queue(db, "jobs", **FAST)  # pushes only: nothing here claims
-    held = Queue(db, "held", **{**FAST, "lease": 60})
+    # partitioned: its objects take member numbers in bucketq.members, not a queue
+    held = Queue(db, "held", **{**FAST, "lease": 60, "partitions": 2})
     try:
         q.push_many(range(5))
         q.push("later", delay=3600)
@@ -59,6 +60,7 @@ def test_list_counts_ready_scheduled_leased_dead_and_streams(db, mongo_uri, caps
         code, out = cli(capsys, mongo_uri, db, "list", "--json")
         assert code == 0
         rows = {r["name"]: r for r in json.loads(out)}
+        assert "bucketq.members" in db.list_collection_names()
         assert set(rows) == {"jobs", "held", "events"}  # jobs.dlq is jobs' dead column
         assert (rows["jobs"]["ready"], rows["jobs"]["scheduled"], rows["jobs"]["dead"]) == (5, 1, 2)
         assert rows["jobs"]["next_mature"] is not None
