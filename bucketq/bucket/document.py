@@ -53,9 +53,13 @@ def member_request(queue: str) -> tuple[dict[str, Any], dict[str, Any]]:
 MEMBERS_START = {"$setOnInsert": {"n": 0}}
 
 
-def member_partition(after: dict[str, Any], partitions: int) -> int:
-    """The partition of the member numbered by the update that left ``after``."""
-    return (int(after["n"]) - 1) % partitions
+def member_partition(after: dict[str, Any] | None, partitions: int) -> int | None:
+    """The partition of the member numbered by the update that left ``after``; None
+    where that is no numbering (no document, or ``n`` not a whole number)."""
+    n = None if after is None else after.get("n")
+    if not isinstance(n, int) or isinstance(n, bool):
+        return None
+    return (n - 1) % partitions
 
 
 def partition_of(key: Any, partitions: int) -> int:

@@ -11,7 +11,7 @@ from bson import ObjectId
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketq.bucket import member_id, partition_of
+from bucketq.bucket import member_id, member_partition, partition_of
 from bucketq.bucket.codec import encode_item
 from bucketq.bucket.options import MAX_PARTITIONS, QueueOptions
 from bucketq.bucket.packing import OpenBucket, Packer
@@ -263,3 +263,10 @@ def test_partitions_is_checked_with_a_clear_error(value, says):
     with pytest.raises(ConfigurationError) as err:
         QueueOptions(partitions=value)
     assert "partitions" in str(err.value) and says in str(err.value)
+
+
+def test_member_numbers_spread_over_partitions_and_a_bad_count_numbers_nothing():
+    # $inc left n = 1, 2, ...: members 0, 1, ... take partitions in turn
+    assert [member_partition({"n": n}, 4) for n in range(1, 7)] == [0, 1, 2, 3, 0, 1]
+    for bad in (None, {}, {"n": "many"}, {"n": 2.5}, {"n": True}):
+        assert member_partition(bad, 4) is None

@@ -135,14 +135,15 @@ class AsyncQueue(AsyncQueueApi):
             after, why = None, str(exc)
         else:
             why = "no numbering document" if after is None else f"n is {after.get('n')!r}"
-        if after is None or not isinstance(after.get("n"), int):
+        part = bucket.member_partition(after, self.options.partitions)
+        if part is None:
             log.warning(
                 "queue %s: numbering this queue object failed (%s); its pushes without a "
                 "key go to partition %d, a hash of its id",
                 self.name, why, self._producer.partition,
             )  # fmt: skip
         else:
-            self._producer.partition = bucket.member_partition(after, self.options.partitions)
+            self._producer.partition = part
         self._numbered = True
 
     async def _create_indexes(self, parts: int, timeout: float) -> None:
