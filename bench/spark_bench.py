@@ -422,9 +422,12 @@ def main(argv: list[str]) -> int:
     from pymongo import MongoClient
     from pyspark.sql import SparkSession
 
+    from bucketq.benchmark.machine import Run
     from bucketq.embedded import mongodb
     from bucketq.spark import prepare_session, register
 
+    bench_run = Run("python bench/spark_bench.py", ["python", "bench/spark_bench.py", *argv])
+    bench_run.__enter__()
     tmp = Path(tempfile.mkdtemp(prefix="bucketq-spark-bench-"))
     runs: list[dict[str, Any]] = []
     loads: list[tuple[float, float, float]] = []
@@ -549,6 +552,8 @@ def main(argv: list[str]) -> int:
             "runs": runs,
         }
         Path(args.json).write_text(json.dumps(doc, indent=2))
+        bench_run.__exit__(None, None, None)
+        bench_run.stamp(args.json)
         print(f"wrote {args.json}")
     return 0
 

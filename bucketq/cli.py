@@ -94,6 +94,7 @@ def _bench(args: argparse.Namespace) -> int:
             json_path=args.json,
             plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR),
         ),
+        args.json,
     )
 
 
@@ -186,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .benchmark.stream_wake import add_parser as add_stream_wake_bench
 
     add_stream_wake_bench(bench_sub)
+    from .benchmark.results import add_parser as add_results_report
+
+    add_results_report(bench_sub)
 
     s = sub.add_parser(
         "server", help="run the embedded MongoDB-wire server in the foreground, print its URI"

@@ -10,18 +10,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def run_command(command: str, body: Callable[[], Any]) -> int:
+def run_command(command: str, body: Callable[[], Any], json_path: str | None = None) -> int:
     """Run ``body``: SIGTERM unwinds like Ctrl-C (worker and server processes are
     stopped, the run's databases dropped), and a run that cannot go on is one line on
-    stderr, naming ``command``, and exit code 1."""
+    stderr, naming ``command``, and exit code 1. The JSON the run wrote to ``json_path``
+    gets the machine and the load while it ran (:class:`.machine.Run`)."""
     from ..errors import BucketQError
+    from .machine import Run
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        body()
+        with Run(command) as run:
+            body()
     except (RuntimeError, BucketQError) as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return 1
+    run.stamp(json_path)
     return 0
 
 
@@ -64,6 +68,8 @@ def add_run_arguments(
 
     def run_from_args(args: argparse.Namespace) -> int:
         options = {k: getattr(args, k) for k in names}
-        return run_command(command, lambda: run(args.mongodb_uri, json_path=args.json, **options))
+        return run_command(
+            command, lambda: run(args.mongodb_uri, json_path=args.json, **options), args.json
+        )
 
     p.set_defaults(func=run_from_args)

@@ -80,4 +80,4 @@ def run_from_args(args: argparse.Namespace) -> int:
         run(args.mongodb_uri, settings, json_path=args.json,
             plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR))  # fmt: skip
 
-    return run_command("bucketq bench ingest", body)
+    return run_command("bucketq bench ingest", body, args.json)

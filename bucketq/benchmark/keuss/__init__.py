@@ -437,7 +437,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     def run_from_args(a: argparse.Namespace) -> int:
         return run_command("bucketq bench keuss", lambda: run(
             a.mongodb_uri, n=a.n, quick=a.quick, rounds=a.rounds, keuss_dir=a.keuss_dir,
-            json_path=a.json))  # fmt: skip
+            json_path=a.json), a.json)  # fmt: skip
 
     p.set_defaults(func=run_from_args)
     return p

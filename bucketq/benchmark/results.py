@@ -1,0 +1,471 @@
+"""``bucketq bench report``: the results page (``docs/results.md``) from the JSON files the
+benchmarks wrote (``bucketq bench ... --json PATH``, ``python bench/spark_bench.py --json
+PATH``), one section per benchmark, with the version, the machine and its load in its
+header. The page is generated, never edited: the figures live in one place.
+
+    bucketq bench report queue.json ingest.json sdk.json ... > docs/results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: The sections in page order: (kind, heading). The headings' anchors are linked from the
+#: README and the docs (``results.md#queue-lifecycle``, ...): keep them.
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("queue", "Queue lifecycle"),
+    ("keuss", "Against keuss"),
+    ("ingest", "Ingest"),
+    ("sdk", "Logging SDK"),
+    ("stream-wake", "Stream wake-up"),
+    ("spark", "Spark"),
+)
+
+
+def kind(doc: Mapping[str, Any]) -> str:
+    """Which benchmark wrote ``doc``."""
+    schema = str(doc.get("schema", ""))
+    if schema.startswith("bucketq-bench-ingest"):
+        return "ingest"
+    if schema.startswith("bucketq-bench/"):
+        return "queue"
+    command = str((doc.get("run") or {}).get("command", ""))
+    for k, _ in SECTIONS:
+        if command.endswith(f"bench {k}"):
+            return k
+    if "spark_bench" in command or "targets" in doc:
+        return "spark"
+    if "delivery" in doc and "cases" in doc:
+        return "sdk"
+    if "modes" in doc:
+        return "stream-wake"
+    if "summary" in doc and "rounds" in doc:
+        return "keuss"
+    raise ValueError("not the JSON of a bucketq benchmark (no schema or run.command it knows)")
+
+
+# -- formatting ---------------------------------------------------------------------------
+
+
+def _n(x: Any, digits: int = 0) -> str:
+    """A figure for a table: thousands separated, ``-`` when missing."""
+    if x is None:
+        return "-"
+    if isinstance(x, int) or digits == 0:
+        return f"{x:,.0f}"
+    return f"{x:,.{digits}f}"
+
+
+def _ratio(x: Any) -> str:
+    return (
+        "-" if x is None else (f"{x:,.0f}x" if x >= 100 else f"{x:.2f}x" if x < 10 else f"{x:.1f}x")
+    )
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |"]
+    out.append("|" + "|".join("---:" if r else "---" for r in right) + "|")
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def _when(run: Mapping[str, Any]) -> str:
+    start, end = run.get("started_at"), run.get("ended_at")
+    if not start:
+        return "time not recorded"
+    day, t0 = start[:10], start[11:16]
+    t1 = end[11:16] if end else "?"
+    return f"{day} {t0}-{t1} UTC"
+
+
+def _load(run: Mapping[str, Any]) -> str:
+    load = run.get("load_1m") or {}
+    if not load:
+        return "load not recorded"
+    return (
+        f"1-minute load average {load.get('before')} before, "
+        f"{load.get('min')}-{load.get('max')} during (its own processes included)"
+    )
+
+
+def _run_line(doc: Mapping[str, Any]) -> list[str]:
+    run = doc.get("run") or {}
+    argv = run.get("argv") or run.get("command") or "?"
+    return [f"`{argv}`: {_when(run)}, {_load(run)}.", ""]
+
+
+def _server(doc: Mapping[str, Any]) -> str | None:
+    env = doc.get("environment") or doc.get("env") or {}
+    server = env.get("server")
+    if isinstance(server, Mapping):
+        return str(server.get("description"))
+    return str(env.get("mongodb") or env.get("server") or "") or None
+
+
+# -- one renderer per benchmark ------------------------------------------------------------
+
+
+def _queue(doc: Mapping[str, Any]) -> list[str]:
+    env, st = doc.get("environment", {}), doc.get("settings", {})
+    floor = doc.get("floor_us_per_item")
+    out = [
+        f"{len(doc.get('runs', []))} runs, each contender's N items pushed by P producer "
+        "processes until stored, then reserved and committed by P consumer processes; "
+        f"payload {doc.get('payload', {}).get('bytes_bson', '?')} bytes of BSON; write concern "
+        f"{env.get('write_concern', '?')}; the BSON floor (encode + decode of each payload "
+        f"once) {_n(floor, 2)} µs/item. Medians of {st.get('repeat', 1)} repetition(s).",
+        "",
+    ]
+    rows = []
+    for m in doc.get("medians", []):
+        rows.append([
+            m["contender"], _n(m["n"]), str(m["producers"]), _n(m["push_per_s"]),
+            _n(m["consume_per_s"]), _n(m["end_to_end_per_s"]),
+            _ratio(m.get("end_to_end_vs_fastest_per_element")),
+            _n(m["commands_per_1000_items"], 2), _n(m["cpu_us_per_item"], 1),
+            _ratio(m.get("cpu_vs_floor")), "yes" if m.get("items_ok") else "**no**",
+        ])  # fmt: skip
+    out += _table(
+        ["contender", "N", "P", "push/s", "consume/s", "end-to-end/s", "vs per-element",
+         "commands / 1k items", "client CPU µs/item", "vs floor", "items back once"],
+        rows, [False] + [True] * 9 + [False],
+    )  # fmt: skip
+    out += [
+        "",
+        "vs per-element: end-to-end items/s over the fastest one-document-per-item "
+        "contender's at the same P in the same run. Client CPU: every producer's and "
+        "consumer's process CPU over N. Items back once: every item pushed came back "
+        "exactly once and the queue was left empty.",
+    ]
+    notes = doc.get("notes") or []
+    if notes:
+        out += ["", *[f"- {n}" for n in notes]]
+    return out
+
+
+def _ingest(doc: Mapping[str, Any]) -> list[str]:
+    st = doc.get("settings", {})
+    modes = doc.get("modes") or {}
+    if not modes:
+        return ["(no modes in this run: see its JSON)"]
+    seed = (doc.get("seed_p95_ms") or {}).get("MongoDB", {})
+    out = [
+        f"Open-loop load on `POST /api/v1/ingest`: {_n(st.get('rate'))} requests/s of "
+        f"{st.get('batch')} log records for {_n(st.get('duration'))} s per mode, each latency "
+        "from its scheduled send time; one `bucketq serve` process per mode on a fresh "
+        "database of the same server.",
+        "",
+    ]
+    rows = []
+    for name, m in modes.items():
+        load, e2e = m.get("load") or {}, m.get("end_to_end") or {}
+        lat, lag = load.get("latency") or {}, load.get("lag") or {}
+        accepted = load.get("records_accepted")
+        stored = m.get("records_stored")
+        rows.append([
+            _MODE.get(name, name), _n(load.get("requests")), _n(load.get("errors")),
+            _n(lat.get("p50_ms"), 1), _n(lat.get("p95_ms"), 1), _n(lat.get("p99_ms"), 1),
+            f"{_n(accepted)} = {_n(stored)}" if accepted == stored else f"{_n(accepted)} ≠ {_n(stored)}",
+            f"{_n(e2e.get('p50_ms'), 1)} / {_n(e2e.get('p95_ms'), 1)}",
+            f"{(m.get('api_cpu_share') or 0):.0%}", _n(m.get("commands_per_request"), 2),
+            _n(lag.get("p99_ms"), 1), _n(seed.get(name)),
+        ])  # fmt: skip
+    out += _table(
+        ["mode", "requests", "errors", "p50 ms", "p95 ms", "p99 ms", "accepted = stored",
+         "end-to-end p50 / p95 ms", "API CPU", "MongoDB commands / request",
+         "generator lag p99 ms", "seed's p95 ms (MongoDB)"],
+        rows, [False, True, True, True, True, True, False, True, True, True, True, True],
+    )  # fmt: skip
+    targets = doc.get("targets") or []
+    if targets:
+        out += ["", "Targets:", ""]
+        for t in targets:
+            met = {True: "met", False: "**missed**", None: "not run or not comparable"}[
+                t.get("met")
+            ]
+            figs = ", ".join(f"{k} {_fig(v)}" for k, v in (t.get("figures") or {}).items())
+            out.append(f"- {t.get('target')}: {met} ({figs})")
+    notes = doc.get("notes") or []
+    if notes:
+        out += ["", *[f"- {n}" for n in notes]]
+    return out
+
+
+_MODE = {"off": "buffer off", "memory": "memory buffer", "redis": "redis buffer",
+         "bucketq": "bucketq buffer", "passthrough": "passthrough"}  # fmt: skip
+
+
+def _fig(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v).lower() if v is not None else "-"
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 10 else f"{v:,.0f}"
+    return str(v)
+
+
+def _sdk(doc: Mapping[str, Any]) -> list[str]:
+    from .sdk import LABELS, P99_TARGET
+
+    cases = doc.get("cases") or {}
+    env = doc.get("env") or {}
+    http = cases.get("http")
+    out = [
+        f"The cost to the caller of one `logger.info(...)` call in a hot loop, medians of "
+        f"{env.get('rounds', '?')} rounds (each round's range in brackets), `bucketq serve` with "
+        "the bucketq buffer on the same machine.",
+        "",
+    ]
+
+    def rng(c: Mapping[str, Any], f: str, digits: int = 1) -> str:
+        lo, hi = c.get(f + "_range") or (None, None)
+        return f"{_n(c.get(f), digits)} ({_n(lo, digits)}-{_n(hi, digits)})"
+
+    rows = []
+    for case, c in cases.items():
+        vs_file = ""
+        if "p99_vs_file" in c:
+            met = "met" if c["p99_vs_file"] <= P99_TARGET else "**missed**"
+            vs_file = f"{rng(c, 'p99_vs_file', 2)}, target {P99_TARGET}x: {met}"
+        vs_http = _ratio(http["p99_us"] / c["p99_us"]) if http and case != "http" else ""
+        rows.append([LABELS.get(case, case), _n(c.get("n")), rng(c, "p50_us"), rng(c, "p99_us"),
+                     vs_file, rng(c, "p999_us", 0), rng(c, "max_us", 0),
+                     rng(c, "caller_cpu_us_per_call"), vs_http])  # fmt: skip
+    out += _table(
+        ["case", "calls", "p50 µs", "p99 µs", "p99 / FileHandler's", "p99.9 µs", "max µs",
+         "caller CPU µs/call", "HTTPHandler's p99 / this"],
+        rows, [False, True, True, True, False, True, True, True, True],
+    )  # fmt: skip
+    d, c = doc.get("delivery"), doc.get("ceiling")
+    if d:
+        out += ["", f"Delivery: {_n(d.get('n'))} records reached the server at "
+                f"{_n(d.get('records_per_s'))} records/s end to end ({_n(d.get('via_spill'))} "
+                "through the spill and its replay)."]  # fmt: skip
+    if c:
+        out.append(f"The server's ceiling, two threads POSTing batches directly: "
+                   f"{_n(c.get('records_per_s'))} records/s.")  # fmt: skip
+    return out
+
+
+def _keuss(doc: Mapping[str, Any]) -> list[str]:
+    s = doc.get("summary") or {}
+    env = doc.get("env") or {}
+    versions = env.get("versions") or {}
+    names = {"push": "push/s", "consume": "consume/s", "e2e": "end-to-end/s"}
+    out = [
+        f"bucketq's `Queue` (one item at a time) against keuss {versions.get('keuss', '?')}'s "
+        f"`bucket-mongo-safe` (node {versions.get('node', '?')}) on the same server, "
+        f"{_n(doc.get('n'))} items per round, bucketq then keuss in each round.",
+        "",
+    ]
+    rows = []
+    for i, p in enumerate(s.get("per_round") or []):
+        for f in names:
+            rows.append([str(i + 1), names[f], _n(p["bucketq"][f]), _n(p["keuss"][f]),
+                         _ratio(p["ratio"][f]), _n(p.get("load"), 1)])  # fmt: skip
+    m = s.get("median")
+    if m:
+        for f in names:
+            rows.append(["median", names[f], _n(m["bucketq"][f]), _n(m["keuss"][f]),
+                         f"**{_ratio(m['ratio'][f])}**", ""])  # fmt: skip
+        out += _table(["round", "figure", "bucketq items/s", "keuss items/s", "bucketq / keuss",
+                       "load (1 min)"], rows, [False, False, True, True, True, True])  # fmt: skip
+        floor = s.get("floor_us")
+        cpu = [f"Client CPU per item: bucketq {_n(m['bucketq'].get('cpu_us'), 2)} µs "
+               f"(the BSON floor {_n(floor, 2)} µs), keuss (node) {_n(m['keuss'].get('cpu_us'), 2)} µs"]  # fmt: skip
+        if "server_cpu_us" in m["bucketq"] and "server_cpu_us" in m["keuss"]:
+            cpu.append(f"; the embedded server's CPU per item: bucketq "
+                       f"{_n(m['bucketq']['server_cpu_us'], 2)} µs, keuss "
+                       f"{_n(m['keuss']['server_cpu_us'], 2)} µs")  # fmt: skip
+        out += ["", "".join(cpu) + " (medians)."]
+    return out
+
+
+def _stream_wake(doc: Mapping[str, Any]) -> list[str]:
+    env = doc.get("env") or {}
+    gap = env.get("gap_s") or ["?", "?"]
+    out = [
+        f"A producer in another process pushes {env.get('n', '?')} buckets one at a time, "
+        f"{gap[0]}-{gap[1]} s apart, while a stream consumer waits in `next_batch`: "
+        "milliseconds until `next_batch` returns each bucket.",
+        "",
+    ]
+    rows = []
+    for mode, r in (doc.get("modes") or {}).items():
+        a, b = r.get("from_receipt") or {}, r.get("from_push") or {}
+        label = {"change-stream": "change stream", "polling": "polling (`change_streams=False`)",
+                 "same-process": "a push through the same stream object"}.get(mode, mode)  # fmt: skip
+        if r.get("change_stream_fallbacks"):
+            label += " (no change streams: polled)"
+        rows.append([label, _n(r.get("n")),
+                     " / ".join(_n(a.get(k), 1) for k in ("p50_ms", "p95_ms", "max_ms")),
+                     " / ".join(_n(b.get(k), 1) for k in ("p50_ms", "p95_ms", "max_ms"))])  # fmt: skip
+    out += _table(["woken by", "buckets", "receipt → next_batch p50 / p95 / max ms",
+                   "push → next_batch p50 / p95 / max ms"], rows, [False, True, True, True])  # fmt: skip
+    return out
+
+
+_SPARK_ROWS = (
+    ("push", "push (not Spark)"),
+    ("stream_to_parquet", "stream → Parquet (the query's start included)"),
+    ("batch_to_parquet", "batch → Parquet"),
+    ("floor_python_stream", "floor: a minimal Python stream source → Parquet"),
+    ("floor_python_batch", "floor: a minimal Python batch source → Parquet"),
+    ("floor_memory", "floor: Spark's own memory → Parquet"),
+)
+
+
+def _spark(doc: Mapping[str, Any]) -> list[str]:
+    env = doc.get("env") or {}
+    runs = doc.get("runs") or []
+
+    def median(key: str, field: str) -> float | None:
+        xs = [r[key][field] for r in runs if key in r and r[key].get(field) is not None]
+        return statistics.median(xs) if xs else None
+
+    floor = median("floor_memory", "items_per_s")
+    out = [
+        f"{_n(env.get('n'))} items (~{env.get('payload_bytes', '?')} bytes of JSON each) through "
+        f"the `bucketq` data source on `{env.get('master', '?')}`, PySpark "
+        f"{env.get('pyspark', '?')}; medians of {len(runs)} run(s), each contender on the same "
+        "rows and server.",
+        "",
+    ]
+    rows = []
+    for key, label in _SPARK_ROWS:
+        ips = median(key, "items_per_s")
+        if ips is None:
+            continue
+        vs = "" if key == "push" or not floor else _ratio(ips / floor)
+        rows.append([label, _n(median(key, "seconds"), 2), _n(ips), vs])
+    out += _table(["contender", "seconds", "items/s", "vs Spark's memory floor"], rows,
+                  [False, True, True, True])  # fmt: skip
+    target = (doc.get("targets") or {}).get("stream_to_parquet_items_per_s") or {}
+    if target:
+        out += ["", f"Stream → Parquet target: {_n(target.get('target'))} items/s for 100,000 "
+                "items, medians of 3 runs (`python bench/spark_bench.py --repeat 3`)."]  # fmt: skip
+    return out
+
+
+RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
+    "queue": _queue,
+    "keuss": _keuss,
+    "ingest": _ingest,
+    "sdk": _sdk,
+    "stream-wake": _stream_wake,
+    "spark": _spark,
+}
+
+
+# -- the page ------------------------------------------------------------------------------
+
+
+def _gib(b: Any) -> str:
+    return "?" if not b else f"{b / 2**30:.1f} GiB"
+
+
+def header(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> list[str]:
+    machines = {json.dumps(d.get("machine"), sort_keys=True) for d in docs if d.get("machine")}
+    versions = set()
+    for d in docs:
+        b = (d.get("run") or {}).get("bucketq") or {}
+        v = b.get("version") or ((d.get("environment") or {}).get("versions") or {}).get("bucketq")
+        versions.add(f"{v or '?'}" + (f" (commit {b['commit']})" if b.get("commit") else ""))
+    servers = sorted({s for s in (_server(d) for d in docs) if s})
+    runs = [d.get("run") or {} for d in docs]
+    starts = sorted(r["started_at"] for r in runs if r.get("started_at"))
+    ends = sorted(r["ended_at"] for r in runs if r.get("ended_at"))
+    before = [
+        r["load_1m"]["before"] for r in runs if (r.get("load_1m") or {}).get("before") is not None
+    ]
+    during = [x for r in runs for x in ((r.get("load_1m") or {}).get("min"), (r.get("load_1m") or {}).get("max")) if x is not None]  # fmt: skip
+    rows = [["bucketq", ", ".join(sorted(versions))]]
+    for m in (json.loads(x) for x in sorted(machines)):
+        rows.append(["machine", f"{m.get('cpu_model')}, {m.get('cores')} cores, "
+                     f"{_gib(m.get('memory_bytes'))} memory; {m.get('platform')}; "
+                     f"Python {m.get('python')}"])  # fmt: skip
+    if servers:
+        rows.append(["MongoDB", "; ".join(servers)])
+    if starts:
+        rows.append(["runs", f"{starts[0][:16].replace('T', ' ')} to "
+                     f"{(ends or starts)[-1][11:16]} UTC, one after the other"])  # fmt: skip
+    if before or during:
+        rows.append(["load", f"1-minute load average {min(before, default='?')}-"
+                     f"{max(before, default='?')} before each run, {min(during, default='?')}-"
+                     f"{max(during, default='?')} during the runs (their own processes included)"])  # fmt: skip
+    out = [
+        "# Results",
+        "",
+        "<!-- Generated by `bucketq bench report`: do not edit. Run the benchmarks and "
+        "regenerate it (see the end of this page). -->",
+        "",
+        "Every figure bucketq's docs quote, from one set of runs, generated from the "
+        "benchmarks' JSON by `bucketq bench report`. Absolute figures depend on the machine, "
+        "its load and the server; the ratios between contenders in one run are what carries "
+        "over. [Where the time goes](performance.md) explains what limits each figure.",
+        "",
+        *_table(["", ""], rows, [False, False]),
+    ]
+    if note:
+        out += ["", note]
+    return out
+
+
+def render(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> str:
+    """The results page for ``docs`` (the benchmarks' JSON documents)."""
+    by_kind: dict[str, list[Mapping[str, Any]]] = {}
+    for d in docs:
+        by_kind.setdefault(kind(d), []).append(d)
+    out = header(docs, note)
+    for k, heading in SECTIONS:
+        for d in by_kind.get(k, []):
+            out += ["", f"## {heading}", "", *_run_line(d), *RENDERERS[k](d)]
+    out += [
+        "",
+        "## Regenerate",
+        "",
+        "```sh",
+        *[f"{(d.get('run') or {}).get('argv', '?')}" for d in docs],
+        "bucketq bench report JSON... > docs/results.md   # the files the runs above wrote",
+        "```",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def main(paths: Sequence[str], note: str | None = None) -> str:
+    docs = []
+    for p in paths:
+        try:
+            docs.append(json.loads(Path(p).read_text()))
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"{p}: cannot read it as a benchmark's JSON ({exc})") from None
+    return render(docs, note)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from .cli import add_bench_parser
+
+    p = add_bench_parser(sub, "report", "the results page (docs/results.md) from the JSON "
+                         "files of earlier runs", __doc__)  # fmt: skip
+    p.add_argument("json", nargs="+", metavar="JSON", help="a benchmark's --json file")
+    p.add_argument("--note", help="a paragraph for the page's header (e.g. what else ran)")
+
+    def run_from_args(args: argparse.Namespace) -> int:
+        import sys
+
+        try:
+            sys.stdout.write(main(args.json, args.note))
+        except (RuntimeError, ValueError) as exc:
+            print(f"bucketq bench report: {exc}", file=sys.stderr)
+            return 1
+        return 0
+
+    p.set_defaults(func=run_from_args)
+    return p
+
+
+__all__ = ["SECTIONS", "add_parser", "kind", "main", "render"]
