@@ -245,7 +245,7 @@ def payloads(value: Any, name: str = "payloads") -> list[Any]:
         raise _fail(name, "a list (or another iterable) of payloads", value) from None
 
 
-def write_concern(value: Any, name: str = "write_concern") -> Any:
+def write_concern(name: str, value: Any) -> Any:
     """None, a pymongo ``WriteConcern``, or a dict of its keywords; an unacknowledged one
     (``w=0``) is refused: receipts could not say whether an item was stored."""
     from pymongo.write_concern import WriteConcern
@@ -332,6 +332,10 @@ def check_options(obj: Any, named: Iterable[Setting] = ()) -> None:
             object.__setattr__(obj, f.name, value)
 
 
+#: The checks :func:`maybe` made (they accept None besides what their check accepts).
+_OR_NONE: set[Callable[..., Any]] = set()
+
+
 def maybe(check: Callable[..., Any]) -> Callable[..., Any]:
     """``check`` that also accepts None (an option that is off unless set); as text,
     empty is None."""
@@ -341,6 +345,7 @@ def maybe(check: Callable[..., Any]) -> Callable[..., Any]:
 
     inner = reader(check)
     _READERS[check_or_none] = lambda text: None if not text.strip() else inner(text)
+    _OR_NONE.add(check_or_none)
     return check_or_none
 
 
@@ -410,6 +415,16 @@ def parse(check: Callable[..., Any], name: str, text: str, **limits: Any) -> Any
         raise ConfigurationError(f"{str(exc)[: -len(said)]}; got {text!r}.") from None
 
 
+class _Refused:
+    """A value every check refuses (:attr:`Setting.accepts` asks a check what it wants)."""
+
+    def __repr__(self) -> str:
+        return "<refused>"
+
+
+_NOTHING_ACCEPTS_THIS = _Refused()
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One option read from text: its ``name`` (an environment variable, or a Spark
@@ -428,6 +443,18 @@ class Setting:
     def parse(self, text: str, label: str = "{}") -> Any:
         """``text`` as this setting's value (``label`` formats its name in errors)."""
         return parse(self.check, label.format(self.name), text, **self.limits)
+
+    @property
+    def accepts(self) -> str:
+        """What the check accepts, in the words of the error it raises for a bad value."""
+        try:
+            self.check(self.name, _NOTHING_ACCEPTS_THIS, **self.limits)
+        except ConfigurationError as exc:
+            said = str(exc)
+            if " must be " in said:
+                need = said.split(" must be ", 1)[1].rsplit("; got ", 1)[0]
+                return f"None or {need}" if self.check in _OR_NONE else need
+        return "any value"
 
     @property
     def default_text(self) -> str:
@@ -525,14 +552,26 @@ def env_mongodb_uri(environ: Mapping[str, str] | None = None) -> str:
     return env_var(MONGODB_URI_ENV, url, environ, schemes=MONGODB_SCHEMES) or ""
 
 
-def settings_table(table: Iterable[Setting], *, first: str = "Variable") -> str:
-    """The settings as a Markdown table of name, default and meaning (the docs' tables)."""
-    lines = [f"| {first} | Default | Meaning |", "|---|---|---|"]
+def settings_table(
+    table: Iterable[Setting], *, first: str = "Variable", keywords: bool = False
+) -> str:
+    """The settings as a Markdown table of name, default and meaning (the docs' tables).
+    With ``keywords`` (a table of keyword arguments) the defaults are Python values and a
+    column says what each accepts, in the words of its check's error."""
+    if keywords:
+        lines = [f"| {first} | Default | Accepted | Meaning |", "|---|---|---|---|"]
+    else:
+        lines = [f"| {first} | Default | Meaning |", "|---|---|---|"]
     for s in table:
-        default = f"`{s.default_text}`" if s.default_text else "(unset)"
         if s.shown is not None:
             default = s.shown
-        lines.append(f"| `{s.name}` | {default} | {s.help}{s.tag} |")
+        elif keywords:
+            d = s.default
+            default = f"`{int(d) if isinstance(d, float) and d.is_integer() else d!r}`"
+        else:
+            default = f"`{s.default_text}`" if s.default_text else "(unset)"
+        takes = f" {s.accepts} |" if keywords else ""
+        lines.append(f"| `{s.name}` | {default} |{takes} {s.help}{s.tag} |")
     return "\n".join(lines) + "\n"
 
 

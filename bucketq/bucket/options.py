@@ -93,7 +93,8 @@ def _owner() -> str:
 
 
 # Each option's type, finiteness and range is declared beside it with ``v.option`` (times
-# are seconds, at most ``MAX_OPTION_SECONDS``: 30 days); the README's option table agrees.
+# are seconds, at most ``MAX_OPTION_SECONDS``: 30 days), with the help that docs/options.md
+# shows (rendered by ``options_table``).
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,24 +104,60 @@ class CommonOptions:
     #: Whose options these are, in messages.
     KIND: ClassVar[str] = "queue"
 
-    bucket_max_size: int = v.option(DEFAULT_BUCKET_MAX_SIZE, v.count, lo=1, hi=65536, unit="items")
+    bucket_max_size: int = v.option(
+        DEFAULT_BUCKET_MAX_SIZE, v.count, lo=1, hi=65536, unit="items",
+        help="items per bucket",
+    )  # fmt: skip
     bucket_max_bytes: int = v.option(
         DEFAULT_BUCKET_MAX_BYTES, v.count, lo=1024, hi=HARD_MAX_BYTES, unit="bytes",
         note=" (MongoDB's 16 MiB document limit less room for the bucket's fields)",
+        help="bytes of items per bucket (8 MiB)",
     )  # fmt: skip
-    bucket_max_wait: float = v.option(DEFAULT_BUCKET_MAX_WAIT, v.number)
-    max_pending_bytes: int = v.option(DEFAULT_MAX_PENDING_BYTES, v.count, lo=1024, unit="bytes")
-    retry_base: float = v.option(DEFAULT_RETRY_BASE, v.number, open_lo=True)
-    retry_cap: float = v.option(DEFAULT_RETRY_CAP, v.number, open_lo=True)
-    retry_budget: float = v.option(DEFAULT_RETRY_BUDGET, v.number)
-    poll_interval: float = v.option(DEFAULT_POLL_INTERVAL, v.number, open_lo=True)
-    op_timeout: float = v.option(DEFAULT_OP_TIMEOUT, v.number, open_lo=True)
-    write_concern: WriteConcern | dict[str, Any] | None = None
-    change_streams: bool | None = v.option(None, v.flag, optional=True)
+    bucket_max_wait: float = v.option(
+        DEFAULT_BUCKET_MAX_WAIT, v.number,
+        help="an open bucket is written when it is this old (at once when a `durable=True` "
+        "push waits on it; pushes that arrive meanwhile share the next insert)",
+    )  # fmt: skip
+    max_pending_bytes: int = v.option(
+        DEFAULT_MAX_PENDING_BYTES, v.count, lo=1024, unit="bytes",
+        help="pushed bytes not yet stored (64 MiB; at least `bucket_max_bytes`); past it a "
+        "push blocks, or raises `QueueFull` (`pending_policy`)",
+    )  # fmt: skip
+    retry_base: float = v.option(
+        DEFAULT_RETRY_BASE, v.number, open_lo=True,
+        help="first delay of the jittered exponential backoff of a failed insert",
+    )  # fmt: skip
+    retry_cap: float = v.option(
+        DEFAULT_RETRY_CAP, v.number, open_lo=True, help="longest delay of that backoff"
+    )  # fmt: skip
+    retry_budget: float = v.option(
+        DEFAULT_RETRY_BUDGET, v.number,
+        help="how long a bucket's insert is retried; then its receipts raise `PushFailed`",
+    )  # fmt: skip
+    poll_interval: float = v.option(
+        DEFAULT_POLL_INTERVAL, v.number, open_lo=True,
+        help="longest wait between claim attempts when idle (change streams wake consumers "
+        "sooner)",
+    )  # fmt: skip
+    op_timeout: float = v.option(
+        DEFAULT_OP_TIMEOUT, v.number, open_lo=True,
+        help="how long one MongoDB call not bounded by `retry_budget` may wait for its answer "
+        "(claims, state flushes, index creation, `size()`, `remove()`, ...)",
+    )  # fmt: skip
+    write_concern: WriteConcern | dict[str, Any] | None = v.option(
+        None, v.write_concern, shown="the database's",
+        help="e.g. `{\"w\": \"majority\"}`; an unacknowledged one (`w=0`) is refused: a "
+        "receipt could not say whether its item was stored",
+    )  # fmt: skip
+    change_streams: bool | None = v.option(
+        None, v.flag, optional=True,
+        help="`None`: use them where the server has them; `False` turns off the change-stream watcher (polling only); `True` logs a missing "
+        "change stream as a warning (either way the consumer polls, counted in "
+        "`stats()[\"change_stream_fallbacks\"]`)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         v.check_options(self)
-        v.write_concern(self.write_concern)
         if self.max_pending_bytes < self.bucket_max_bytes:
             raise ConfigurationError(
                 f"max_pending_bytes ({self.max_pending_bytes!r}) must be at least bucket_max_bytes "
@@ -150,24 +187,77 @@ class QueueOptions(CommonOptions):
     The names follow keuss where keuss has one (``lease`` is keuss's ``reserve_delay``).
     """
 
-    state_flush_period: float = v.option(DEFAULT_STATE_FLUSH_PERIOD, v.number, open_lo=True)
-    lease: float = v.option(DEFAULT_LEASE, v.number, open_lo=True)
-    reject_delta_base: float = v.option(DEFAULT_REJECT_DELTA_BASE, v.number)
-    reject_delta_factor: float = v.option(DEFAULT_REJECT_DELTA_FACTOR, v.number)
-    reject_timeout_grace: float = v.option(DEFAULT_REJECT_TIMEOUT_GRACE, v.number)
-    mature_granularity: float = v.option(DEFAULT_MATURE_GRANULARITY, v.number, open_lo=True)
-    prefetch: int = v.option(DEFAULT_PREFETCH, v.count, lo=0, hi=MAX_PREFETCH, unit="buckets")
-    max_tries: int | None = v.option(None, v.maybe(v.count), lo=1, hi=MAX_TRIES)
-    dead_letter_queue: str | None = v.option(None, v.maybe(v.collection_name))
-    pending_policy: str = v.option("block", v.choice, options=("block", "raise"))
-    drain_timeout: float = v.option(DEFAULT_DRAIN_TIMEOUT, v.number)
-    hold_pushed: bool = v.option(False, v.flag)
+    state_flush_period: float = v.option(
+        DEFAULT_STATE_FLUSH_PERIOD, v.number, open_lo=True,
+        help="consumer commits and rollbacks are written this often (one fenced write per "
+        "touched bucket)",
+    )  # fmt: skip
+    lease: float = v.option(
+        DEFAULT_LEASE, v.number, open_lo=True,
+        help="a claimed bucket's lease (keuss: `reserve_delay`), renewed while held; at least "
+        "3 x `state_flush_period`",
+    )  # fmt: skip
+    reject_delta_base: float = v.option(
+        DEFAULT_REJECT_DELTA_BASE, v.number,
+        help="default rollback delay: `reject_delta_factor * tries + reject_delta_base`",
+    )  # fmt: skip
+    reject_delta_factor: float = v.option(
+        DEFAULT_REJECT_DELTA_FACTOR, v.number, help="see `reject_delta_base`"
+    )  # fmt: skip
+    reject_timeout_grace: float = v.option(
+        DEFAULT_REJECT_TIMEOUT_GRACE, v.number,
+        help="an item reserved and neither committed nor rolled back for `lease` + this (per "
+        "item, from when it was handed out) is rolled back",
+    )  # fmt: skip
+    mature_granularity: float = v.option(
+        DEFAULT_MATURE_GRANULARITY, v.number, open_lo=True,
+        help="delayed items share a bucket per slot of this length: at most one slot late, "
+        "never early",
+    )  # fmt: skip
+    prefetch: int = v.option(
+        DEFAULT_PREFETCH, v.count, lo=0, hi=MAX_PREFETCH, unit="buckets",
+        help="buckets claimed ahead of the one being served",
+    )  # fmt: skip
+    max_tries: int | None = v.option(
+        None, v.maybe(v.count), lo=1, hi=MAX_TRIES,
+        help="deliveries after which an item goes to the dead-letter queue (`None`: never)",
+    )  # fmt: skip
+    dead_letter_queue: str | None = v.option(
+        None, v.maybe(v.collection_name), shown="`<name>.dlq`",
+        help="the dead-letter queue's name (a bucketq queue; not the queue's own)",
+    )  # fmt: skip
+    pending_policy: str = v.option(
+        "block", v.choice, options=("block", "raise"),
+        help="past `max_pending_bytes`: `\"block\"` the push, or `\"raise\"` `QueueFull`",
+    )  # fmt: skip
+    drain_timeout: float = v.option(
+        DEFAULT_DRAIN_TIMEOUT, v.number,
+        help="how long `drain()` and `close()` serve in-memory items to consumers",
+    )  # fmt: skip
+    hold_pushed: bool = v.option(
+        False, v.flag,
+        help="`True`: while this queue object consumes, the buckets it writes are inserted "
+        "already leased to it and served to its own consumers without a claim (one command "
+        "per bucket fewer); others get them only if it closes or dies. The per-element "
+        "queue ignores it",
+    )  # fmt: skip
     partitions: int = v.option(
         1, v.count, lo=1, hi=MAX_PARTITIONS, unit="partitions",
         note=" (1: one claim range, today's layout; more: claims each search one partition)",
+        help="`K > 1`: each bucket carries a partition (the producer's, or its push's `key=`) "
+        "and each claim searches one; see [Scaling out](scaling.md). Streams and the "
+        "per-element queue have one",
     )  # fmt: skip
-    claim: str = v.option("auto", v.choice, options=("auto", "find_and_modify", "find_then_update"))
-    owner: str = v.option(factory=_owner, check=v.text)
+    claim: str = v.option(
+        "auto", v.choice, options=("auto", "find_and_modify", "find_then_update"),
+        help="how a consumer claims a bucket: one `findAndModify`, or an indexed `find` of "
+        "candidates then a conditional update (same guarantees); `auto` picks "
+        "`find_then_update` on the embedded server, whose `findAndModify` scans every bucket "
+        "([Claims and leases](design.md#claims-and-leases))",
+    )  # fmt: skip
+    owner: str = v.option(
+        factory=_owner, check=v.text, shown="`host:pid`", help="recorded in leases"
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         CommonOptions.__post_init__(self)
@@ -180,6 +270,15 @@ class QueueOptions(CommonOptions):
     def dead_letter_name(self, queue_name: str) -> str:
         """The dead-letter queue's name (``<name>.dlq`` unless ``dead_letter_queue``)."""
         return self.dead_letter_queue or queue_name + DLQ_SUFFIX
+
+
+#: The keyword options of ``Queue(db, name, **options)``, in their order.
+OPTIONS: tuple[v.Setting, ...] = v.settings(QueueOptions, keywords=True)
+
+
+def options_table() -> str:
+    """The queue's options as the Markdown table in ``docs/options.md``."""
+    return v.settings_table(OPTIONS, first="Option", keywords=True)
 
 
 def check_dead_letter_name(name: str, opts: QueueOptions) -> str:

@@ -40,8 +40,10 @@ __all__ = [
     "DEFAULT_STAGE_TIMEOUT",
     "DEFAULT_TOMBSTONE_TTL",
     "META_ID",
+    "OPTIONS",
     "StreamBatch",
     "StreamOptions",
+    "options_table",
 ]
 
 #: How long a consumer waits on a sequence number that was handed out but whose bucket
@@ -86,10 +88,25 @@ class StreamOptions(CommonOptions):
 
     KIND: ClassVar[str] = "stream"
 
-    hole_grace: float = v.option(DEFAULT_HOLE_GRACE, v.number, open_lo=True)
-    stage_timeout: float = v.option(DEFAULT_STAGE_TIMEOUT, v.number, open_lo=True)
-    tombstone_ttl: float = v.option(DEFAULT_TOMBSTONE_TTL, v.number, open_lo=True)
-    read_ahead: int = v.option(DEFAULT_READ_AHEAD, v.count, lo=1, hi=MAX_READ_AHEAD, unit="buckets")
+    hole_grace: float = v.option(
+        DEFAULT_HOLE_GRACE, v.number, open_lo=True,
+        help="how long a consumer waits on a sequence number handed out but not written "
+        "before it closes the hole with a tombstone",
+    )  # fmt: skip
+    stage_timeout: float = v.option(
+        DEFAULT_STAGE_TIMEOUT, v.number, open_lo=True,
+        help="how long a staged (not yet published) bucket, e.g. of a Spark job whose "
+        "driver died, may block the stream before it is closed like a hole",
+    )  # fmt: skip
+    tombstone_ttl: float = v.option(
+        DEFAULT_TOMBSTONE_TTL, v.number, open_lo=True,
+        help="how long acknowledged tombstones are kept, so a producer still retrying an "
+        "insert meets one (at least `retry_budget`)",
+    )  # fmt: skip
+    read_ahead: int = v.option(
+        DEFAULT_READ_AHEAD, v.count, lo=1, hi=MAX_READ_AHEAD, unit="buckets",
+        help="buckets fetched per read by a consumer",
+    )  # fmt: skip
     #: The queue options of the stream's producer (packing and pushing).
     packer: QueueOptions = field(init=False, repr=False, compare=False)
 
@@ -425,3 +442,16 @@ def idle_nap(idle: int, wait: float, poll_interval: float) -> float:
     that found nothing, at most ``poll_interval`` and at most ``wait`` (the time until a
     blocked number may be closed)."""
     return min(wait, 0.02 * 2 ** min(idle, 10), poll_interval)
+
+
+#: The keyword options of ``StreamQueue(db, name, **options)`` that a bucket queue does
+#: not have (the packing options are the queue's: ``bucket.options.OPTIONS``).
+OPTIONS: tuple[v.Setting, ...] = tuple(
+    s for s in v.settings(StreamOptions, keywords=True)
+    if s.field not in {f.name for f in fields(CommonOptions)}
+)  # fmt: skip
+
+
+def options_table() -> str:
+    """The stream's own options as the Markdown table in ``docs/stream.md``."""
+    return v.settings_table(OPTIONS, first="Option", keywords=True)

@@ -21,11 +21,13 @@ from hypothesis import strategies as st
 from bucketq import ConfigurationError, QueueOptions, reservoir, server
 from bucketq._deps import require, require_all
 from bucketq._validate import cli_count, count
+from bucketq.bucket import options as queue_options
 from bucketq.errors import MissingDependency
 from bucketq.reservoir import BufferConfig, from_env
 from bucketq.reservoir import _config as reservoir_config
 from bucketq.sdk import _options as sdk_options
 from bucketq.spark import _ops as spark_ops
+from bucketq.stream import core as stream_core
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -275,8 +277,15 @@ def test_one_collection_name_check_for_queues_streams_and_prefixes(bad):
 
 @pytest.mark.parametrize(
     "table",
-    [reservoir_config.SETTINGS, server.SETTINGS, spark_ops.OPTIONS, sdk_options.OPTIONS],
-    ids=["reservoir", "server", "spark", "sdk"],
+    [
+        reservoir_config.SETTINGS,
+        server.SETTINGS,
+        spark_ops.OPTIONS,
+        sdk_options.OPTIONS,
+        queue_options.OPTIONS,
+        stream_core.OPTIONS,
+    ],
+    ids=["reservoir", "server", "spark", "sdk", "queue", "stream"],
 )
 def test_every_documented_default_reads_as_the_default(table):
     """The docs' tables show each default as text: read back, it is the code's default
@@ -291,7 +300,8 @@ def test_every_documented_default_reads_as_the_default(table):
 @pytest.mark.parametrize(
     ("doc", "render"),
     [("reservoir.md", reservoir.config_table), ("server.md", server.config_table),
-     ("spark.md", spark_ops.options_table), ("sdk.md", sdk_options.options_table)],
+     ("spark.md", spark_ops.options_table), ("sdk.md", sdk_options.options_table),
+     ("options.md", queue_options.options_table), ("stream.md", stream_core.options_table)],
 )  # fmt: skip
 def test_the_docs_tables_are_rendered_from_the_code(doc, render):
     text = (ROOT / "docs" / doc).read_text()
