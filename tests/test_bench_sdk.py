@@ -5,6 +5,7 @@ FileHandler's p99 of the same round). No timing thresholds."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,3 +45,14 @@ def test_rounds_medians_and_the_p99_ratio_to_filehandler(tmp_path):
     for rnd in res["rounds"]:
         for case in ("sdk_up", "sdk_down", "sdk_full"):
             assert rnd[case]["stats"]["lost_total"] == 0
+    # The JSON says where and when it ran, and the results page is made from it.
+    assert res["machine"]["cores"] == os.cpu_count()
+    assert res["run"]["argv"].startswith("bucketq bench sdk --n 300")
+    assert res["run"]["load_1m"]["before"] is not None
+    page = subprocess.run([sys.executable, "-m", "bucketq", "bench", "report", str(out)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert page.returncode == 0, page.stderr
+    assert "\n## Logging SDK\n" in page.stdout
+    assert f"| machine | {res['machine']['cpu_model']}, {os.cpu_count()} cores" in page.stdout
+    for case in ("IngestHandler, server up", "logging.FileHandler"):
+        assert f"| {case} | 300 |" in page.stdout

@@ -481,3 +481,17 @@ def test_partitions_with_a_contender_that_has_none_is_refused(capsys):
     assert code == 1
     err = capsys.readouterr().err
     assert "--partitions 2 applies to bucketq's Queue and AsyncQueue only" in err
+
+
+def test_the_results_page_shows_every_median_of_the_json(bench):
+    from bucketq.benchmark.results import render
+
+    _, data, _, _ = bench
+    page = render([data])
+    assert "\n## Queue lifecycle\n" in page
+    rows = [ln for ln in page.splitlines() if ln.startswith(("| bucketq ", "| per-element ",
+                                                              "| mongo-taskqueue ", "| kombu "))]  # fmt: skip
+    assert len(rows) == len(data["medians"])
+    for m, row in zip(data["medians"], rows, strict=True):
+        assert row.startswith(f"| {m['contender']} | {m['n']:,} | {m['producers']} |")
+        assert f"| {m['end_to_end_per_s']:,.0f} |" in row

@@ -1,13 +1,14 @@
-"""The README's ingest path, walked as a new user would: its shell blocks for serve, keys,
-curl, the OpenTelemetry example and the tee stream into ``bucketq pipeline``, and its SDK
-snippet, run as they are written, in one shell, with a temporary HOME and no MongoDB URI
-(the embedded server, as a new user gets it). So the README cannot drift from what works.
+"""The README walked as a new user would: its queue example, its service, console and SDK
+snippets, then the service page's OpenTelemetry example and its tee stream into
+``bucketq pipeline`` (docs/server.md), run as they are written, in one shell, with a
+temporary HOME and no MongoDB URI (the embedded server, as a new user gets it). The answers
+the pages show (``# {...}`` under a command, ``...`` standing for anything) must be what the
+service answers. So the README cannot drift from what works.
 
 What the walk changes, and why: a free port in place of 8080 (the suite runs in parallel);
 ``python -m pip install`` lines are left out (the test extra has installed what they
-install); the SDK snippet runs as a file with ``KEY`` from the shell, followed by one query
-for its record; the JVM gets the Spark tests' start-up options. Everything else is the
-README's text.
+install); the Python snippets run as files (the SDK's followed by one query for its
+record); the JVM gets the Spark tests' start-up options. Everything else is the pages' text.
 """
 
 from __future__ import annotations
@@ -53,41 +54,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def walk_script(readme: str, port: int) -> str:
-    ingest = blocks(section(readme, "## The ingest service"), "sh")
-    assert len(ingest) == 3, "the ingest section's shell blocks: serve/keys/curl, OTel, Parquet"
-    serve, otel, parquet = ingest
-    (sdk,) = blocks(section(readme, "## The logging SDK"), "python")[:1]
+def shown_answers(block: str) -> list[re.Pattern[str]]:
+    """The answers a shell block shows: its ``# {...`` lines, ``...`` standing for anything."""
+    out = []
+    for ln in block.splitlines():
+        shown = ln.strip()
+        if shown.startswith("# {"):
+            answer = shown[2:].split("     ")[0].strip()  # a comment may follow the answer
+            out.append(re.compile(".*?".join(map(re.escape, answer.split("...")))))
+    return out
+
+
+def walk_script(readme: str, server_doc: str, port: int) -> tuple[str, list[re.Pattern[str]]]:
+    """The shell script of the walk, and the answers the pages show for it."""
+    (first,) = blocks(section(readme, "## A queue in ten lines"), "python")
+    (serve,) = blocks(section(readme, "## The ingest service"), "sh")
+    (sdk,) = blocks(section(readme, "## The logging SDK"), "python")
+    (console,) = blocks(section(readme, "## The web console"), "sh")
+    (otel,) = blocks(section(server_doc, "### Sending with OpenTelemetry"), "sh")[:1]
+    (parquet,) = blocks(section(server_doc, "## Into Spark: the tee stream"), "sh")
 
     def shell(block: str) -> str:
         kept = [ln for ln in block.splitlines() if not ln.startswith("python -m pip install")]
         text = "\n".join(kept).replace("bucketq serve &", f"bucketq serve --port {port} &")
         return text.replace("8080", str(port))
 
-    return "\n".join([
+    def python(name: str, code: str) -> list[str]:
+        return [f"cat > {name}.py <<'PY'", code.replace("8080", str(port)), "PY",
+                f"python {name}.py"]  # fmt: skip
+
+    script = "\n".join([
         "set -e -o pipefail",
         "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT",
+        *python("first", first),
         shell(serve),
         "echo",
+        shell(console),
         shell(otel),
         "echo",
-        "cat > sdk_snippet.py <<'PY'",
-        "import os",
-        'KEY = os.environ["KEY"]',
-        sdk.replace("8080", str(port)),
-        "PY",
-        'KEY="$KEY" python sdk_snippet.py',
+        *python("sdk_snippet", sdk),
         f'curl -s "localhost:{port}/api/v1/logs?service=sdk_snippet" -H "X-API-Key: $KEY"',
         "echo",
         shell(parquet),
     ])  # fmt: skip
+    return script, [p for b in (serve, otel, parquet) for p in shown_answers(b)]
 
 
 def test_the_readme_ingest_path_works_as_written(tmp_path):
     if shutil.which("java") is None and not os.environ.get("CI"):
         pytest.skip("the pipeline step needs a Java runtime")
     port = free_port()
-    script = walk_script((ROOT / "README.md").read_text(), port)
+    script, answers = walk_script(
+        (ROOT / "README.md").read_text(), (ROOT / "docs" / "server.md").read_text(), port
+    )
     home = tmp_path / "home"
     home.mkdir()
     work = tmp_path / "work"
@@ -109,6 +128,10 @@ def test_the_readme_ingest_path_works_as_written(tmp_path):
             os.killpg(walk.pid, signal.SIGKILL)
     said = stdout + "\n--- stderr ---\n" + stderr
     assert walk.returncode == 0, said
+    assert "{'to': 'a@example.com'}" in stdout, said  # the queue example's first item
+    for shown in answers:
+        assert shown.search(stdout), f"the pages show {shown.pattern!r}; the walk said:\n{said}"
+    assert re.search(r"^bq_[0-9a-f]{64}$", stdout, re.M), said  # the console's operator key
     assert stdout.count('"received":1') == 2, said  # the first ingest and the tee's
     assert "payment declined" in stdout, said  # GET /api/v1/logs found it
     assert '"service":"checkout"' in stdout and "cart abandoned" in stdout, said
