@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -415,6 +416,22 @@ def header(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> list[s
     return out
 
 
+def _json_name(doc: Mapping[str, Any]) -> str:
+    """The name of the JSON file the run wrote (from its ``--json``), without its folder."""
+    argv = shlex.split((doc.get("run") or {}).get("argv", ""))
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "--json":
+            return Path(value).name
+    return f"{kind(doc)}.json"
+
+
+def _short_argv(doc: Mapping[str, Any]) -> str:
+    """The run's command line with its JSON file named without its folder."""
+    argv = shlex.split((doc.get("run") or {}).get("argv", "") or "?")
+    out = [Path(b).name if a == "--json" else b for a, b in zip(["", *argv], argv, strict=False)]
+    return shlex.join(out)
+
+
 def render(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> str:
     """The results page for ``docs`` (the benchmarks' JSON documents)."""
     by_kind: dict[str, list[Mapping[str, Any]]] = {}
@@ -429,8 +446,8 @@ def render(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> str:
         "## Regenerate",
         "",
         "```sh",
-        *[f"{(d.get('run') or {}).get('argv', '?')}" for d in docs],
-        "bucketq bench report JSON... > docs/results.md   # the files the runs above wrote",
+        *[_short_argv(d) for d in docs],
+        "bucketq bench report " + " ".join(_json_name(d) for d in docs) + " > docs/results.md",
         "```",
     ]
     return "\n".join(out) + "\n"
