@@ -377,6 +377,8 @@ def header(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> list[s
         v = b.get("version") or ((d.get("environment") or {}).get("versions") or {}).get("bucketq")
         versions.add(f"{v or '?'}" + (f" (commit {b['commit']})" if b.get("commit") else ""))
     servers = sorted({s for s in (_server(d) for d in docs) if s})
+    if any(s.startswith("SecantusDB") for s in servers):  # the same server, described once
+        servers = [s for s in servers if not s.startswith("embedded SecantusDB")]
     runs = [d.get("run") or {} for d in docs]
     starts = sorted(r["started_at"] for r in runs if r.get("started_at"))
     ends = sorted(r["ended_at"] for r in runs if r.get("ended_at"))
