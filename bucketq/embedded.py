@@ -35,7 +35,7 @@ from urllib.parse import quote_plus
 
 from .errors import EmbeddedServerError
 
-__all__ = ["EmbeddedServer", "embedded_uri", "find_server_command", "state_dir"]
+__all__ = ["EmbeddedServer", "embedded_uri", "find_server_command", "mongodb", "state_dir"]
 
 log = logging.getLogger("bucketq.embedded")
 

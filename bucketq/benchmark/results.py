@@ -94,10 +94,16 @@ def _load(run: Mapping[str, Any]) -> str:
     )
 
 
-def _run_line(doc: Mapping[str, Any]) -> list[str]:
+def _run_line(doc: Mapping[str, Any], source: str | None = None) -> list[str]:
     run = doc.get("run") or {}
-    argv = run.get("argv") or run.get("command") or "?"
-    return [f"`{argv}`: {_when(run)}, {_load(run)}.", ""]
+    argv = _short_argv(doc) if run.get("argv") else run.get("command", "?")
+    # A JSON file kept under docs/ is part of the site: the page links to it.
+    every = (
+        f" Every figure: [{Path(source).name}]({source[5:]})."
+        if source and source.startswith("docs/")
+        else ""
+    )
+    return [f"`{argv}`: {_when(run)}, {_load(run)}.{every}", ""]
 
 
 def _server(doc: Mapping[str, Any]) -> str | None:
@@ -414,7 +420,7 @@ def header(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> list[s
         *_table(["", ""], rows, [False, False]),
     ]
     if note:
-        out += ["", note]
+        out += ["", f"> {note}"]
     return out
 
 
@@ -434,22 +440,28 @@ def _short_argv(doc: Mapping[str, Any]) -> str:
     return shlex.join(out)
 
 
-def render(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> str:
-    """The results page for ``docs`` (the benchmarks' JSON documents)."""
-    by_kind: dict[str, list[Mapping[str, Any]]] = {}
-    for d in docs:
-        by_kind.setdefault(kind(d), []).append(d)
+def render(
+    docs: Sequence[Mapping[str, Any]], note: str | None = None, sources: Sequence[str] = ()
+) -> str:
+    """The results page for ``docs`` (the benchmarks' JSON documents; ``sources``: the
+    files they were read from, as the command that made the page named them)."""
+    by_kind: dict[str, list[tuple[Mapping[str, Any], str | None]]] = {}
+    for i, d in enumerate(docs):
+        by_kind.setdefault(kind(d), []).append((d, sources[i] if i < len(sources) else None))
     out = header(docs, note)
     for k, heading in SECTIONS:
-        for d in by_kind.get(k, []):
-            out += ["", f"## {heading}", "", *_run_line(d), *RENDERERS[k](d)]
+        for d, source in by_kind.get(k, []):
+            out += ["", f"## {heading}", "", *_run_line(d, source), *RENDERERS[k](d)]
     out += [
         "",
         "## Regenerate",
         "",
         "```sh",
         *[_short_argv(d) for d in docs],
-        "bucketq bench report " + " ".join(_json_name(d) for d in docs) + " > docs/results.md",
+        "bucketq bench report "
+        + " ".join(sources or [_json_name(d) for d in docs])
+        + (" --note '...'" if note else "")
+        + " > docs/results.md",
         "```",
     ]
     return "\n".join(out) + "\n"
@@ -462,7 +474,7 @@ def main(paths: Sequence[str], note: str | None = None) -> str:
             docs.append(json.loads(Path(p).read_text()))
         except (OSError, ValueError) as exc:
             raise RuntimeError(f"{p}: cannot read it as a benchmark's JSON ({exc})") from None
-    return render(docs, note)
+    return render(docs, note, paths)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

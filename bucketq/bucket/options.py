@@ -151,9 +151,9 @@ class CommonOptions:
     )  # fmt: skip
     change_streams: bool | None = v.option(
         None, v.flag, optional=True,
-        help="`None`: use them where the server has them; `False` turns off the change-stream watcher (polling only); `True` logs a missing "
-        "change stream as a warning (either way the consumer polls, counted in "
-        "`stats()[\"change_stream_fallbacks\"]`)",
+        help="`None`: use them where the server has them; `False` turns off the change-stream "
+        "watcher (polling only); `True` logs a missing change stream as a warning (either way "
+        "the consumer polls, counted in `stats()[\"change_stream_fallbacks\"]`)",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
