@@ -17,6 +17,7 @@ NEEDED_BY = {
     "sdk": "The logging SDK",
     "server": "The ingest service",
     "spark": "The bucketq Spark data source",
+    "celery": "bucketq's Celery broker (the bucketq:// transport)",
     "bench": "bucketq bench",
     "bench,server": "bucketq bench ingest",
 }

@@ -22,6 +22,8 @@
     │   └── OperationTimeout        MongoDB did not answer an operation within its deadline
     ├── EmbeddedServerError         the embedded MongoDB-wire server did not start
     ├── Overloaded                  over an admission limit; retry after ``retry_after``
+    ├── NotSupported                a feature other brokers have and bucketq lacks (also a
+    │                               NotImplementedError): Celery's fan-out, topics, priorities
     └── TransportError              a reservoir transport failed
         ├── TransportTimeout
         ├── TransportUnavailable
@@ -139,6 +141,12 @@ class Overloaded(BucketQError):
         self.retry_after = retry_after
         #: The HTTP status the service answers with (503 overloaded, 429 too many of one thing).
         self.status = status
+
+
+class NotSupported(BucketQError, NotImplementedError):
+    """Something a Celery app asked of its broker needs a feature bucketq does not have
+    (fan-out or topic exchanges, priorities); the message says what to do instead. Also a
+    :class:`NotImplementedError`, as kombu's virtual transports say the same."""
 
 
 class TransportError(BucketQError):

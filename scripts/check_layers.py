@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the queues' Prometheus collector (the server's /metrics and the console use it)
     ("bucketq.metrics",),
     # the features built on the queue kinds, each on its own
-    ("bucketq.admin", "bucketq.reservoir", "bucketq.sdk", "bucketq.spark"),
+    ("bucketq.admin", "bucketq.celery", "bucketq.reservoir", "bucketq.sdk", "bucketq.spark"),
     # the two queue kinds, side by side
     ("bucketq.queue", "bucketq.stream"),
     # the bucket kernel under both kinds
