@@ -15,10 +15,13 @@ from pymongo import uri_parser
 from .. import _validate as v
 from ..errors import ConfigurationError, NotSupported
 from ..queue import QueueOptions
-from ._alias import ALIAS
 
 log = logging.getLogger("bucketq.celery")
 
+#: The URL scheme: ``bucketq://host/db``, and ``bucketq+`` before any MongoDB URI.
+ALIAS = "bucketq"
+#: What kombu imports for it (``site-packages/_bucketq_kombu.py`` names the same).
+TARGET = "bucketq.celery:Transport"
 #: The database of a broker URL without one (``bucketq://host``).
 DEFAULT_DATABASE = "celery"
 #: How long a task may run unacknowledged, past its lease, before its message is

@@ -34,7 +34,6 @@ from .._version import version
 from ..errors import BucketQError, OperationFailed, ServerUnavailable
 from ..queue import Message, Queue
 from . import _core as core
-from ._alias import ALIAS
 
 log = logging.getLogger("bucketq.celery")
 
@@ -268,7 +267,7 @@ class Transport(virtual.Transport):
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
         shown = uri if include_password else core.sanitized(uri, mask)
-        return shown if shown.startswith(f"{ALIAS}://") else f"{ALIAS}+{shown}"
+        return shown if shown.startswith(f"{core.ALIAS}://") else f"{core.ALIAS}+{shown}"
 
     def establish_connection(self) -> Any:
         with self._lock:
