@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .benchmark.stream_wake import add_parser as add_stream_wake_bench
 
     add_stream_wake_bench(bench_sub)
+    from .benchmark.celery import add_parser as add_celery_bench
+
+    add_celery_bench(bench_sub)
     from .benchmark.results import add_parser as add_results_report
 
     add_results_report(bench_sub)
