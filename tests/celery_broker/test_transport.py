@@ -6,8 +6,10 @@ no-ack consumers, sizes and purge, what bucketq refuses, and the alias that make
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,7 +18,15 @@ from kombu import Queue as KombuQueue
 
 import bucketq.celery
 from bucketq import ConfigurationError, NotSupported, Queue
-from bucketq.celery._core import broker_options, eta_of, mongodb_uri, sanitized
+from bucketq.celery import BrokerOptions
+from bucketq.celery._core import (
+    DEFAULT_REJECT_TIMEOUT_GRACE,
+    DEFAULT_WRITE_CONCERN,
+    broker_options,
+    eta_of,
+    mongodb_uri,
+    sanitized,
+)
 from celery_broker.conftest import ROOT, with_database
 from waiting import eventually
 
@@ -185,7 +195,7 @@ def test_a_message_no_queue_takes_is_refused_not_dropped(conn, db):
         conn.Producer(ch).publish("x", exchange="orders", routing_key="nowhere")
 
 
-def test_celerys_remote_control_and_priorities_say_what_to_do(url):
+def test_celerys_purge_works_and_its_remote_control_and_priorities_say_what_to_do(url):
     celery = pytest.importorskip("celery")
     app = celery.Celery("refusals", broker=url)
     app.conf.broker_transport_options = FAST
@@ -194,6 +204,9 @@ def test_celerys_remote_control_and_priorities_say_what_to_do(url):
     def noop():
         return None
 
+    for _ in range(3):
+        noop.delay()
+    assert app.control.purge() == 3
     with pytest.raises(NotSupported, match="remote control"):
         app.control.ping(timeout=0.1)
     with pytest.raises(NotSupported, match="no message priorities"):
@@ -240,3 +253,14 @@ def test_a_connection_reaches_the_queue_the_tasks_use(conn, mongo_client, db):
     assert msg is not None and msg.payload["body"]
     q.commit(msg)
     q.close()
+
+
+def test_the_docs_table_of_options_matches_the_code():
+    text = (ROOT / "docs" / "celery.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]+)` \|", text, re.M))
+    names = {f.name for f in fields(BrokerOptions) if f.name != "queue"}
+    assert names <= set(rows)
+    for name in names:
+        assert rows[name] == repr(getattr(BrokerOptions(), name)), name
+    assert rows["reject_timeout_grace"] == f"{DEFAULT_REJECT_TIMEOUT_GRACE:.0f}"
+    assert eval(rows["write_concern"]) == DEFAULT_WRITE_CONCERN

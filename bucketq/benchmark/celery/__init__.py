@@ -121,16 +121,19 @@ def _send(app: Any, n: int, sleep: float = 0.0) -> float:
 class _Run:
     """One broker's three parts, each on a queue of its own."""
 
-    def __init__(self, broker: Broker, where: Where, base: Path, concurrency: int) -> None:
+    def __init__(
+        self, broker: Broker, where: Where, base: Path, concurrency: int, index: int
+    ) -> None:
         self.broker, self.where, self.base, self.concurrency = broker, where, base, concurrency
+        self.index = index  # the broker's place in the run: its queues' names
         self.queues: list[str] = []
 
     def part(self, name: str, *, kill: bool = False) -> tuple[str, Path, dict[str, Any], Any]:
         from ._app import make_app
 
-        queue = f"bench{os.getpid()}_{len(self.queues)}"
+        queue = f"bench{os.getpid()}_{self.index}_{len(self.queues)}"
         self.queues.append(queue)
-        out = self.base / f"{self.broker.kind}-{len(self.queues)}-{name}"
+        out = self.base / f"{queue}-{name}"
         out.mkdir()
         opts = self.broker.transport_options(self.where, kill=kill)
         return queue, out, opts, make_app(self.broker.url(self.where), queue, str(out), opts)
@@ -214,14 +217,14 @@ def run(mongodb_uri: str | None, *, n: int = DEFAULT_N, kill_n: int = DEFAULT_KI
         "mongodb": "embedded SecantusDB" if server else "given URI"}}  # fmt: skip
     try:
         with tempfile.TemporaryDirectory(prefix="bucketq-bench-celery-") as tmp:
-            for name in names:
+            for index, name in enumerate(names):
                 broker = BROKERS[name]
                 why = broker.unreachable(where)
                 if why:
                     print(f"{name}: not run ({why})", file=sys.stderr)
                     results["brokers"][name] = {"not_run": why}
                     continue
-                r = _Run(broker, where, Path(tmp), concurrency)
+                r = _Run(broker, where, Path(tmp), concurrency, index)
                 row: dict[str, Any] = {}
                 try:
                     print(f"{name}: {n:,} tasks through one worker ...", file=sys.stderr)
