@@ -132,4 +132,9 @@ def celery_env(mongo_uri: str, db, tmp_path: Path, site_dir: Path) -> Iterator[C
         for w in env.procs:
             w.stop()
         for app in env.apps:
-            app.close()  # its connections: their queues write what is buffered and close
+            app.close()
+        # Celery's app.close() only drops its pool, kombu's, shared by apps of one broker:
+        # close them all, so their queues write what they buffered and release what they hold.
+        from kombu import pools
+
+        pools.reset()

@@ -12,7 +12,8 @@ same MongoDB; Redis; RabbitMQ), one after the other in one run, with the same ap
   after a fifth of them it is killed with its pool (SIGKILL to its process group); a
   second worker starts; counted after ``--window`` seconds: tasks done, lost (never
   done), run twice. bucketq's lease and Redis's visibility timeout are 5 s in this part
-  (their defaults: 30 s and 1 hour: what a dead worker held comes back that much later);
+  (their defaults: 30 s and 1 hour: what a dead worker held comes back that much later),
+  and kombu looks for Redis's expired messages every second (by default every 100 s);
 - a killed server, where this bench can kill it (the embedded MongoDB it starts, for
   bucketq and kombu's MongoDB transport): ``--kill-n`` tasks sent (every send returned),
   the server SIGKILLed and started again on its data, then a worker: tasks lost. Redis and
@@ -109,6 +110,16 @@ def _counts(done: list[tuple[int, float]], n: int) -> dict[str, int]:
             "run_twice_or_more": sum(1 for c in runs.values() if c > 1)}  # fmt: skip
 
 
+def _close(app: Any) -> None:
+    """Close the app's connections: Celery's ``app.close()`` only drops its pool, which is
+    kombu's, shared by every app with the same broker (closing it alone would close the
+    next app's). A bucketq connection writes what it buffered and releases what it holds."""
+    from kombu import pools
+
+    app.close()
+    pools.reset()
+
+
 def _send(app: Any, n: int, sleep: float = 0.0) -> float:
     """Send ``n`` tasks one after the other; the seconds it took."""
     work = app.tasks["bench.work"]
@@ -150,7 +161,7 @@ class _Run:
             done = _wait_done(out, n, time.monotonic() + max(600.0, n / 5))
         finally:
             w.kill()
-            app.close()
+            _close(app)
         counts = _counts(done, n)
         if counts["lost"]:
             raise RuntimeError(f"{self.broker.name}: {counts['lost']} of {n} tasks never ran")
@@ -170,7 +181,7 @@ class _Run:
             done = _wait_done(out, n, time.monotonic() + window)
         finally:
             b.kill()
-            app.close()
+            _close(app)
         res: dict[str, Any] = _counts(done, n)
         if not res["lost"]:
             res["all_done_s_after_kill"] = max(t for _, t in done) - killed
@@ -180,7 +191,7 @@ class _Run:
     def server_killed(self, n: int, window: float, server: Any) -> dict[str, Any]:
         queue, out, opts, app = self.part("server-kill")
         _send(app, n)
-        app.close()  # every send returned; nothing is buffered in this process
+        _close(app)  # every send returned, and nothing is left buffered in this process
         server.restart(hard=True)  # SIGKILL, then the same port and data
         w = self.worker(queue, out, "s", opts)
         try:
