@@ -126,6 +126,17 @@ def test_ack_commits_and_reject_rolls_back(conn, db):
     eventually(lambda: db["jobs"].count_documents({}) == 0, what="every bucket deleted")
 
 
+def test_max_tries_moves_a_task_rejected_that_often_to_the_dead_letter_queue(url, db):
+    with Connection(url, transport_options={**FAST, "max_tries": 2}) as c:
+        q = c.SimpleQueue("jobs")
+        q.put("poison")
+        for _ in range(2):
+            q.get(timeout=10).reject(requeue=True)
+        eventually(lambda: _stored(db, "jobs.dlq") == 1, what="the task in jobs.dlq")
+        eventually(lambda: _stored(db) == 0, what="the task gone from jobs")
+        q.close()
+
+
 def test_a_channel_closed_with_unacknowledged_messages_gives_them_back(url, db):
     with Connection(url, transport_options={**FAST, "lease": 120.0}) as c1:
         q1 = c1.SimpleQueue("jobs")
