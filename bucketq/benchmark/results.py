@@ -25,6 +25,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("sdk", "Logging SDK"),
     ("stream-wake", "Stream wake-up"),
     ("spark", "Spark"),
+    ("celery", "Celery broker"),
 )
 
 
@@ -358,6 +359,12 @@ def _spark(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _celery(doc: Mapping[str, Any]) -> list[str]:
+    from .celery import method, tables
+
+    return [method(dict(doc)), "", *tables(dict(doc))]
+
+
 RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "queue": _queue,
     "keuss": _keuss,
@@ -365,6 +372,7 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "sdk": _sdk,
     "stream-wake": _stream_wake,
     "spark": _spark,
+    "celery": _celery,
 }
 
 

@@ -280,45 +280,64 @@ def _version(dist: str) -> str:
     return version(dist)
 
 
-def report(results: dict[str, Any]) -> None:
+def method(results: dict[str, Any]) -> str:
+    """What the run did, in a sentence or three (the results page's preamble)."""
     env = results["env"]
-    load = ", ".join(f"{x:.2f}" for x in env["load_average"])
-    print(f"\nCelery {env['celery']} (kombu {env['kombu']}), one worker, prefork "
-          f"-c {env['concurrency']}, acks_late; MongoDB: {env['mongodb']}; load average at the "
-          f"start: {load}")  # fmt: skip
+    return (
+        f"Celery {env['celery']} (kombu {env['kombu']}): one worker (prefork, "
+        f"`-c {env['concurrency']}`, `acks_late`) per broker, the brokers one after the other "
+        f"on one machine; MongoDB: {env['mongodb']}. Throughput: with the worker running, one "
+        f"process sends {env['n']:,} tasks with `delay()` one after the other; end to end is "
+        f"from the first send to the last task done. Killed: {env['kill_n']} tasks of "
+        f"{KILL_TASK_SECONDS * 1000:.0f} ms; a worker SIGKILLed with its pool after a fifth of "
+        f"them, then a second worker, counted {env['window_s']:.0f} s after it started; or "
+        "every task sent, the server SIGKILLed and started again on its data, then a worker. "
+        f"bucketq's lease and Redis's visibility timeout are {env['kill_redelivery_s']:.0f} s "
+        "in the kill runs (defaults 30 s and one hour), and kombu looks for Redis's expired "
+        "messages every second (every 100 s by default)."
+    )
+
+
+def tables(results: dict[str, Any]) -> list[str]:
+    """The throughput table, the loss table and the documented losses beside them."""
     base = results["brokers"].get("bucketq", {}).get("throughput")
-    print("| broker | tasks | publish/s | end-to-end tasks/s | end-to-end vs bucketq |")
-    print("|---|---:|---:|---:|---:|")
+    out = ["| broker | tasks | publish/s | end-to-end tasks/s | end-to-end vs bucketq |",
+           "|---|---:|---:|---:|---:|"]  # fmt: skip
     for name, row in results["brokers"].items():
         t = row.get("throughput")
         if t is None:
-            print(f"| {name} | not run: {row.get('not_run', '')} | | | |")
+            out.append(f"| {name} | not run: {row.get('not_run', '')} | | | |")
             continue
         ratio = f"{t['end_to_end_per_s'] / base['end_to_end_per_s']:.2f}x" if base else ""
-        print(f"| {name} | {t['n']:,} | {t['publish_per_s']:,.0f} | "
-              f"{t['end_to_end_per_s']:,.0f} | {ratio} |")  # fmt: skip
-    print(f"\nkilled: {env['kill_n']} tasks of {KILL_TASK_SECONDS * 1000:.0f} ms; counted "
-          f"{env['window_s']:.0f} s after the next worker started")  # fmt: skip
-    print("| broker | worker killed (SIGKILL): lost | run twice | all done after | "
-          "server killed (SIGKILL): lost |")  # fmt: skip
-    print("|---|---:|---:|---:|---|")
+        out.append(f"| {name} | {t['n']:,} | {t['publish_per_s']:,.0f} | "
+                   f"{t['end_to_end_per_s']:,.0f} | {ratio} |")  # fmt: skip
+    out += ["", "| broker | worker SIGKILLed: lost | run twice | all done | "
+            "server SIGKILLed: lost |", "|---|---:|---:|---:|---|"]  # fmt: skip
     notes = []
     for name, row in results["brokers"].items():
         k, s = row.get("worker_killed"), row.get("server_killed", {})
         if k is None:
             continue
-        after = f"{k['all_done_s_after_kill']:.1f} s" if "all_done_s_after_kill" in k else "never"
+        after = (f"{k['all_done_s_after_kill']:.1f} s after the kill"
+                 if "all_done_s_after_kill" in k else "never")  # fmt: skip
         if "not_measured" in s:
             server = f"not measured: {s['not_measured']}"
             if "documented" in s:
                 notes.append(f"{name}, documented (not measured here): {s['documented']}")
-                server += f" (documented: note {len(notes)})"
+                server += f" (note {len(notes)})"
         else:
             server = f"{s['lost']} of {s['tasks']}"
-        print(f"| {name} | {k['lost']} of {k['tasks']} | {k['run_twice_or_more']} | {after} | "
-              f"{server} |")  # fmt: skip
+        out.append(f"| {name} | {k['lost']} of {k['tasks']} | {k['run_twice_or_more']} | "
+                   f"{after} | {server} |")  # fmt: skip
     for i, note in enumerate(notes, 1):
-        print(f"\n{i}. {note}")
+        out += ["", f"{i}. {note}"]
+    return out
+
+
+def report(results: dict[str, Any]) -> None:
+    load = ", ".join(f"{x:.2f}" for x in results["env"]["load_average"])
+    print(f"\n{method(results)} Load average at the start: {load}.\n")
+    print("\n".join(tables(results)))
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
