@@ -246,9 +246,16 @@ def test_the_pth_line_registers_the_alias_without_importing_bucketq(site_dir):
     assert r.stdout.split() == ["not", "imported", "bucketq.celery._transport"]
 
 
+#: The check in an interpreter that reads no ``.pth`` file (``-S``): site-packages on its
+#: path as plain directories, so the hook that ``pip install bucketq`` puts there is not run.
+NO_HOOK = "import sys, sysconfig; sys.path.append(sysconfig.get_paths()['purelib']); " + (
+    "exec(sys.argv.pop(1))"
+)
+
+
 def test_without_it_kombu_does_not_know_the_scheme(site_dir):
-    r = subprocess.run([sys.executable, "-c", ALIAS_CHECK], capture_output=True, text=True,
-                       timeout=60, cwd=ROOT)  # fmt: skip
+    r = subprocess.run([sys.executable, "-S", "-c", NO_HOOK, ALIAS_CHECK], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert "No such transport: bucketq" in r.stderr
     # and importing the package registers it
     assert bucketq.celery.TARGET == "bucketq.celery:Transport"
