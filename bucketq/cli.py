@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .benchmark.results import add_parser as add_results_report
 
     add_results_report(bench_sub)
+    from .benchmark.worker import add_parser as add_worker_bench
+
+    add_worker_bench(bench_sub)
 
     s = sub.add_parser(
         "server", help="run the embedded MongoDB-wire server in the foreground, print its URI"
@@ -218,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .sdk.cli import add_sdk_parser
 
     add_sdk_parser(sub)
+    from .worker_cli import add_worker_parser
+
+    add_worker_parser(sub)
     pl = sub.add_parser(
         "pipeline",
         help="stream log records from a stream-mode queue into Parquet with Spark (needs bucketq[spark])",

@@ -23,10 +23,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .admin import QueueRow
+from .worker import DURATION_BUCKETS, OUTCOMES
 
 log = logging.getLogger("bucketq.metrics")
 
-__all__ = ["COUNTERS", "QueueCollector"]
+__all__ = ["COUNTERS", "QueueCollector", "WorkerCollector"]
 
 #: ``stats()`` key -> (counter name without ``_total``, help).
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -146,3 +147,72 @@ def _size_metrics(rows: list[QueueRow], gauge: Any) -> Iterator[Any]:
         elif r.lag is not None:
             lag.add_metric([r.name], r.lag)
     yield from (items, buckets, dead, quarantined, oldest, nxt, consumers, lag)
+
+
+class WorkerCollector:
+    """The counters of workers (``Worker.stats()``, or what ``bucketq worker --processes``
+    children report) as Prometheus metrics, labelled by queue. ``workers()`` returns the
+    stats dicts to export; one marked ``retired`` holds the summed counters of worker
+    processes that exited (kept so the counters never go back), and has no gauges.
+
+    ``bucketq_worker_items_total{outcome}`` counts items by what became of them
+    (``committed``, ``failed``, ``retried``, ``timed_out``, ``late``, ``lost``: see
+    docs/worker.md), ``bucketq_worker_handler_seconds`` is a histogram of handler run
+    times, and the gauges say how many handlers run, are in hand or stuck past their time
+    limit, and how many worker processes report."""
+
+    def __init__(self, workers: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        self.workers = workers
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        try:
+            rows = list(self.workers())
+        except Exception:  # never fail a scrape: export nothing of the workers
+            log.warning("reading the workers' stats failed", exc_info=True)
+            rows = []
+        items = CounterMetricFamily("bucketq_worker_items", "Items the worker handled, by "
+                                    "what became of them.", labels=["queue", "outcome"])  # fmt: skip
+        hist = HistogramMetricFamily("bucketq_worker_handler_seconds",
+                                     "How long the handler ran on a delivery.", labels=["queue"])  # fmt: skip
+        gauges = {
+            "concurrency": GaugeMetricFamily("bucketq_worker_handlers", "Handlers that may run at once.", labels=["queue"]),
+            "in_hand": GaugeMetricFamily("bucketq_worker_in_hand", "Deliveries whose handler runs now.", labels=["queue"]),
+            "stuck": GaugeMetricFamily("bucketq_worker_stuck", "Handlers still running well past their time limit.", labels=["queue"]),
+        }  # fmt: skip
+        procs = GaugeMetricFamily("bucketq_worker_processes", "Worker processes reporting.",
+                                  labels=["queue"])  # fmt: skip
+        by_queue: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_queue.setdefault(str(r.get("queue", "?")), []).append(r)
+        for queue, rs in sorted(by_queue.items()):
+            for k in OUTCOMES:
+                items.add_metric([queue, k], sum(int(r.get(k, 0)) for r in rs))
+            counts = [0] * (len(DURATION_BUCKETS) + 1)
+            total = 0.0
+            for r in rs:
+                h = r.get("handler_seconds") or {}
+                for i, c in enumerate(list(h.get("counts", []))[: len(counts)]):
+                    counts[i] += int(c)
+                total += float(h.get("sum", 0.0))
+            cumulative, buckets = 0, []
+            for bound, c in zip((*DURATION_BUCKETS, float("inf")), counts, strict=True):
+                cumulative += c
+                buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
+            hist.add_metric([queue], buckets, total)
+            live = [r for r in rs if not r.get("retired")]
+            for k, fam in gauges.items():
+                fam.add_metric([queue], sum(int(r.get(k, 0)) for r in live))
+            procs.add_metric([queue], len(live))
+        yield items
+        yield hist
+        yield from gauges.values()
+        yield procs

@@ -26,14 +26,21 @@ ROOT = Path(__file__).resolve().parent.parent
 #: from another package of its own layer.
 LAYERS: list[tuple[str, ...]] = [
     # the commands and the package's face (``bucketq/__init__.py`` loads its names lazily)
-    ("bucketq", "bucketq.__main__", "bucketq.cli", "bucketq.quarantine_cli"),
+    ("bucketq", "bucketq.__main__", "bucketq.cli", "bucketq.quarantine_cli", "bucketq.worker_cli"),
     # `bucketq bench`: measures everything below; nothing in the library imports it
     ("bucketq.benchmark",),
     ("bucketq.server",),
     # the queues' Prometheus collector (the server's /metrics and the console use it)
     ("bucketq.metrics",),
     # the features built on the queue kinds, each on its own
-    ("bucketq.admin", "bucketq.celery", "bucketq.reservoir", "bucketq.sdk", "bucketq.spark"),
+    (
+        "bucketq.admin",
+        "bucketq.celery",
+        "bucketq.reservoir",
+        "bucketq.sdk",
+        "bucketq.spark",
+        "bucketq.worker",
+    ),
     # the two queue kinds, side by side
     ("bucketq.queue", "bucketq.stream"),
     # the bucket kernel under both kinds
@@ -60,6 +67,10 @@ UNITS = {"bucketq.console": "bucketq.server"}
 #: Imports that break a rule, and why they may for now: (importer or its package, imported
 #: module) -> the reason. Keep it short; each entry is a debt.
 ALLOWED: dict[tuple[str, str], str] = {
+    ("bucketq.queue", "bucketq.worker"): (
+        "Queue.consume() is the worker's entry on the queue, imported when called; the "
+        "worker itself uses the queue's public methods only"
+    ),
     ("bucketq.admin", "bucketq.queue._core.held"): (
         "the dead-letter requeue holds a bucket as the queue's consumer does "
         "(HeldBucket, state_write): to become a queue operation"

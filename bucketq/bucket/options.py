@@ -267,6 +267,12 @@ class QueueOptions(CommonOptions):
                 f"({self.state_flush_period} s) so leases are renewed before they run out."
             )
 
+    def retry_delay(self, tries: int) -> float:
+        """The default wait before an item rolled back for the ``tries``-th time is
+        delivered again: ``reject_delta_factor * tries + reject_delta_base`` seconds (at
+        most ``MAX_DELAY``)."""
+        return min(self.reject_delta_factor * tries + self.reject_delta_base, v.MAX_DELAY)
+
     def dead_letter_name(self, queue_name: str) -> str:
         """The dead-letter queue's name (``<name>.dlq`` unless ``dead_letter_queue``)."""
         return self.dead_letter_queue or queue_name + DLQ_SUFFIX

@@ -248,6 +248,11 @@ class AsyncConsumer:
             return sum(1 for m in done if not m.bucket.lost)
         return len(done)
 
+    def touch(self, msg: core.Message) -> bool:
+        core.check_message(msg, self.origin, "touch")
+        with self._mutex:
+            return core.is_current(msg) and msg.bucket.touch(msg.index, _now())
+
     async def rollback(self, msg: core.Message, delay: Any, next_t: Any, reason: Any) -> bool:
         core.check_message(msg, self.origin, "rollback")
         v.text("reason", reason, optional=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bson import ObjectId
@@ -263,6 +264,30 @@ class AsyncQueue(AsyncQueueApi):
 
     async def _rollback(self, msg: core.Message, delay: Any, next_t: Any, reason: Any) -> bool:
         return await self._consumer.rollback(msg, delay, next_t, reason)
+
+    def touch(self, msg: core.Message) -> bool:
+        """Say that ``msg`` is still being worked on. An item handed out and neither
+        committed nor rolled back for ``lease + reject_timeout_grace`` seconds is rolled
+        back by the queue itself (a stuck handler must not keep its bucket forever);
+        ``touch`` starts that clock again. The bucket's lease is renewed anyway while it is
+        held here. False if this process no longer holds the item's bucket or ``msg`` was
+        committed or rolled back. No I/O."""
+        self._check_not_forked()
+        return self._consumer.touch(msg)
+
+    async def consume(self, handler: Callable[..., Any], **options: Any) -> dict[str, Any]:
+        """Run ``handler`` on this queue's items until stopped: its return commits an item,
+        an exception rolls it back (delivered again after the queue's back-off, or the
+        delay the handler asks for; past ``max_tries`` to the dead-letter queue). SIGTERM
+        or SIGINT (or ``max_items``) stops it: items in hand finish within
+        ``drain_timeout``, the rest are released (``drain()``); a second signal releases
+        what is held at once. Returns what it did. Options (``concurrency``, ``batch``,
+        ``time_limit``, ``retry_for``, ...) are those of :class:`bucketq.worker.AsyncWorker`,
+        which this runs; see docs/worker.md."""
+        # The worker is built above the queue, on its public methods: imported when used.
+        from ...worker import AsyncWorker
+
+        return await AsyncWorker(self, handler, **options).run()
 
     # -- drain and close -------------------------------------------------------------------
 

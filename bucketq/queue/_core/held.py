@@ -204,6 +204,14 @@ class HeldBucket:
             self.handed_at.pop(i, None)
             self.dirty = True
 
+    def touch(self, i: int, now: float) -> bool:
+        """Restart the stall clock of item ``i`` (see ``stalled_items``): True if it is
+        handed out here and neither committed nor rolled back."""
+        if self.lost or not self.held or self.state[i] != RESERVED or i not in self.handed_at:
+            return False
+        self.handed_at[i] = now
+        return True
+
     def stalled_items(self, now: float, limit: float) -> list[int]:
         """Items handed out at least ``limit`` seconds ago and neither committed nor
         rolled back since (for auto-rollback): each item on its own clock."""

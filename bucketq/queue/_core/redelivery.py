@@ -14,7 +14,7 @@ from ...errors import ConfigurationError
 
 def retry_delay(tries: int, opts: QueueOptions) -> float:
     """The default wait before a rolled-back item is delivered again (at most ``MAX_DELAY``)."""
-    return min(opts.reject_delta_factor * tries + opts.reject_delta_base, v.MAX_DELAY)
+    return opts.retry_delay(tries)
 
 
 def rollback_time(now: float, delay: Any, next_t: Any, tries: int, opts: QueueOptions) -> float:
