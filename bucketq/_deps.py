@@ -20,6 +20,7 @@ NEEDED_BY = {
     "celery": "bucketq's Celery broker (the bucketq:// transport)",
     "bench": "bucketq bench",
     "bench,server": "bucketq bench ingest",
+    "worker": "bucketq worker --metrics-port",
 }
 
 

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from . import _validate as v
+from .cli import _check_reachable
 from .embedded import URI_ENV
 from .errors import BucketQError, ConfigurationError
 from .worker import core
@@ -50,6 +51,27 @@ def add_worker_parser(sub: Any) -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    return _arguments(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bucketq.worker_cli ARGS`` is ``bucketq worker ARGS`` without building
+    every other command's parser: how a supervisor starts its worker processes quickly."""
+    from .cli import _Parser, _user_errors
+
+    args = _arguments(_Parser(prog="bucketq worker", description=DESCRIPTION)).parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if not isinstance(exc, _user_errors()):
+            raise
+        print(f"bucketq worker: error: {v.one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "handler", metavar="MODULE:FUNCTION", help="the handler, e.g. myapp.tasks:send_email"
     )
@@ -180,6 +202,7 @@ def run_worker(args: argparse.Namespace) -> int:
     wopts = _worker_options(args)
     core.WorkerOptions.build(**wopts)
     uri = _uri(args)
+    _check_reachable(uri)
     if args.processes > 1:
         return _supervise(args, uri, qopts)
     if is_async(handler):
@@ -269,7 +292,7 @@ def _endpoint(args: argparse.Namespace, db: Any, workers: Any, objects: list[Any
               health: Any) -> Any:  # fmt: skip
     from ._deps import require
 
-    require("prometheus_client", "reservoir", "bucketq worker --metrics-port")
+    require("prometheus_client", "worker")
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     from .metrics import QueueCollector, WorkerCollector
@@ -291,7 +314,7 @@ class _Summed:
 
     def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for r in self._reports()[0]:
+        for r in self._reports():
             for k, n in (r.get("queue") or {}).items():
                 if isinstance(n, int):
                     out[k] = out.get(k, 0) + n
@@ -333,9 +356,7 @@ def _supervise(args: argparse.Namespace, uri: str, qopts: dict[str, Any]) -> int
         client = MongoClient(uri, **client_timeouts(uri))
 
         def workers() -> list[dict[str, Any]]:
-            live, retired = sup.reports()
-            out = [r["worker"] for r in live if r.get("worker")]
-            return out + ([{**retired, "retired": True}] if retired else [])
+            return [r["worker"] for r in sup.reports() if r.get("worker")]
 
         endpoint = _endpoint(args, _database(client, args), workers,
                              [_Summed(args.queue, sup.reports)], sup.health).start()  # fmt: skip
@@ -349,3 +370,7 @@ def _supervise(args: argparse.Namespace, uri: str, qopts: dict[str, Any]) -> int
             client.close()
     log.info("supervisor: stopped after %.1f s (exit status %d)", time.monotonic() - t0, code)
     return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

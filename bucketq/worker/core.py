@@ -29,7 +29,7 @@ MAX_BATCH = 10_000
 CONTROL_PERIOD = 0.1
 #: A handler past its time limit and still running this long after it (a sync handler:
 #: a thread cannot be stopped; an async one that ignores its cancellation) is stuck.
-STUCK_AFTER = 2.0
+STUCK_AFTER = 1.0
 #: Why a worker stopped itself when ``stop_when_stuck``.
 STUCK_REASON = "a handler is stuck past its time limit"
 #: Seconds between two reports of a worker process to its supervisor.
@@ -155,8 +155,13 @@ SETTINGS: tuple[v.Setting, ...] = v.settings(WorkerOptions, keywords=True)
 
 
 def options_table() -> str:
-    """The options as the Markdown table in docs/worker.md."""
-    return v.settings_table(SETTINGS, first="Option")
+    """The options as the Markdown table in docs/worker.md: the keyword, its
+    ``bucketq worker`` flag, the default, what it does."""
+    lines = ["| Option | Command line | Default | Meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        default = f"`{s.default_text}`" if s.default_text else "(unset)"
+        lines.append(f"| `{s.field}` | `--{s.field.replace('_', '-')}` | {default} | {s.help} |")
+    return "\n".join(lines) + "\n"
 
 
 # -- outcomes --------------------------------------------------------------------------

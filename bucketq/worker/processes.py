@@ -1,7 +1,8 @@
 """Several worker processes (``bucketq worker --processes P``): a supervisor and the
 channel between it and each of them.
 
-The supervisor starts P children, each ``python -m bucketq worker ... --child-fd N`` with
+The supervisor starts P children, each ``python -m bucketq.worker_cli ... --child-fd N``
+(``bucketq worker`` without the other commands' parsers) with
 a queue object of its own (so their claims spread over the queue's partitions), and one
 socket each (the child's end of a socketpair, its descriptor N). Down the socket go
 ``stop`` and ``abort`` lines; up it, every ``REPORT_PERIOD`` seconds, the child's
@@ -79,7 +80,9 @@ class Supervisor:
         self._children: dict[int, _Child] = {}
         self._due: dict[int, float] = {}  # index -> when to start its replacement
         self._codes: list[int | None] = []
-        self._retired: dict[str, Any] = {}  # counters of children that exited
+        # The counters (worker, queue) of children that exited: totals never go back.
+        self._retired: dict[str, Any] = {}
+        self._retired_queue: dict[str, int] = {}
         self._lock = threading.Lock()  # the metrics thread reads the reports
         self._sel = selectors.DefaultSelector()
         self.restarts = 0
@@ -151,7 +154,7 @@ class Supervisor:
         fd = theirs.fileno()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "bucketq", "worker", *self.argv, "--child-fd", str(fd)],
+                [sys.executable, "-m", "bucketq.worker_cli", *self.argv, "--child-fd", str(fd)],
                 pass_fds=(fd,),
                 env=self.env,
                 start_new_session=True,
@@ -211,6 +214,9 @@ class Supervisor:
             del self._children[c.index]
             if c.report is not None:
                 self._retired = core.add_stats(self._retired, c.report.get("worker") or {})
+                for k, n in (c.report.get("queue") or {}).items():
+                    if isinstance(n, int):
+                        self._retired_queue[k] = self._retired_queue.get(k, 0) + n
         if not c.eof:
             self._sel.unregister(c.sock)
         c.sock.close()
@@ -248,12 +254,16 @@ class Supervisor:
 
     # -- what the metrics endpoint reads ----------------------------------------------------
 
-    def reports(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The latest report of each live child, and the summed counters of those that
-        exited."""
+    def reports(self) -> list[dict[str, Any]]:
+        """The latest report of each live child (``worker`` and ``queue`` stats), then one
+        with the summed counters of those that exited (its worker stats marked
+        ``retired``), if any did."""
         with self._lock:
-            live = [c.report for c in self._children.values() if c.report is not None]
-            return live, dict(self._retired)
+            out = [c.report for c in self._children.values() if c.report is not None]
+            if self._retired:
+                out.append({"worker": {**self._retired, "retired": True},
+                            "queue": dict(self._retired_queue)})  # fmt: skip
+            return out
 
     def health(self) -> dict[str, Any]:
         """Ok while every child runs, reported within ``3 * REPORT_PERIOD`` and is ok."""

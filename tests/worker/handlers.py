@@ -5,7 +5,8 @@ O_APPEND: lines from several threads or processes never mix, and what was writte
 survives a SIGKILL): ``EVENT<TAB>i<TAB>tries<TAB>pid``. Events: ``start`` when a handler
 begins, ``done`` when it returns, ``fail`` when it raises. A payload's fields steer it:
 ``sleep`` (seconds, at the start), ``fail_until`` (raise ValueError while tries is
-below it), ``retry`` (raise Retry(delay) once), ``block`` (sleep an hour: a stuck handler).
+below it), ``retry`` (raise Retry(delay) on the first try; None: Retry()), ``block``
+(sleep an hour while tries is below it: a stuck handler).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _verdict(m) -> None:
 
 def handle(m) -> None:
     _note("start", m)
-    if m.payload.get("block"):
+    if m.tries < m.payload.get("block", 0):
         time.sleep(3600)
     time.sleep(m.payload.get("sleep", 0))
     _verdict(m)
@@ -47,7 +48,7 @@ def handle(m) -> None:
 
 async def handle_async(m) -> None:
     _note("start", m)
-    if m.payload.get("block"):
+    if m.tries < m.payload.get("block", 0):
         await asyncio.sleep(3600)
     await asyncio.sleep(m.payload.get("sleep", 0))
     _verdict(m)

@@ -30,8 +30,8 @@ log = logging.getLogger("bucketq.worker")
 
 _monotonic = time.monotonic
 
-#: How long a stopped worker waits for its slots to end after the drain (seconds, all
-#: together): a slot still in a handler then was released and is not waited for.
+#: How long a stopped worker waits for its idle slots to end after the drain (seconds,
+#: all together): they return from reserve() at once.
 JOIN_WAIT = 1.0
 
 
@@ -145,8 +145,9 @@ class Worker:
             if installed:
                 self._signals.restore()
             end = _monotonic() + JOIN_WAIT
-            for w in slots:
-                w.join(max(0.0, end - _monotonic()))
+            for slot, w in zip(self._slots, slots, strict=True):
+                if slot.current is None:  # one still in a handler was released: not waited for
+                    w.join(max(0.0, end - _monotonic()))
             self._caller.close()
         report = self.stats()
         report["reason"] = self._stop.reason
