@@ -39,8 +39,8 @@ CONTENDERS = ("loop", "consume", "async loop", "async consume")
 #: Each ``consume`` and the loop it is compared with.
 PAIRS = {"consume": "loop", "async consume": "async loop"}
 TARGET = 1.10
-DEFAULT_N = 50_000
-DEFAULT_ROUNDS = 3
+DEFAULT_N = 20_000
+DEFAULT_ROUNDS = 5
 PUSH_CHUNK = 1000
 
 

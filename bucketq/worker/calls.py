@@ -10,6 +10,9 @@ the same names less ``Async`` (as in ``bucketq.bucket.concurrency``), so
   async handler runs on one event loop in a thread of its own, and a time limit cancels it.
 
 Each ``call`` returns ``(OK, result)``, ``(FAILED, exception)`` or ``(CANCELLED, None)``.
+A caller is ``direct`` when its flavour calls the handler in the slot itself (an async
+handler of an async worker, a sync one of a sync worker): the worker then calls it in
+place, its cheapest path, and asks :meth:`AsyncCaller.cancelled` about a cancellation.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from .core import Slot
 from .handlers import is_async
 
 OK, FAILED, CANCELLED = 0, 1, 2
+#: What the worker makes of an OK whose commit was refused.
+COMMIT_REFUSED = 3
 
 #: The signals that stop a worker (a second one stops it at once).
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -87,25 +92,39 @@ class AsyncCaller:
         self.is_async = is_async(handler)
         self._threads = None if self.is_async else DaemonThreads(concurrency, "bucketq-handler")
 
+    @property
+    def direct(self) -> bool:
+        return self._threads is None
+
     def bind(self, slot: Slot) -> None:
         """Called in the slot's own task, once: its handler is cancelled through it."""
         slot.task = asyncio.current_task()
 
+    def cancelled(self, slot: Slot, gen: int, exc: BaseException) -> tuple[int, Any]:
+        """A ``CancelledError`` left an async handler: the handler's own (FAILED), ours
+        at its time limit (CANCELLED), or the slot's task is being cancelled (raised)."""
+        task = slot.task
+        if task is None or task.cancelling() == 0:
+            return FAILED, exc
+        if slot.expired == gen and task.uncancel() == 0:
+            return CANCELLED, None
+        raise exc
+
+    def forgive(self, slot: Slot) -> None:
+        """A handler past its time limit returned after all: if it swallowed our
+        cancellation, its task's count of cancellations goes back."""
+        if slot.task is not None and slot.task.cancelling():
+            slot.task.uncancel()
+
     async def call(self, slot: Slot, gen: int, arg: Any) -> tuple[int, Any]:
         try:
             if self._threads is None:
-                result = await self.handler(arg)
-                if slot.expired == gen and slot.task is not None and slot.task.cancelling():
-                    slot.task.uncancel()  # it ignored its cancellation: the count goes back
-                return OK, result
+                return OK, await self.handler(arg)
             return OK, await asyncio.wrap_future(self._threads.submit(self.handler, arg))
         except asyncio.CancelledError as exc:
-            task = slot.task
-            if self._threads is not None or task is None or task.cancelling() == 0:
-                return FAILED, exc  # raised by the handler itself, not a cancellation of ours
-            if slot.expired == gen and task.uncancel() == 0:
-                return CANCELLED, None  # its time limit passed
-            raise  # the slot itself is being cancelled
+            if self._threads is not None:  # a thread's future: the slot is being cancelled
+                raise
+            return self.cancelled(slot, gen, exc)
         except Exception as exc:  # noqa: BLE001 - the handler's failure: the worker settles it
             return FAILED, exc
 
@@ -171,8 +190,19 @@ class Caller:
         self.is_async = is_async(handler)
         self._loop = _LoopThread() if self.is_async else None
 
+    @property
+    def direct(self) -> bool:
+        return self._loop is None
+
     def bind(self, slot: Slot) -> None:
         """Nothing to remember: an async handler is cancelled through its future."""
+
+    def cancelled(self, slot: Slot, gen: int, exc: BaseException) -> tuple[int, Any]:
+        """A sync handler raised ``asyncio.CancelledError`` itself: a failure."""
+        return FAILED, exc
+
+    def forgive(self, slot: Slot) -> None:
+        """Nothing to undo: a thread was never cancelled."""
 
     def call(self, slot: Slot, gen: int, arg: Any) -> tuple[int, Any]:
         try:

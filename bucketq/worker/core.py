@@ -241,9 +241,15 @@ def failure_record(
 
 
 #: What a slot's handler runs on now, one tuple (set in one assignment, so another thread
-#: reads it whole, and cheap: one is made per delivery): its messages, when it started,
-#: when its time limit passes (monotonic seconds), and the slot's delivery number.
-Delivery = tuple[list[Any], float, float, int]
+#: reads it whole, and cheap: one is made per delivery): its message (a list of them with
+#: ``batch``), when it started, when its time limit passes (monotonic seconds), and the
+#: slot's delivery number.
+Delivery = tuple[Any, float, float, int]
+
+
+def messages(delivered: Any) -> list[Any]:
+    """A delivery's messages as a list (one item at a time, the message alone is kept)."""
+    return delivered if isinstance(delivered, list) else [delivered]
 
 
 class Tally:
@@ -272,12 +278,11 @@ class Slot:
     limit; ``touched`` when its items' stall clock was last restarted; ``task`` /
     ``future`` the shell's handles to cancel an async handler."""
 
-    __slots__ = ("index", "current", "gen", "expired", "touched", "tally", "task", "future")
+    __slots__ = ("index", "current", "expired", "touched", "tally", "task", "future")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.current: Delivery | None = None
-        self.gen = 0
         self.expired = 0
         self.touched = 0.0
         self.tally = Tally()
@@ -318,9 +323,9 @@ def stuck(slots: Iterable[Slot], now: float) -> int:
     return n
 
 
-def touch_due(slots: Iterable[Slot], now: float, every: float) -> Iterator[list[Any]]:
-    """The messages of deliveries whose stall clock should be restarted now (``every``
-    seconds since the last), marked as touched."""
+def touch_due(slots: Iterable[Slot], now: float, every: float) -> Iterator[Any]:
+    """The message (or list of them) of each delivery whose stall clock should be
+    restarted now (``every`` seconds since the last), marked as touched."""
     for s in slots:
         d = s.current
         if d is not None and s.expired != d[3] and now - max(s.touched, d[1]) >= every:

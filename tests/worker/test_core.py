@@ -77,7 +77,7 @@ def test_a_signal_moves_one_level_and_a_request_never_back():
 
 def _slot(gen: int, started: float, limit: float, expired: int = 0) -> core.Slot:
     s = core.Slot(0)
-    s.gen, s.expired = gen, expired
+    s.expired = expired
     s.current = (["m"], started, started + limit, gen)
     return s
 

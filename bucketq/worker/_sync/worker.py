@@ -10,6 +10,7 @@ The async file is the source; ``scripts/unasync.py`` generates the sync twin fro
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import math
@@ -24,7 +25,7 @@ from ...bucket.concurrency import Mutex, Notifier, sleep
 from ...bucket.concurrency import Worker as Background
 from ...errors import ConfigurationError, QueueClosed
 from .. import core
-from ..calls import CANCELLED, OK, Caller, Signals
+from ..calls import CANCELLED, COMMIT_REFUSED, FAILED, OK, Caller, Signals
 
 log = logging.getLogger("bucketq.worker")
 
@@ -171,7 +172,7 @@ class Worker:
             for slot, d in list(core.overdue(self._slots, now)):
                 self._expire(slot, d)
             for msgs in core.touch_due(self._slots, now, self._touch_every):
-                for m in msgs:
+                for m in core.messages(msgs):
                     self.queue.touch(m)
             if self.options.stop_when_stuck and core.stuck(self._slots, now):
                 self._stop.request(core.STOPPING, core.STUCK_REASON)
@@ -200,7 +201,8 @@ class Worker:
     def _expire(self, slot: core.Slot, d: core.Delivery) -> None:
         """Delivery ``d`` ran past its time limit: roll its items back as failed, and stop
         its handler where that can be done."""
-        msgs, _, _, gen = d
+        gen = d[3]
+        msgs = core.messages(d[0])
         slot.expired = gen
         exc = core.TimeLimitExceeded(
             f"the handler ran past its time limit of {self.options.time_limit:g} s"
@@ -211,8 +213,8 @@ class Worker:
     # -- the slots -----------------------------------------------------------------------
 
     def _tickets(self, n: int) -> int:
-        """How many of ``n`` items the slot may reserve now (``max_items``): taken from
-        what is left, pending until :meth:`_took` says how many it got."""
+        """How many of ``n`` items a batch may take now (``max_items``): taken from what
+        is left, pending until :meth:`_took` says how many it got."""
         limit = self.options.max_items
         if limit is None:
             return n
@@ -236,64 +238,103 @@ class Worker:
                 return False
             self._ended += 1
             if self._ended == len(self._slots):
-                self._stop.request(core.STOPPING, f"max_items ({limit}) handled")
+                self._stopping(f"max_items ({limit}) handled")
             return True
 
+    def _stopping(self, reason: str) -> None:
+        """A slot stops the worker: the control loop hears it at once (a signal or
+        ``stop()`` is seen at its next look, within ``CONTROL_PERIOD``)."""
+        self._stop.request(core.STOPPING, reason)
+        self._wake.notify()
+
     def _serve(self, slot: core.Slot) -> None:
-        """One slot: reserve, call the handler, settle, until the worker stops. One item's
-        path through here is the worker's cost per item: it is kept short, and whatever
-        is not a plain commit goes to :meth:`_settle`."""
-        q, stop, call, tally = self.queue, self._stop, self._caller.call, slot.tally
-        batch = self.options.batch
+        """One slot: reserve an item, call the handler, commit, until the worker stops.
+        This is the worker's cost per item, so it is kept short: a handler the caller
+        runs directly (async here, sync in the twin) is called in place, and whatever is
+        not a plain commit goes to :meth:`_settle`."""
+        if self.options.batch is not None:
+            return self._serve_batches(slot)
+        q, stop, tally, hist = self.queue, self._stop, slot.tally, slot.tally.hist
+        handler, caller = self.handler, self._caller
+        direct, bounds = caller.direct, core.DURATION_BUCKETS
         time_limit = math.inf if self.options.time_limit is None else self.options.time_limit
         limit = self.options.max_items
-        self._caller.bind(slot)
-        while stop.level == core.RUNNING:
-            n = 1 if batch is None else batch
-            if limit is not None:
-                # One item at a time, a ticket is a number drawn (atomic): the slot that
-                # draws past max_items ends. A batch asks for what is left.
-                n = (1 if next(self._drawn) < limit else 0) if batch is None else self._tickets(n)
-                if n == 0:
-                    if self._spent():
-                        return
-                    sleep(core.CONTROL_PERIOD)  # others hold the last tickets
-                    continue
-            msgs: list[Any] = []
+        caller.bind(slot)
+        gen = 0
+        while not stop.level:  # RUNNING
+            # max_items: a ticket is a number drawn (atomic); the slot past the last ends.
+            if limit is not None and next(self._drawn) >= limit and self._spent():
+                return
             try:
-                if batch is None:
-                    m = q.reserve()
-                    if m is not None:
-                        msgs = [m]
-                else:
-                    msgs = q.reserve_many(n)
+                m = q.reserve()
             except QueueClosed:
-                stop.request(core.STOPPING, "the queue was closed")
-                return
-            finally:
-                if limit is not None and batch is not None:
-                    self._took(n, len(msgs))
-            if not msgs:  # the queue drained
-                stop.request(core.STOPPING, "the queue was drained")
-                return
+                return self._stopping("the queue was closed")
+            if m is None:
+                return self._stopping("the queue was drained")
             started = _monotonic()
-            gen = slot.gen = slot.gen + 1
-            slot.current = (msgs, started, started + time_limit, gen)
-            if stop.level != core.RUNNING:
+            gen += 1
+            slot.current = (m, started, started + time_limit, gen)
+            if stop.level:
                 # Taken as the stop began: left to drain(), which releases it, no try counted.
                 slot.current = None
                 return
-            kind, value = call(slot, gen, msgs[0] if batch is None else msgs)
+            if direct:
+                try:
+                    value = handler(m)
+                    kind = OK
+                except asyncio.CancelledError as exc:
+                    kind, value = caller.cancelled(slot, gen, exc)
+                except Exception as exc:  # noqa: BLE001 - the handler's failure, settled below
+                    kind, value = FAILED, exc
+            else:
+                kind, value = caller.call(slot, gen, m)
             slot.current = None
             took = _monotonic() - started
-            tally.hist[bisect_left(core.DURATION_BUCKETS, took)] += 1
+            hist[bisect_left(bounds, took)] += 1
             tally.seconds += took
-            if stop.level != core.RUNNING:
+            if stop.level:
                 self._wake.notify()  # the control loop waits for the items in hand
-            if kind == OK and batch is None and slot.expired != gen:
-                if q.commit(msgs[0]):
+            if kind == OK and slot.expired != gen:
+                if q.commit(m):
                     tally.committed += 1
                     continue
+                kind = COMMIT_REFUSED
+            self._settle(slot, gen, kind, value, [m])
+
+    def _serve_batches(self, slot: core.Slot) -> None:
+        """A slot with ``batch``: the handler gets a list, committed together."""
+        q, stop, tally, batch = self.queue, self._stop, slot.tally, self.options.batch
+        assert batch is not None
+        time_limit = math.inf if self.options.time_limit is None else self.options.time_limit
+        self._caller.bind(slot)
+        gen = 0
+        while not stop.level:
+            n = self._tickets(batch)
+            if n == 0:
+                if self._spent():
+                    return
+                sleep(core.CONTROL_PERIOD)  # others hold the last tickets
+                continue
+            msgs: list[Any] = []
+            try:
+                msgs = q.reserve_many(n)
+            except QueueClosed:
+                return self._stopping("the queue was closed")
+            finally:
+                self._took(n, len(msgs))
+            if not msgs:
+                return self._stopping("the queue was drained")
+            started = _monotonic()
+            gen += 1
+            slot.current = (msgs, started, started + time_limit, gen)
+            if stop.level:
+                slot.current = None
+                return
+            kind, value = self._caller.call(slot, gen, msgs)
+            slot.current = None
+            tally.observe(_monotonic() - started)
+            if stop.level:
+                self._wake.notify()
             self._settle(slot, gen, kind, value, msgs)
 
     def _settle(self, slot: core.Slot, gen: int, kind: int, value: Any, msgs: list[Any]) -> None:
@@ -303,14 +344,13 @@ class Worker:
         if kind == CANCELLED:  # at its time limit (counted then)
             return
         if slot.expired == gen:
+            self._caller.forgive(slot)
             self._late(msgs, tally)
             return
         q = self.queue
-        if kind == OK:
-            done = 0
-            if len(msgs) > 1 or self.options.batch is not None:
-                done = q.commit_many(msgs)
-                tally.committed += done
+        if kind == OK or kind == COMMIT_REFUSED:
+            done = q.commit_many(msgs) if kind == OK else 0
+            tally.committed += done
             if done < len(msgs):
                 if slot.expired == gen:  # rolled back at its time limit meanwhile
                     self._late(msgs, tally)
