@@ -274,15 +274,16 @@ class Tally:
 
 class Slot:
     """One handler's place. ``current`` is its :data:`Delivery` while its handler runs
-    (else None); ``expired`` the delivery number the control loop rolled back at its time
+    (else None); ``gen`` the number of its last delivery; ``expired`` the delivery number the control loop rolled back at its time
     limit; ``touched`` when its items' stall clock was last restarted; ``task`` /
     ``future`` the shell's handles to cancel an async handler."""
 
-    __slots__ = ("index", "current", "expired", "touched", "tally", "task", "future")
+    __slots__ = ("index", "current", "gen", "expired", "touched", "tally", "task", "future")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.current: Delivery | None = None
+        self.gen = 0  # the last delivery's number: never used twice in a slot
         self.expired = 0
         self.touched = 0.0
         self.tally = Tally()
@@ -354,13 +355,14 @@ def next_look(slots: Iterable[Slot], now: float) -> float:
 # -- stopping --------------------------------------------------------------------------
 
 #: The stop levels, in order: a request only ever moves a worker forward.
-RUNNING, STOPPING, ABORTING = 0, 1, 2
-LEVELS = ("running", "stopping", "aborting")
+RUNNING, STOPPING, ABORTING, STOPPED = 0, 1, 2, 3
+LEVELS = ("running", "stopping", "aborting", "stopped")
 
 
 class StopState:
     """RUNNING → STOPPING (take no new items, let those in hand finish within the drain
-    deadline, release the rest) → ABORTING (release what is held at once). A signal moves
+    deadline, release the rest) → ABORTING (release what is held at once) → STOPPED
+    (``run()`` returned; set by :meth:`end`, never by a request). A signal moves
     one level on; ``request`` moves to at least a level (so a parent's "stop" and the same
     SIGTERM sent to the whole process group count once). Plain attribute writes: safe
     from a signal handler and from other threads."""
@@ -375,12 +377,17 @@ class StopState:
 
     def signal(self, name: str) -> None:
         self.signals += 1
-        self.request(min(self.level + 1, ABORTING), name)
+        self.request(min(self.level + 1, ABORTING), name)  # never STOPPED: run() says that
 
     def request(self, level: int, reason: str) -> None:
         if level > self.level:
             self.level = level
             self.reason = reason
+
+    def end(self, reason: str) -> None:
+        """The run is over (or failed): nothing runs on; the reason kept if there was one."""
+        self.reason = self.reason or reason
+        self.level = STOPPED
 
     def news(self) -> int | None:
         """The level reached since the last call, once (for the shell to log), or None."""

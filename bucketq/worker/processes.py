@@ -14,7 +14,9 @@ second). A signal sent to every process at once (systemd's default) counts once 
 child: a request moves a worker to at least a level, never one further. A child that
 reads the end of its socket (its supervisor died) stops as on SIGTERM.
 
-A child that exits while the supervisor runs is replaced (``core.Restarts``): at once if
+A child that exits 0 stopped by itself (``--max-items``, its queue drained) and is done;
+when every child is, so is the supervisor. One that exits otherwise while the supervisor
+runs is replaced (``core.Restarts``): at once if
 it lived a while or stopped itself because a handler was stuck past its time limit
 (``EXIT_STUCK``: the stuck thread ends with its process), after a growing back-off if it
 keeps dying young, and after five young deaths in a row the supervisor gives up, stops
@@ -120,7 +122,7 @@ class Supervisor:
                 aborted_at = now if level == core.ABORTING else aborted_at
             for c in list(self._children.values()):
                 self._tell(c)
-            if self._stop.level >= core.STOPPING and not self._children:
+            if not self._children and (self._stop.level >= core.STOPPING or not self._due):
                 return core.exit_status(self._codes)
             if (
                 since is not None
@@ -220,7 +222,8 @@ class Supervisor:
         if not c.eof:
             self._sel.unregister(c.sock)
         c.sock.close()
-        if self._stop.level >= core.STOPPING:
+        if self._stop.level >= core.STOPPING or code == 0:
+            # Stopping, or it stopped by itself (max_items, its queue drained): done.
             self._codes.append(code)
             log.info("supervisor: worker process %d exited (%s)", c.proc.pid, code)
             return
@@ -288,6 +291,7 @@ class ChildChannel:
     the end of the socket) stop ``worker``; its reports go up every ``REPORT_PERIOD``."""
 
     def __init__(self, fd: int, worker: Any, queue: Any) -> None:
+        os.set_inheritable(fd, False)  # not to a process the handler starts
         self._sock = socket.socket(fileno=fd)
         self._worker = worker
         self._queue = queue

@@ -140,6 +140,7 @@ class AsyncWorker:
                 )  # fmt: skip
             drained = await q.drain(timeout=0)
         finally:
+            self._stop.end("run() failed")  # the slots end (after a failure, too)
             self._done = True
             if installed:
                 self._signals.restore()
@@ -258,7 +259,8 @@ class AsyncWorker:
         time_limit = math.inf if self.options.time_limit is None else self.options.time_limit
         limit = self.options.max_items
         caller.bind(slot)
-        gen = 0
+        slot.current = None  # a slot started again after a failure holds nothing
+        gen = slot.gen
         while not stop.level:  # RUNNING
             # max_items: a ticket is a number drawn (atomic); the slot past the last ends.
             if limit is not None and next(self._drawn) >= limit and self._spent():
@@ -270,7 +272,7 @@ class AsyncWorker:
             if m is None:
                 return self._stopping("the queue was drained")
             started = _monotonic()
-            gen += 1
+            gen = slot.gen = gen + 1
             slot.current = (m, started, started + time_limit, gen)
             if stop.level:
                 # Taken as the stop began: left to drain(), which releases it, no try counted.
@@ -305,7 +307,7 @@ class AsyncWorker:
         assert batch is not None
         time_limit = math.inf if self.options.time_limit is None else self.options.time_limit
         self._caller.bind(slot)
-        gen = 0
+        slot.current = None
         while not stop.level:
             n = self._tickets(batch)
             if n == 0:
@@ -323,7 +325,7 @@ class AsyncWorker:
             if not msgs:
                 return self._stopping("the queue was drained")
             started = _monotonic()
-            gen += 1
+            gen = slot.gen = slot.gen + 1
             slot.current = (msgs, started, started + time_limit, gen)
             if stop.level:
                 slot.current = None

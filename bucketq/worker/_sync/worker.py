@@ -142,6 +142,7 @@ class Worker:
                 )  # fmt: skip
             drained = q.drain(timeout=0)
         finally:
+            self._stop.end("run() failed")  # the slots end (after a failure, too)
             self._done = True
             if installed:
                 self._signals.restore()
@@ -260,7 +261,8 @@ class Worker:
         time_limit = math.inf if self.options.time_limit is None else self.options.time_limit
         limit = self.options.max_items
         caller.bind(slot)
-        gen = 0
+        slot.current = None  # a slot started again after a failure holds nothing
+        gen = slot.gen
         while not stop.level:  # RUNNING
             # max_items: a ticket is a number drawn (atomic); the slot past the last ends.
             if limit is not None and next(self._drawn) >= limit and self._spent():
@@ -272,7 +274,7 @@ class Worker:
             if m is None:
                 return self._stopping("the queue was drained")
             started = _monotonic()
-            gen += 1
+            gen = slot.gen = gen + 1
             slot.current = (m, started, started + time_limit, gen)
             if stop.level:
                 # Taken as the stop began: left to drain(), which releases it, no try counted.
@@ -307,7 +309,7 @@ class Worker:
         assert batch is not None
         time_limit = math.inf if self.options.time_limit is None else self.options.time_limit
         self._caller.bind(slot)
-        gen = 0
+        slot.current = None
         while not stop.level:
             n = self._tickets(batch)
             if n == 0:
@@ -325,7 +327,7 @@ class Worker:
             if not msgs:
                 return self._stopping("the queue was drained")
             started = _monotonic()
-            gen += 1
+            gen = slot.gen = slot.gen + 1
             slot.current = (msgs, started, started + time_limit, gen)
             if stop.level:
                 slot.current = None
