@@ -296,6 +296,7 @@ class ChildChannel:
         self._worker = worker
         self._queue = queue
         self._done = threading.Event()
+        self._sending = threading.Lock()  # the last report and a periodic one: whole lines
 
     def start(self) -> ChildChannel:
         for fn, name in ((self._listen, "listen"), (self._report_loop, "report")):
@@ -327,7 +328,8 @@ class ChildChannel:
                  "queue": self._queue.stats(), "health": self._worker.health()},
                 default=str,
             )  # fmt: skip
-            self._sock.sendall(line.encode() + b"\n")
+            with self._sending:
+                self._sock.sendall(line.encode() + b"\n")
             return True
         except OSError:
             return False
