@@ -26,6 +26,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("stream-wake", "Stream wake-up"),
     ("spark", "Spark"),
     ("celery", "Celery broker"),
+    ("worker", "Worker overhead"),
 )
 
 
@@ -365,6 +366,31 @@ def _celery(doc: Mapping[str, Any]) -> list[str]:
     return [method(dict(doc)), "", *tables(dict(doc))]
 
 
+def _worker(doc: Mapping[str, Any]) -> list[str]:
+    env = doc.get("env") or {}
+    out = [
+        f"The same {_n(env.get('n'))} stored items consumed by `q.consume(handler, "
+        "max_items=N)` and by a hand-written `reserve`/`handler`/`commit` loop, sync and "
+        "async, with a handler that only reads the payload; each round both in turn, the "
+        f"next round in the other order; medians of {env.get('rounds', '?')} round(s). CPU "
+        "is the consuming process's (the queue's own threads included).",
+        "",
+    ]
+    rows = []
+    for name, r in (doc.get("contenders") or {}).items():
+        vs = cpu = ""
+        if "wall_ratio" in r:
+            vs = f"{_ratio(r['wall_ratio'])} ({'met' if r.get('met') else 'missed'})"
+            cpu = _ratio(r.get("cpu_ratio"))
+        rows.append([name, _n(r.get("items_per_s")), _n(r.get("wall_us"), 1),
+                     _n(r.get("cpu_us"), 1), vs, cpu])  # fmt: skip
+    target = (doc.get("contenders") or {}).get("consume", {}).get("target", 1.10)
+    out += _table(["contender", "items/s", "wall µs/item", "CPU µs/item",
+                   f"time per item vs its loop (target ≤ {target:.2f}x)", "CPU vs its loop"],
+                  rows, [False, True, True, True, True, True])  # fmt: skip
+    return out
+
+
 RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "queue": _queue,
     "keuss": _keuss,
@@ -373,6 +399,7 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "stream-wake": _stream_wake,
     "spark": _spark,
     "celery": _celery,
+    "worker": _worker,
 }
 
 

@@ -159,7 +159,7 @@ def test_queue_options_on_the_command_line_are_read_by_their_checks():
     with pytest.raises(ConfigurationError, match="max_tries must be a whole number"):
         queue_options(["max_tries=five"])
     with pytest.raises(ConfigurationError, match="NAME=VALUE with NAME one of"):
-        queue_options(["write_concern=1"])
+        queue_options(["colour=red"])
 
 
 def test_the_docs_table_is_rendered_from_the_code():
