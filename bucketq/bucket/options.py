@@ -207,7 +207,7 @@ class QueueOptions(CommonOptions):
     reject_timeout_grace: float = v.option(
         DEFAULT_REJECT_TIMEOUT_GRACE, v.number,
         help="an item reserved and neither committed nor rolled back for `lease` + this (per "
-        "item, from when it was handed out) is rolled back",
+        "item, from when it was handed out or last touched: `touch(msg)`) is rolled back",
     )  # fmt: skip
     mature_granularity: float = v.option(
         DEFAULT_MATURE_GRANULARITY, v.number, open_lo=True,
