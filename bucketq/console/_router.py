@@ -288,23 +288,18 @@ def _filters(params: Any, projects: list[str]) -> dict[str, Any]:
     }
 
 
-def _logs_filter(
-    f: dict[str, Any], cursor: Any = None, since: datetime | None = None
-) -> dict[str, Any]:
+def _logs_filter(f: dict[str, Any], cursor: Any = None, since: datetime | None = None) -> Any:
     frm = _parse_time(f["from"])
     if since is not None:
         frm = max(frm, since) if frm else since
-    return _query.logs_filter(f["project"], service=f["service"] or None, level=f["level"] or None,
+    return _query.logs_filter(service=f["service"] or None, level=f["level"] or None,
                               since=frm, until=_parse_time(f["to"]), q=f["q"] or None,
                               cursor=cursor)  # fmt: skip
 
 
-async def _find_logs(
-    svc: Any, flt: dict[str, Any], limit: int
-) -> tuple[list[dict[str, Any]], bool]:
-    """At most ``limit`` records and :data:`_query.PAGE_BYTES`; whether more follow."""
-    with mongo_timeout(READ_TIMEOUT):
-        return await _query.find_page(svc.storage.logs, flt, limit)
+async def _find_logs(svc: Any, project: str, flt: Any, limit: int) -> Any:
+    """A page of at most ``limit`` records and :data:`_query.PAGE_BYTES` (the store's)."""
+    return await _query.read_page(svc, project, flt, limit, READ_TIMEOUT)
 
 
 def _out(doc: dict[str, Any]) -> dict[str, Any]:
@@ -329,10 +324,10 @@ async def logs_page(request: Request, op: access.Operator) -> Response:
         f = _filters(request.query_params, projects)
         cursor = _query.decode_cursor(cursor_text) if cursor_text else None
         if f["project"]:
-            docs, more = await _find_logs(svc, _logs_filter(f, cursor), PAGE)
-            rows = [_out(d) for d in docs]
-            if more:
-                nxt = urlencode({**f, "cursor": _query.encode_cursor(docs[-1])})
+            page = await _find_logs(svc, f["project"], _logs_filter(f, cursor), PAGE)
+            rows = [_out(d) for d in page.records]
+            if page.next_before:
+                nxt = urlencode({**f, "cursor": _query.encode_cursor(page.next_before)})
     except _query.CursorError as exc:
         error = str(exc)
     except Exception as exc:  # noqa: BLE001 - the page says storage failed instead of a 500
@@ -351,7 +346,9 @@ async def tail(request: Request, op: access.Operator) -> Response:
     if not f["project"]:
         return JSONResponse({"logs": [], "since": since.isoformat()})
     try:
-        docs, _more = await _find_logs(svc, _logs_filter(f, since=since), TAIL_LIMIT)
+        docs = (
+            await _find_logs(svc, f["project"], _logs_filter(f, since=since), TAIL_LIMIT)
+        ).records
     except Exception as exc:  # noqa: BLE001 - the tail shows the failure and polls on
         return JSONResponse({"error": f"Reading the logs failed ({type(exc).__name__})."},
                             status_code=503, headers={"Retry-After": "2"})  # fmt: skip
@@ -365,18 +362,11 @@ async def tail(request: Request, op: access.Operator) -> Response:
 @signed_in
 async def log_detail(request: Request, op: access.Operator, rid: str) -> Response:
     svc = _svc(request)
-    from bson import ObjectId
-    from bson.errors import InvalidId
-
-    ids: list[Any] = [rid[:200]]
+    project = (request.query_params.get("project") or "")[:200]
     try:
-        ids.append(ObjectId(rid))
-    except (InvalidId, TypeError):
-        pass
-    try:
-        with mongo_timeout(READ_TIMEOUT):
-            doc = await svc.storage.logs.find_one({"_id": {"$in": ids}})
-    except PyMongoError as exc:
+        with svc.reads.admit(project), mongo_timeout(READ_TIMEOUT):
+            doc = await svc.storage.logstore.record(project or None, rid[:200])
+    except (PyMongoError, BucketQError) as exc:
         return render(
             request,
             "denied.html",
@@ -390,6 +380,7 @@ async def log_detail(request: Request, op: access.Operator, rid: str) -> Respons
 
     rec = _out(doc)
     extra = {k: doc.get(k) for k in ("project_id", "session_id", "hostname") if doc.get(k)}
+    rec["project"] = doc.get("project_id") or project
     meta = json.dumps(doc.get("metadata"), indent=2, default=str) if doc.get("metadata") else None
     return render(request, "log.html", op=op, rec=rec, extra=extra, meta=meta)
 

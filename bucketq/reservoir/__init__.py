@@ -21,6 +21,12 @@ What an ingest API calls:
 - :class:`Reservoir`: the storage interface (returning :class:`IngestResult`;
   :data:`STORAGE_METHOD` names the method of each record kind); :class:`MongoReservoir`
   the MongoDB engine.
+- :class:`LogStore`: the logs of :class:`MongoReservoir` (``MongoReservoir.logstore``),
+  packed into bucket documents with summaries; its reads (:meth:`LogStore.page`,
+  ``record``, ``trace``, ``count``, ``aggregate``) take a :class:`LogFilter` and answer
+  :class:`LogPage`, :class:`LogCount` and :class:`LogAggregate`; :func:`new_record_ids`
+  and :func:`keyed_record_ids` make the record ids that pack together;
+  :func:`unpack_bucket` reads a bucket document's records.
 - :class:`Transport` and :class:`Delivery`: the transport interface; the transports
   :class:`MemoryTransport`, :class:`RedisTransport`, :class:`BucketqTransport` and
   :class:`PassthroughTransport` (``BufferConfig.transport`` picks one).
@@ -32,20 +38,41 @@ from .. import _lazy
 from ._buffered import BufferedReservoir, install_signal_handlers
 from ._config import BufferConfig, config_table, from_env
 from ._factory import wrap_reservoir
+from ._logbuckets import (
+    BUCKET_SPAN,
+    DEFAULT_RETENTION_DAYS,
+    LogAggregate,
+    LogCount,
+    LogFilter,
+    LogPage,
+    PageBudget,
+)
+from ._logbuckets import keyed_ids as keyed_record_ids
+from ._logbuckets import new_ids as new_record_ids
+from ._logbuckets import unpack as unpack_bucket
+from ._logstore import LogStore
 from ._metrics import render_metrics
 from ._mongo import MongoReservoir
 from ._reservoir import STORAGE_METHOD, IngestResult, Reservoir
 from ._transport import Delivery, MemoryTransport, PassthroughTransport, Transport
 
 __all__ = [
+    "BUCKET_SPAN",
+    "DEFAULT_RETENTION_DAYS",
     "STORAGE_METHOD",
     "BucketqTransport",
     "BufferConfig",
     "BufferedReservoir",
     "Delivery",
     "IngestResult",
+    "LogAggregate",
+    "LogCount",
+    "LogFilter",
+    "LogPage",
+    "LogStore",
     "MemoryTransport",
     "MongoReservoir",
+    "PageBudget",
     "PassthroughTransport",
     "RedisTransport",
     "Reservoir",
@@ -53,7 +80,10 @@ __all__ = [
     "config_table",
     "from_env",
     "install_signal_handlers",
+    "keyed_record_ids",
+    "new_record_ids",
     "render_metrics",
+    "unpack_bucket",
     "wrap_reservoir",
 ]
 

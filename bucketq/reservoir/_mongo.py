@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +16,9 @@ from ..bucket.concurrency import STARTUP_DONE, AsyncStartup, startup_key
 from ..bucket.deadline import Health, StartupBusy, bounded
 from ..bucket.options import DEFAULT_OP_TIMEOUT
 from ..errors import ConfigurationError
+from . import _logbuckets as lb
+from ._logbuckets import LogFilter
+from ._logstore import LogStore
 from ._policy import result
 from ._reservoir import IngestResult, Reservoir
 
@@ -70,7 +72,7 @@ def _common(rec: Any, fields: tuple[str, ...]) -> dict[str, Any]:
         raise RecordError("project_id must be a non-empty string")
     rid = rec.get("_id")
     if rid is None:
-        rid = uuid.uuid4().hex  # assigned at acceptance: the same id on a driver retry
+        rid = lb.IDS.mint(1)[0]  # assigned at acceptance: the same id on a driver retry
     elif not isinstance(rid, str) or not rid:
         raise RecordError("_id must be a non-empty string (the record's stable id)")
     doc = {"_id": rid}
@@ -141,16 +143,22 @@ def unencodable(doc: Mapping[str, Any]) -> str | None:
 
 
 class MongoReservoir(Reservoir):
-    """Stores logs, spans and metrics in ``<prefix>logs``, ``<prefix>spans`` and
-    ``<prefix>metrics`` of a pymongo ``AsyncDatabase``, indexed by project and time.
+    """Stores logs in bucket documents of ``<prefix>log_buckets`` (:attr:`logstore`, a
+    :class:`LogStore`: many records per document, with summaries; docs/server.md,
+    "Storage"), spans and metrics one document per record in ``<prefix>spans`` and
+    ``<prefix>metrics``, of a pymongo ``AsyncDatabase``.
 
     Each call is one ``insert_many(ordered=False)``; records that fail validation or the
     insert are reported with their index in ``errors`` and never counted as ingested.
     One bad record (a time out of range, a key MongoDB refuses) fails only itself.
 
     Idempotent: a record's ``_id`` (a string; one is assigned when it has none) is its
-    document's ``_id``, and a record whose ``_id`` is already stored counts as stored,
-    so writing the same records again (a retry, a redelivery) stores nothing twice.
+    stable id, and a record whose ``_id`` is already stored counts as stored, so writing
+    the same records again (a retry, a redelivery, however regrouped) stores nothing twice.
+
+    ``write_concern`` is the log bucket inserts' (default ``{"j": True}``: a bucket is
+    acknowledged once it is in the journal); ``retention_days`` how long log records are
+    kept (a number, a function of the project, or None: forever).
 
     Every MongoDB call waits at most ``op_timeout`` seconds for its answer (an insert
     not answered in time fails its records; a query raises OperationTimeout).
@@ -165,18 +173,22 @@ class MongoReservoir(Reservoir):
         prefix: str = "",
         create_indexes: bool = True,
         op_timeout: float = DEFAULT_OP_TIMEOUT,
+        write_concern: Mapping[str, Any] | None = None,
+        retention_days: float | Callable[[str], float | None] | None = lb.DEFAULT_RETENTION_DAYS,
     ) -> None:
         if not hasattr(db, "get_collection") or not hasattr(db, "command"):
             raise ConfigurationError(
                 "MongoReservoir needs a pymongo AsyncDatabase (AsyncMongoClient()[name])."
             )
         self.db = db
-        self.logs = db.get_collection(prefix + "logs")
         self.spans = db.get_collection(prefix + "spans")
         self.metrics = db.get_collection(prefix + "metrics")
         self._indexes_done = not create_indexes
         self.op_timeout = op_timeout
         self._health = Health("reservoir storage")
+        self.logstore = LogStore(db, name=prefix + "log_buckets", legacy=prefix + "logs",
+                                 write_concern=write_concern, op_timeout=op_timeout,
+                                 health=self._health, retention_days=retention_days)  # fmt: skip
 
     def _bounded(self, what: str | None = None) -> Any:
         return bounded(self.op_timeout, self._health, what)
@@ -186,7 +198,7 @@ class MongoReservoir(Reservoir):
         concurrent creations stall the embedded server)."""
         if self._indexes_done:
             return
-        key = startup_key(self.logs, "reservoir-indexes")
+        key = startup_key(self.logstore.buckets, "reservoir-indexes")
         try:
             async with AsyncStartup(self.op_timeout):
                 if key not in STARTUP_DONE:
@@ -198,9 +210,7 @@ class MongoReservoir(Reservoir):
             log.warning("creating storage indexes failed (%s); will retry", exc)
 
     async def _create_indexes(self) -> None:
-        await self.logs.create_index(
-            [("project_id", ASCENDING), ("time", DESCENDING)], name="project_time"
-        )
+        await self.logstore.create_indexes()
         await self.spans.create_index(
             [("project_id", ASCENDING), ("start_time", DESCENDING)], name="project_time"
         )
@@ -275,7 +285,20 @@ class MongoReservoir(Reservoir):
         return errors
 
     async def ingest(self, logs: Sequence[dict[str, Any]]) -> IngestResult:
-        return await self._insert(self.logs, logs, log_document)
+        await self._ensure_indexes()
+        errors: list[dict[str, Any]] = []
+        docs: list[dict[str, Any]] = []
+        positions: list[int] = []
+        for i, rec in enumerate(logs):
+            try:
+                docs.append(log_document(rec))
+                positions.append(i)
+            except RecordError as exc:
+                errors.append({"index": i, "error": str(exc)})
+        if docs:
+            errors.extend(await self.logstore.write(docs, positions))
+        errors.sort(key=lambda e: e["index"])
+        return result(len(logs) - len(errors), len(errors), errors)  # type: ignore[return-value]
 
     async def ingest_spans(self, spans: Sequence[dict[str, Any]]) -> IngestResult:
         return await self._insert(self.spans, spans, span_document)
@@ -302,7 +325,10 @@ class MongoReservoir(Reservoir):
                 f"Unknown query filter(s): {', '.join(sorted(unknown))}. Use project_id, service, level, "
                 "trace_id, since, until, limit."
             )
-        col = {"log": self.logs, "span": self.spans, "metric": self.metrics}.get(kind)
+        if kind == "log":
+            return await self._query_logs(project_id, service=service, level=level, trace_id=trace_id,
+                                          since=since, until=until, limit=limit)  # fmt: skip
+        col = {"span": self.spans, "metric": self.metrics}.get(kind)
         if col is None:
             raise ConfigurationError(f"kind must be 'log', 'span' or 'metric'; got {kind!r}.")
         tfield = "start_time" if kind == "span" else "time"
@@ -324,6 +350,25 @@ class MongoReservoir(Reservoir):
         with self._bounded(f"query({kind!r})"):
             cursor = col.find(flt, {"_id": 0}).sort(tfield, DESCENDING).limit(limit)
             return [d async for d in cursor]
+
+    async def _query_logs(
+        self, project_id: str | None, *, trace_id: str | None, limit: int, **filters: Any
+    ) -> list[dict[str, Any]]:
+        if project_id is None:
+            raise ConfigurationError(
+                "Reading logs needs a project_id (records are stored per project)."
+            )
+        since, until = filters.pop("since"), filters.pop("until")
+        flt = LogFilter(since=None if since is None else parse_time(since, "since"),
+                        until=None if until is None else parse_time(until, "until"), **filters)  # fmt: skip
+        if trace_id is not None:
+            recs = [r for r in await self.logstore.trace(project_id, trace_id) if flt.keeps(r)]
+            recs.sort(key=lb.sort_key, reverse=True)
+        else:
+            recs = (await self.logstore.page(project_id, flt, limit=limit)).records
+        for r in recs:
+            r.pop("_id", None)
+        return recs[:limit]
 
     async def health(self) -> dict[str, Any]:
         try:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import random
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .._deps import require
 from .._guard import backoff
+from ._logbuckets import IDS
 
 #: The record kinds the buffer carries (each goes to its ``STORAGE_METHOD``).
 KINDS = ("log", "span", "metric")
@@ -283,7 +283,7 @@ def new_entry(
     stable id: the record's own ``_id`` when it has one, else a fresh one; it stays the
     same through every retry, requeue, redelivery, DLQ entry and replay."""
     return {
-        "id": record_id(record) or uuid.uuid4().hex,
+        "id": record_id(record) or IDS.mint(1)[0],
         "kind": kind,
         "project_id": project_id,
         "record": dict(record),

@@ -270,6 +270,36 @@ class AdmissionMetrics:
             pass
 
 
+class ProjectReads:
+    """Log reads of each project served at once: at most ``limit``; one more is refused
+    at once (429 + ``Retry-After``), never queued, so a project's readers hold at most
+    ``limit`` of the store's attention whatever they send."""
+
+    def __init__(self, limit: int, retry_after: float) -> None:
+        self.limit = limit
+        self.retry_after = retry_after
+        self.active: dict[str, int] = {}
+
+    @contextmanager
+    def admit(self, project: str) -> Iterator[None]:
+        n = self.active.get(project, 0)
+        if n >= self.limit:
+            raise Overloaded(
+                f"{n} reads of this project are being served (BUCKETQ_READS_PER_PROJECT={self.limit})",
+                self.retry_after,
+                status=429,
+            )
+        self.active[project] = n + 1
+        try:
+            yield
+        finally:
+            left = self.active[project] - 1
+            if left:
+                self.active[project] = left
+            else:
+                del self.active[project]
+
+
 class RecordGate:
     """Records in flight (handed to the reservoir, not yet answered): within ``limit``,
     and no more than storage gets through in half a request's budget.

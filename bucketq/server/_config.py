@@ -38,6 +38,11 @@ DEFAULT_MONGODB_TIMEOUT_MS = 5000
 DEFAULT_INGEST_TIMEOUT_MS = 5000
 #: Longest a ``GET /api/v1/logs`` (its key lookup and its query) may take before a 503.
 DEFAULT_READ_TIMEOUT_MS = 5000
+#: Reads of one project served at once; one more is answered 429 at once (so one
+#: project's readers cannot take the store from the others' ingest and reads).
+DEFAULT_READS_PER_PROJECT = 4
+#: Days log records are kept (LogTide's default); 0 keeps them forever.
+DEFAULT_RETENTION_DAYS = 90
 #: Ingest and read requests served at once; one more is answered 503 at once.
 DEFAULT_MAX_REQUESTS_IN_FLIGHT = 64
 #: Records handed to the reservoir and not yet answered; a request that would pass it: 503.
@@ -108,6 +113,10 @@ class ServerConfig:
         help="Deadline of an ingest (from its arrival, again once its body is in); records already handed to the reservoir wait 0.8 x it longer for their outcome before a 503.")
     read_timeout_ms: int = v.option(DEFAULT_READ_TIMEOUT_MS, v.count, lo=1, env="BUCKETQ_READ_TIMEOUT_MS",
         help="Longest a `GET /api/v1/logs` (key lookup and query) may take; past it, 503 + `Retry-After`.")
+    reads_per_project: int = v.option(DEFAULT_READS_PER_PROJECT, v.count, lo=1, env="BUCKETQ_READS_PER_PROJECT",
+        help="Log reads (API and console) of one project served at once; one more is answered 429 + `Retry-After` at once.")
+    retention_days: int = v.option(DEFAULT_RETENTION_DAYS, v.count, lo=0, env="BUCKETQ_RETENTION_DAYS",
+        help="Days log records are kept; whole buckets of older records are deleted. 0: kept forever.")
     max_requests_in_flight: int = v.option(DEFAULT_MAX_REQUESTS_IN_FLIGHT, v.count, lo=1,
         env="BUCKETQ_MAX_REQUESTS_IN_FLIGHT",
         help="Ingest and read requests served at once (per process); one more is answered 503 + `Retry-After` at once.")

@@ -112,8 +112,9 @@ async def on_overloaded(request: Request, exc: Overloaded) -> Response:
     """Admission control refused the request (``_admission``): 503, or 429 for too many
     lookups of unknown keys, with ``Retry-After``."""
     error = "Too many requests" if exc.status == 429 else "Service unavailable"
+    done = "Nothing of this request was stored; r" if request.method != "GET" else "R"
     return error_response(request, ApiError(
-        exc.status, error, f"{exc}. Nothing of this request was stored; retry after the Retry-After delay.",
+        exc.status, error, f"{exc}. {done}etry after the Retry-After delay.",
         headers={"Retry-After": str(max(1, round(exc.retry_after)))}))  # fmt: skip
 
 
@@ -135,5 +136,6 @@ def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
     what = {400: "Malformed body or parameter.", 401: "Missing, unknown or revoked API key.",
             413: "Body or record count over the limit.",
             415: "Unsupported Content-Encoding (send gzip, deflate or none).", 422: "A field is invalid (named, with the record's index).",
+            429: "Too many reads of this project at once (BUCKETQ_READS_PER_PROJECT). Retry after Retry-After.",
             503: "Overloaded or storage unavailable; the message says whether some records may be stored. Retry after Retry-After."}  # fmt: skip
     return {c: {"model": ErrorOut, "description": what[c]} for c in codes}

@@ -1,74 +1,54 @@
-"""``GET /api/v1/logs``: the MongoDB filter, sort and cursor of one page (pure), and
-:func:`find_page`, the one read of a page (bounded in records and in bytes)."""
+"""``GET /api/v1/logs`` and the console's log pages: a page's filter and cursor (pure),
+and :func:`read_page`, the one read of a page (the log store's, bounded by its page)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import math
-import re
 from datetime import UTC, datetime
 from typing import Any
 
-import bson
 from bson import ObjectId
-from bson.raw_bson import RawBSONDocument
 
-#: Newest first; ``_id`` breaks ties so a page boundary never skips or repeats.
-SORT = [("time", -1), ("_id", -1)]
+from ..reservoir import LogFilter, LogPage
+
 #: Stored bytes (BSON) one page may hold: a page of ``limit`` records of up to 1 MB
 #: messages each would otherwise be built whole in memory (1,000 of them: gigabytes).
 PAGE_BYTES = 4 * 1024 * 1024
 
 
-async def find_page(
-    collection: Any, flt: dict[str, Any], limit: int, *, max_bytes: int = PAGE_BYTES
-) -> tuple[list[dict[str, Any]], bool]:
-    """The first records of ``collection`` matching ``flt`` in :data:`SORT` order: at
-    most ``limit``, and no more than ``max_bytes`` of stored BSON (the first record is
-    taken whatever its size); and whether more records follow. Each record is decoded
-    only once it is taken: the driver holds one batch at a time, not the whole page."""
-    opts = collection.codec_options
-    raw = collection.with_options(codec_options=opts.with_options(document_class=RawBSONDocument))
-    docs: list[dict[str, Any]] = []
-    size = 0
-    more = False
-    cursor = raw.find(flt).sort(SORT).limit(limit + 1)
-    try:
-        async for doc in cursor:
-            n = len(doc.raw)
-            if len(docs) == limit or (docs and size + n > max_bytes):
-                more = True
-                break
-            docs.append(bson.decode(doc.raw, opts))
-            size += n
-    finally:
-        await cursor.close()
-    return docs, more
+async def read_page(svc: Any, project: str, flt: LogFilter, limit: int, budget_s: float) -> LogPage:
+    """One page of ``project``'s records, as one of its reads (``svc.reads``: a project's
+    readers beyond its limit are refused at once), every query under pymongo's deadline
+    of ``budget_s`` (the server gives up on it too: ``maxTimeMS``)."""
+    from pymongo import timeout as mongo_timeout
+
+    with svc.reads.admit(project), mongo_timeout(budget_s):
+        page: LogPage = await svc.storage.logstore.page(
+            project, flt, limit=limit, max_bytes=PAGE_BYTES
+        )
+        return page
 
 
 class CursorError(ValueError):
     """The cursor is not one this service handed out."""
 
 
-def encode_cursor(doc: dict[str, Any]) -> str:
-    """The cursor after ``doc``. A stored time that is not a time (another writer's)
-    makes a cursor after every time: the pages end there."""
-    t = doc.get("time")
-    if not isinstance(t, datetime):
-        t = datetime.min.replace(tzinfo=UTC)
-    elif t.tzinfo is None:
+def encode_cursor(before: tuple[datetime, str]) -> str:
+    """The cursor of the page that starts below ``before`` (a page's ``next_before``)."""
+    t, rid = before
+    if t.tzinfo is None:
         t = t.replace(tzinfo=UTC)
-    oid = doc["_id"]
-    raw = {"t": t.isoformat(), "i": str(oid), "o": isinstance(oid, ObjectId)}
+    raw = {"t": t.isoformat(), "i": rid}
     return base64.urlsafe_b64encode(json.dumps(raw, separators=(",", ":")).encode()).decode()
 
 
-def decode_cursor(text: str) -> tuple[datetime, Any]:
+def decode_cursor(text: str) -> tuple[datetime, str]:
     try:
         raw = json.loads(base64.urlsafe_b64decode(text.encode() + b"=" * (-len(text) % 4)))
         t = datetime.fromisoformat(raw["t"])
-        oid = ObjectId(raw["i"]) if raw.get("o") else str(raw["i"])
+        oid = str(ObjectId(raw["i"]) if raw.get("o") else raw["i"])
         if t.tzinfo is None:
             raise ValueError
         # in UTC, as handed out: a forged offset past year 1 or 9999 fails here (not as
@@ -82,35 +62,18 @@ def decode_cursor(text: str) -> tuple[datetime, Any]:
 
 
 def logs_filter(
-    project: str,
     *,
     service: str | None = None,
     level: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
     q: str | None = None,
-    cursor: tuple[datetime, Any] | None = None,
-) -> dict[str, Any]:
-    """The filter of one page: the key's project only, ``since <= time < until``,
-    ``q`` as a case-insensitive substring of the message, older than ``cursor``."""
-    flt: dict[str, Any] = {"project_id": project}
-    if service:
-        flt["service"] = service
-    if level:
-        flt["level"] = level.lower()
-    rng: dict[str, Any] = {}
-    if since is not None:
-        rng["$gte"] = since
-    if until is not None:
-        rng["$lt"] = until
-    if rng:
-        flt["time"] = rng
-    if q:
-        flt["message"] = {"$regex": re.escape(q), "$options": "i"}
-    if cursor is not None:
-        t, oid = cursor
-        flt = {"$and": [flt, {"$or": [{"time": {"$lt": t}}, {"time": t, "_id": {"$lt": oid}}]}]}
-    return flt
+    cursor: tuple[datetime, str] | None = None,
+) -> LogFilter:
+    """The filter of one page: ``since <= time < until``, ``q`` a case-insensitive
+    substring of the message, older than ``cursor``."""
+    return LogFilter(service=service or None, level=level.lower() if level else None,
+                     since=since, until=until, q=q or None, before=cursor)  # fmt: skip
 
 
 #: Levels of a stored value shown by a read; deeper parts are replaced by a note (the

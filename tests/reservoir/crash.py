@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
+from stored_logs import stored_logs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -104,7 +105,7 @@ async def crash_and_drain(
     from .child import config, make_transport
 
     sync = MongoClient(mongo_uri)
-    logs = sync[db_name]["logs"]
+    db = sync[db_name]
     proc = start_child(transport, prefix, mongo_uri, db_name, redis_url, "kill", overrides)
     try:
         lines = wait_for_line(
@@ -114,7 +115,7 @@ async def crash_and_drain(
             lines += wait_for_line(proc, lambda x: x.startswith("STORED ") and x != "STORED 0")
         os.kill(proc.pid, signal.SIGKILL)
         rest = read_rest(proc)
-        stored_at_kill = set(logs.distinct("message"))
+        stored_at_kill = {r["message"] for r in stored_logs(db)}
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -135,12 +136,12 @@ async def crash_and_drain(
         if buf.transport.durable:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                if want <= set(logs.distinct("message")):
+                if want <= {r["message"] for r in stored_logs(db)}:
                     if sum((await buf.transport.pending()).values()) == 0:
                         break
                 await asyncio.sleep(0.1)
     await client.close()
-    messages = [d["message"] for d in logs.find({}, {"message": 1, "_id": 0})]
+    messages = [d["message"] for d in stored_logs(db)]
     distinct = set(messages)
     sync.close()
     return {

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from stored_logs import astored_logs
 
 from bucketq.reservoir import BufferedReservoir, MongoReservoir
 from fast_settings import FAST_BUFFER
@@ -41,7 +42,7 @@ class StoresThenFails(MongoReservoir):
 
 
 async def documents(adb) -> Counter:
-    return Counter([d["message"] async for d in adb["logs"].find({}, {"message": 1})])
+    return Counter([d["message"] for d in await astored_logs(adb)])
 
 
 async def test_isolating_count_only_failures_stores_each_record_once(adb):
@@ -74,7 +75,7 @@ async def test_a_replayed_dlq_record_that_was_stored_is_stored_once(backends, ad
         await settled(buf)
         dead = await buf.dlq_inspect(100)
         assert len(dead) == 12 and all(d["attempts"] == 3 for d in dead)
-        assert {d["id"] for d in dead} == {d["_id"] async for d in adb["logs"].find()}
+        assert {d["id"] for d in dead} == {d["_id"] for d in await astored_logs(adb)}
         storage.lying = False
         assert await buf.dlq_replay() == 12
         await settled(buf)
@@ -94,11 +95,11 @@ async def test_a_record_s_own_id_is_its_stable_id_and_a_resent_record_is_stored_
         res = await buf.ingest([dict(recs[0], _id=7), dict(recs[1], _id="")])
         assert res["failed"] == 2 and all("_id" in e["error"] for e in res["errors"])
         await settled(buf)
-    docs = await adb["logs"].find({}, {"message": 1}).to_list()
+    docs = await astored_logs(adb)
     assert sorted(d["_id"] for d in docs) == sorted(f"key-{i}" for i in range(10))
     # After stop() ingests bypass the buffer: still one document per id.
     assert (await buf.ingest(recs[:3]))["ingested"] == 3
-    assert await adb["logs"].count_documents({}) == 10
+    assert len(await astored_logs(adb)) == 10
 
 
 async def test_a_storage_that_is_not_idempotent_gets_the_records_as_they_came():
@@ -126,4 +127,4 @@ async def test_passthrough_answers_a_call_that_sends_one_id_twice(adb):
         rec = dict(logs(1)[0], _id="same")
         res = await buf.ingest([rec, rec, dict(rec, _id="other")])
     assert res == {"ingested": 3, "failed": 0, "errors": []}
-    assert await adb["logs"].count_documents({}) == 2
+    assert len(await astored_logs(adb)) == 2

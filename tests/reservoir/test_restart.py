@@ -8,6 +8,7 @@ import os
 import signal
 
 import pytest
+from stored_logs import stored_logs
 
 from .crash import acked, crash_and_drain, read_rest, start_child, wait_for_line
 
@@ -52,7 +53,7 @@ async def test_sigterm_drains_and_reports(backends, mongo_uri, mongo_client, red
     lines += rest.split("\n")
     (report,) = [json.loads(x[len("STOPPED ") :]) for x in lines if x.startswith("STOPPED ")]
     enqueued = acked(lines)
-    stored = set(mongo_client[db_name]["logs"].distinct("message"))
+    stored = {r["message"] for r in stored_logs(mongo_client[db_name])}
     print(f"\n[sigterm/redis] enqueued={enqueued} report={report} stored_distinct={len(stored)}")
     assert proc.returncode == 0
     assert report["lost"] == 0 and report["timed_out"] is False

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from stored_logs import astored_logs
 
 from bucketq.reservoir import MongoReservoir
 
@@ -33,8 +34,9 @@ async def test_logs_are_stored_with_logtide_fields_and_bad_records_reported(adb)
     assert boom["level"] == "error" and boom["metadata"] == {"a": 1} and "ignored" not in boom
     assert boom["time"].replace(tzinfo=UTC) == datetime(2024, 5, 1, 10, tzinfo=UTC)
     assert await st.query("log", project_id="p", level="error") == [boom]
-    idx = await adb["logs"].index_information()
-    assert idx["project_time"]["key"] == [("project_id", 1), ("time", -1)]
+    idx = await adb["log_buckets"].index_information()
+    assert idx["project_t1"]["key"] == [("p", 1), ("t1", 1)]
+    assert idx["trace"]["key"] == [("tr", 1)]
     assert (await st.health())["status"] == "ok"
 
 
@@ -73,7 +75,7 @@ async def test_one_bad_record_fails_alone_and_its_neighbours_are_stored(adb, bad
     assert res["ingested"] == 4 and res["failed"] == 1
     (err,) = res["errors"]
     assert err["index"] == 2 and all(w in err["error"] for w in words), err
-    stored = sorted(d["message"] for d in await adb["logs"].find({}).to_list())
+    stored = sorted(d["message"] for d in await astored_logs(adb))
     assert stored == ["m0", "m1", "m3", "m4"]
 
 
@@ -85,12 +87,12 @@ async def test_a_record_is_stored_under_its_id_once_however_often_it_is_written(
     # A rewrite (retry, redelivery) of stored records: stored, not failed, not copied.
     res = await st.ingest(recs + [recs[3]])
     assert res == {"ingested": 5, "failed": 0, "errors": []}
-    docs = await adb["logs"].find({}).to_list()
+    docs = await astored_logs(adb)
     assert sorted(d["_id"] for d in docs) == ["id-0", "id-1", "id-2", "id-3"]
     # Records without an id get one each (distinct, strings), so nothing is merged.
     res = await st.ingest([{"project_id": "p", "message": "same"}] * 3)
     assert res["ingested"] == 3
-    same = await adb["logs"].find({"message": "same"}).to_list()
+    same = await astored_logs(adb, {"message": "same"})
     assert len(same) == 3 and all(isinstance(d["_id"], str) for d in same)
     # Other write errors stay failures of their record (a document over 16 MiB).
     res = await st.ingest(

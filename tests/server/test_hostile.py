@@ -13,11 +13,13 @@ import zlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+import bson
 import httpx
 import pytest
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from pymongo import MongoClient
+from stored_logs import stored_logs
 
 from waiting import eventually
 
@@ -33,6 +35,8 @@ def _project() -> str:
 
 
 def _stored(mongo: MongoClient, db: str, project: str, coll: str = "logs") -> int:
+    if coll == "logs":
+        return len(stored_logs(mongo[db], {"project_id": project}))
     return mongo[db][coll].count_documents({"project_id": project})
 
 
@@ -292,7 +296,7 @@ def test_deep_nesting_is_refused_naming_the_field_and_reads_never_fail(
 
     # Whatever another writer of the database stored, a read answers 200.
     other = _project()
-    logs = mongo_client[serve.database]["logs"]
+    buckets = mongo_client[serve.database]["log_buckets"]
     odd = [
         {"metadata": _deep(90)},  # MongoDB stores at most 100 levels
         {"metadata": [1, 2]},
@@ -301,8 +305,12 @@ def test_deep_nesting_is_refused_naming_the_field_and_reads_never_fail(
         {"service": ["not", "text"]},
         {"time": "not a time"},
     ]
-    logs.insert_many([{"project_id": other, "time": datetime.now(UTC), "service": "x", "level": "info",
-                       "message": "m", **d} for d in odd])  # fmt: skip
+    now = datetime.now(UTC)
+    records = [{"_id": f"odd.{i}", "time": now, "service": "x", "level": "info", "message": "m", **d}
+               for i, d in enumerate(odd)]  # fmt: skip
+    buckets.insert_one({"_id": f"{len(other)}.{other}.0.odd", "p": other, "t0": now, "t1": now,
+                        "n": len(odd), "c": [["x", "info", len(odd)]],
+                        "b": b"".join(bson.encode(r) for r in records)})  # fmt: skip
     with serve.client(keys(other)) as c:
         seen = []
         cursor = None
@@ -401,7 +409,7 @@ def test_a_reused_idempotency_key_with_another_body_is_refused(
         r = c.post("/v1/logs", json=otlp, headers=key)
         assert r.status_code == 422 and "same body" in r.json()["message"]
     messages = sorted(
-        d["message"] for d in mongo_client[serve.database]["logs"].find({"project_id": project})
+        d["message"] for d in stored_logs(mongo_client[serve.database], {"project_id": project})
     )
     assert messages == ["first-0", "first-1", "otlp", "otlp"]  # fmt: skip
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 from pymongo import MongoClient
+from stored_logs import stored_logs
 
 from bucketq.embedded import EmbeddedServer
 from bucketq.server import _keys
@@ -103,8 +104,7 @@ def test_sigterm_with_the_storage_gone_exits_1_and_says_what_was_kept(
         serve.env["RESERVOIR_BUFFER_MAX_BATCH_AGE_MS"] = "200"
         serve.start()
         with MongoClient(storage.uri) as client:
-            logs = client["gone"]["logs"]
-            eventually(lambda: logs.count_documents({"project_id": "gone"}) == 30,
+            eventually(lambda: len(stored_logs(client["gone"], {"project_id": "gone"})) == 30,
                        timeout=60, what="the 30 kept records stored by the next process")  # fmt: skip
     finally:
         serve.terminate()
@@ -126,7 +126,7 @@ def test_open_breaker_writes_straight_to_storage(
         with serve.client(key) as c:
             assert c.post("/api/v1/ingest", json=log_batch(10, prefix="held")).status_code == 200
             assert c.post("/api/v1/ingest", json=log_batch(10, prefix="direct")).status_code == 200
-            assert db["logs"].count_documents({"message": {"$regex": "^direct-"}}) == 10
+            assert len(stored_logs(db, {"message": {"$regex": "^direct-"}})) == 10
             text = c.get("/metrics").text
         assert 'reservoir_buffer_enqueued_total{kind="log"' in text
         bypassed = [
@@ -135,7 +135,7 @@ def test_open_breaker_writes_straight_to_storage(
         assert sum(float(ln.rsplit(" ", 1)[1]) for ln in bypassed) == 10
         assert "reservoir_buffer_breaker_state 1.0" in text
     assert "lost=0" in serve.output() and "timed_out=False" in serve.output()
-    assert db["logs"].count_documents({}) == 20
+    assert len(stored_logs(db)) == 20
     mongo_client.drop_database(database)
 
 
@@ -196,7 +196,7 @@ def test_sigterm_under_load_with_the_bucketq_transport(
         # A new process drains what the bucketq transport kept.
         serve.start()
         want = set(acked)
-        eventually(lambda: len(set(db["logs"].distinct("message")) & want) == len(want),
+        eventually(lambda: len({r["message"] for r in stored_logs(db)} & want) == len(want),
                    timeout=60, what="every acknowledged record in storage")  # fmt: skip
     finally:
         stop.set()

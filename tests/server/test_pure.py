@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,13 +54,23 @@ def test_keys_are_hashed_and_checked() -> None:
 
 def test_cursor_round_trip_and_damage() -> None:
     t = datetime(2024, 5, 1, 10, tzinfo=UTC)
-    for oid in (ObjectId(), "abc123"):
-        assert _query.decode_cursor(_query.encode_cursor({"time": t, "_id": oid})) == (t, oid)
+    for rid in ("r17a4e1db3ed2.0", "abc123", ""):
+        assert _query.decode_cursor(_query.encode_cursor((t, rid))) == (t, rid)
+    # A cursor of the previous release (its record's id an ObjectId) still reads.
+    oid = ObjectId()
+    old = base64.urlsafe_b64encode(
+        json.dumps({"t": t.isoformat(), "i": str(oid), "o": True}).encode()
+    )
+    assert _query.decode_cursor(old.decode()) == (t, str(oid))
     for bad in ("", "garbage", "eyJ0IjoxfQ"):
         with pytest.raises(_query.CursorError):
             _query.decode_cursor(bad)
-    flt = _query.logs_filter("p", q="a.b", cursor=(t, "x"))
-    assert flt["$and"][0] == {"project_id": "p", "message": {"$regex": r"a\.b", "$options": "i"}}
+    flt = _query.logs_filter(q="a.b", level="ERROR", cursor=(t, "x"))
+    assert flt.keeps({"time": t, "_id": "w", "level": "error", "message": "see A.B here"})
+    assert not flt.keeps(
+        {"time": t, "_id": "x", "level": "error", "message": "a.b"}
+    )  # not before x
+    assert not flt.keeps({"time": t, "_id": "a", "level": "error", "message": "axb"})  # no regex
 
 
 def test_otlp_severity_and_bodies() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 from processes import alive
 from pymongo import MongoClient
+from stored_logs import stored_logs
 
 from bucketq.queue import Queue
 from bucketq.server import _keys
@@ -81,7 +82,7 @@ def test_two_workers_one_port_metrics_of_both_and_a_graceful_stop(
         # SIGTERM: each worker stops its buffer (flushes what it holds), then the parent ends
         assert serve.terminate(signal.SIGTERM) == 0, serve.output()
         assert not any(alive(w) for w in workers)
-        assert mongo_client[db]["logs"].count_documents({"project_id": "workers"}) == 2 * REQUESTS
+        assert len(stored_logs(mongo_client[db], {"project_id": "workers"})) == 2 * REQUESTS
         assert "Traceback" not in serve.output()
     finally:
         serve.terminate(signal.SIGKILL)

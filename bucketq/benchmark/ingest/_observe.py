@@ -1,7 +1,7 @@
 """What the benchmark sees of storage and of the MongoDB server while a mode runs.
 
-:class:`StorageWatcher` follows a change stream on the storage's ``logs`` collection in
-a thread and stamps each inserted record of the run (by its ``metadata.bench_req``)
+:class:`StorageWatcher` follows a change stream on the storage's log buckets in a thread
+and stamps each inserted record of the run (by its ``metadata.bench_req``)
 with the ``time.monotonic()`` at which it became visible; with the generator's
 acceptance times that gives the end-to-end latency of every record, not a sample.
 :class:`Observer` is the benchmark's own MongoDB client: it counts every request it
@@ -18,8 +18,8 @@ from typing import Any
 from pymongo import MongoClient, monitoring
 from pymongo.errors import PyMongoError
 
-#: The storage collection of the logs (``MongoReservoir``'s default).
-LOGS_COLLECTION = "logs"
+#: The storage collection of the log buckets (``MongoReservoir``'s default).
+LOGS_COLLECTION = "log_buckets"
 #: ``serverStatus.opcounters`` keys, and the command names that land in each (the rest
 #: counts under "command").
 OPCOUNTERS = ("insert", "query", "update", "delete", "getmore", "command")
@@ -136,14 +136,11 @@ class StorageWatcher:
         return self.error is None
 
     def _run(self) -> None:
+        from ...reservoir import unpack_bucket
+
         pipeline: list[dict[str, Any]] = [
-            {"$match": {"operationType": "insert", "fullDocument.metadata.bench_run": self.run_id}},
-            {
-                "$project": {
-                    "fullDocument.metadata.bench_req": 1,
-                    "fullDocument.metadata.bench_rec": 1,
-                }
-            },
+            {"$match": {"operationType": "insert"}},
+            {"$project": {"fullDocument.b": 1}},
         ]
         try:
             with self.col.watch(pipeline, max_await_time_ms=100) as stream:
@@ -153,8 +150,10 @@ class StorageWatcher:
                     if change is None:
                         continue
                     now = time.monotonic()
-                    meta = change["fullDocument"]["metadata"]
-                    self.seen.append((int(meta["bench_req"]), int(meta["bench_rec"]), now))
+                    for rec in unpack_bucket(change["fullDocument"]):
+                        meta = rec.get("metadata") or {}
+                        if meta.get("bench_run") == self.run_id:
+                            self.seen.append((int(meta["bench_req"]), int(meta["bench_rec"]), now))
         except (PyMongoError, KeyError, TypeError, ValueError) as exc:
             # A standalone server has no change streams: no end-to-end figures then.
             self.error = f"{type(exc).__name__}: {exc}"

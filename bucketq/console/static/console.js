@@ -34,7 +34,7 @@ function startTail() {
       for (const r of fresh) {
         seen.add(r.id);
         const tr = el("tr", { "data-id": r.id, class: "new lvl-" + r.level });
-        const a = el("a", { href: table.dataset.detail + encodeURIComponent(r.id) }, r.time_text);
+        const a = el("a", { href: table.dataset.detail + encodeURIComponent(r.id) + (table.dataset.detailQuery || "") }, r.time_text);
         const td = el("td", { class: "time" });
         td.appendChild(a);
         tr.appendChild(td);

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
+from ...errors import Overloaded
 from .. import _query
 from .._admission import remaining
 from .._auth import Project
@@ -23,7 +24,7 @@ router = APIRouter(tags=["query"])
 
 
 @router.get("/api/v1/logs", response_model=LogsPage, summary="Read log records",
-            responses=documented(400, 401, 422, 503))  # fmt: skip
+            responses=documented(400, 401, 422, 429, 503))  # fmt: skip
 async def read_logs(
     svc: Svc,
     project: Project,
@@ -39,25 +40,22 @@ async def read_logs(
         after = _query.decode_cursor(cursor) if cursor else None
     except _query.CursorError as exc:
         raise ApiError(400, "Bad cursor", str(exc)) from None
-    flt = _query.logs_filter(project, service=service, level=level, since=from_, until=to,
-                             q=q, cursor=after)  # fmt: skip
-    from pymongo import timeout as mongo_timeout
-
+    flt = _query.logs_filter(service=service, level=level, since=from_, until=to, q=q, cursor=after)
     budget = remaining(svc.config.read_timeout_ms / 1000)  # BUCKETQ_READ_TIMEOUT_MS
     try:
         # pymongo's deadline (the server gives up on the query too), not the event loop's:
         # cancelling the driver mid-reply (asyncio.wait_for) left its connections wedged,
         # and every later read, ingest and /ready failed until a restart.
-        with mongo_timeout(budget):
-            logs_ = svc.storage.logs  # type: ignore[union-attr]
-            page, more = await _query.find_page(logs_, flt, limit)
+        page = await _query.read_page(svc, project, flt, limit, budget)
+    except Overloaded:
+        raise
     except Exception as exc:
         log.warning("reading logs failed: %s: %s", type(exc).__name__, exc)
         raise svc.unavailable(
             f"Storage did not answer the read within {budget:g} s (BUCKETQ_READ_TIMEOUT_MS)."
         ) from exc
-    nxt = _query.encode_cursor(page[-1]) if more else None
-    logs = [_query.log_out(d) for d in page]
+    nxt = _query.encode_cursor(page.next_before) if page.next_before else None
+    logs = [_query.log_out(d) for d in page.records]
     # Rendered here, not by the response model: stored data (written by any client of
     # the database) must not make a read fail; log_out made every value JSON.
     for rec in logs:

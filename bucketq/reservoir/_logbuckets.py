@@ -1,0 +1,427 @@
+"""Log buckets without I/O: record ids and their groups, packing a group's records into
+bucket documents, each bucket's summary, unpacking, and the arithmetic of a page read.
+
+A bucket holds records of one project and one *group*: the records whose ids share the
+part before their last ``.`` (:func:`group_of`). Records minted here (:class:`RecordIds`)
+share a group per process and second of acceptance, so the records of many requests
+accepted together pack into one bucket; an Idempotency-Key request's records are a group
+of their own. A group's buckets are its *links* ``0, 1, 2, ...``, and a bucket's ``_id``
+names its project, group and link (:func:`bucket_id`). Links are written once, never
+changed, and a link is only written after every lower link was seen: so a record that is
+in no link seen so far is stored by writing it into the next link, and a write that
+finds the link taken (duplicate ``_id``) reads that link and goes on. That is how a
+record is stored once however its writes were regrouped (retries, redeliveries, replays)
+without an index entry per record.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import bson
+from bson.codec_options import CodecOptions
+
+#: Records one bucket holds at most.
+DEFAULT_BUCKET_RECORDS = 1000
+#: Encoded bytes of records one bucket holds at most (a single larger record gets a
+#: bucket of its own).
+DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
+#: The longest time (between its oldest and newest record) one bucket spans: a page read
+#: that continues below a time looks this far above it for buckets that reach below.
+BUCKET_SPAN = timedelta(seconds=10)
+#: How long records are kept unless a project has a setting of its own (LogTide's default).
+DEFAULT_RETENTION_DAYS = 90.0
+#: Error messages a bucket's summary counts (the most frequent), and their length.
+SUMMARY_ERRORS = 10
+SUMMARY_ERROR_CHARS = 200
+#: Levels counted as errors in a summary's top errors.
+ERROR_LEVELS = frozenset({"error", "fatal", "critical"})
+
+CODEC: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True, tzinfo=UTC)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MIN_TIME = datetime(1, 1, 1, tzinfo=UTC)
+MAX_TIME = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
+# -- record ids and groups -----------------------------------------------------------------
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def group_of(record_id: str) -> str:
+    """The group of a record id: the part before its last ``.``; for the ids earlier
+    releases minted (32 hex digits: a request's 24 and the record's index) the first 24;
+    else the whole id."""
+    head, dot, _ = record_id.rpartition(".")
+    if dot and head:
+        return head
+    if len(record_id) == 32 and _HEX.issuperset(record_id):
+        return record_id[:24]
+    return record_id
+
+
+class RecordIds:
+    """Mints record ids ``<group>.<n>``: the group is this process's token and the
+    current second, so every record accepted in one second shares one."""
+
+    def __init__(self) -> None:
+        self.token = "r" + os.urandom(6).hex()
+        self._seq = itertools.count()
+
+    def group(self, now: float | None = None) -> str:
+        return f"{self.token}{int(time.time() if now is None else now):x}"
+
+    def mint(self, n: int, now: float | None = None) -> list[str]:
+        g = self.group(now)
+        return [f"{g}.{next(self._seq):x}" for _ in range(n)]
+
+    def own(self, group: str) -> bool:
+        return group.startswith(self.token)
+
+
+#: The ids of this process.
+IDS = RecordIds()
+
+
+def new_ids(n: int) -> list[str]:
+    """``n`` fresh record ids of this process's current group (see :class:`RecordIds`)."""
+    return IDS.mint(n)
+
+
+def keyed_ids(digest: str, n: int) -> list[str]:
+    """Ids of the ``n`` records of a request known by ``digest`` (an Idempotency-Key's):
+    one group, so a retry of the request finds its records' links."""
+    return [f"{digest}.{i}" for i in range(n)]
+
+
+def bucket_id(project: str, group: str, link: int) -> str:
+    """``<length of project>.<project>.<link>.<group>``: unambiguous whatever the names hold."""
+    return f"{len(project)}.{project}.{link}.{group}"
+
+
+def link_of(bid: str) -> int:
+    n, _, rest = bid.partition(".")
+    return int(rest[int(n) + 1 :].partition(".")[0])
+
+
+# -- packing ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Packed:
+    """One record ready for a bucket: its document (no ``project_id``), its BSON, and its
+    position in the write call."""
+
+    doc: dict[str, Any]
+    raw: bytes
+    index: int
+
+    @property
+    def id(self) -> str:
+        rid: str = self.doc["_id"]
+        return rid
+
+    @property
+    def time(self) -> datetime:
+        t: datetime = self.doc["time"]
+        return t
+
+
+def split_links(
+    records: Sequence[Packed],
+    *,
+    max_records: int = DEFAULT_BUCKET_RECORDS,
+    max_bytes: int = DEFAULT_BUCKET_BYTES,
+    span: timedelta = BUCKET_SPAN,
+) -> list[list[Packed]]:
+    """A group's records (of one project) in time order, cut into buckets by count,
+    bytes and time span."""
+    out: list[list[Packed]] = []
+    cur: list[Packed] = []
+    size = 0
+    for r in sorted(records, key=lambda r: (r.time, r.id)):
+        if cur and (
+            len(cur) >= max_records or size + len(r.raw) > max_bytes or r.time - cur[0].time > span
+        ):
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(r)
+        size += len(r.raw)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def summary(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """What reads use without unpacking: time range, count, counts by service and level
+    (``c``: ``[service, level, n]``), trace ids (``tr``), the most frequent error
+    messages (``er``: ``[message, n]``)."""
+    t0 = t1 = None
+    counts: Counter[tuple[str, str]] = Counter()
+    traces: set[str] = set()
+    errors: Counter[str] = Counter()
+    n = 0
+    for d in docs:
+        n += 1
+        t = d["time"]
+        t0 = t if t0 is None or t < t0 else t0
+        t1 = t if t1 is None or t > t1 else t1
+        counts[(str(d.get("service")), str(d.get("level")))] += 1
+        tr = d.get("trace_id")
+        if isinstance(tr, str) and tr:
+            traces.add(tr)
+        if d.get("level") in ERROR_LEVELS:
+            errors[str(d.get("message"))[:SUMMARY_ERROR_CHARS]] += 1
+    out: dict[str, Any] = {"t0": t0, "t1": t1, "n": n,
+                           "c": [[s, lv, k] for (s, lv), k in sorted(counts.items())]}  # fmt: skip
+    if traces:
+        out["tr"] = sorted(traces)
+    if errors:
+        out["er"] = [[m, k] for m, k in errors.most_common(SUMMARY_ERRORS)]
+    return out
+
+
+def bucket_document(
+    project: str, group: str, link: int, records: Sequence[Packed], expire: datetime
+) -> dict[str, Any]:
+    """A bucket's one insert: summary fields first, the records last as one binary of
+    concatenated BSON documents (one element for the server, one ``decode_all`` to read)."""
+    doc: dict[str, Any] = {"_id": bucket_id(project, group, link), "p": project, "g": group,
+                           "k": link}  # fmt: skip
+    doc.update(summary(r.doc for r in records))
+    doc["x"] = expire
+    doc["b"] = bson.Binary(b"".join(r.raw for r in records))
+    return doc
+
+
+def expiry(t1: datetime, retention_days: float) -> datetime:
+    """When a bucket whose newest record is at ``t1`` is deleted."""
+    try:
+        return t1 + timedelta(days=retention_days)
+    except OverflowError:
+        return MAX_TIME
+
+
+def unpack(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stored bucket's records, each with the bucket's ``project_id``."""
+    blob = doc.get("b")
+    if not isinstance(blob, bytes) or not blob:
+        return []
+    try:
+        recs = bson.decode_all(blob, CODEC)
+    except Exception:  # noqa: BLE001 - a damaged bucket (another writer's) reads as empty
+        return []
+    p = doc.get("p")
+    for r in recs:
+        r["project_id"] = p
+    return recs
+
+
+def record_ids(doc: dict[str, Any]) -> set[str]:
+    return {str(r.get("_id")) for r in unpack(doc)}
+
+
+# -- reads --------------------------------------------------------------------------------
+
+
+def sort_key(rec: dict[str, Any]) -> tuple[datetime, str]:
+    """Newest first is this key, descending: time, then id."""
+    t = rec.get("time")
+    if not isinstance(t, datetime):
+        t = MIN_TIME
+    elif t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t, str(rec.get("_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class LogFilter:
+    """What a page, a count or an aggregation keeps: ``since <= time < until``, the
+    service and level, ``q`` a case-insensitive substring of the message, and (pages)
+    records before ``before`` (time, id) in newest-first order."""
+
+    service: str | None = None
+    level: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    q: str | None = None
+    before: tuple[datetime, str] | None = None
+
+    @property
+    def upper(self) -> datetime | None:
+        """Records are older than this (exclusive), when anything bounds them above."""
+        times = [t for t in (self.until, self.before[0] if self.before else None) if t]
+        return min(times) if times else None
+
+    def bucket_may_match(self, doc: dict[str, Any]) -> bool:
+        """From the summary alone: could the bucket hold a record this filter keeps?"""
+        t0, t1 = _aware(doc.get("t0")), _aware(doc.get("t1"))
+        if isinstance(t1, datetime) and self.since is not None and t1 < self.since:
+            return False
+        upper = self.upper
+        if isinstance(t0, datetime) and upper is not None:
+            if t0 > upper or (t0 == upper and self.before is None):
+                return False
+        if self.service is None and self.level is None:
+            return True
+        try:
+            return any(
+                n and (self.service in (None, s)) and (self.level in (None, lv))
+                for s, lv, n in doc.get("c") or ()
+            )
+        except (TypeError, ValueError):  # a summary not of this store's making: look inside
+            return True
+
+    def matching_count(self, doc: dict[str, Any]) -> int:
+        """Records of the bucket this filter's service and level keep (its summary)."""
+        try:
+            return sum(
+                int(n)
+                for s, lv, n in doc.get("c") or ()
+                if self.service in (None, s) and self.level in (None, lv)
+            )
+        except (TypeError, ValueError):
+            return 0
+
+    def keeps(self, rec: dict[str, Any]) -> bool:
+        if self.service is not None and rec.get("service") != self.service:
+            return False
+        if self.level is not None and rec.get("level") != self.level:
+            return False
+        t, rid = sort_key(rec)
+        if self.since is not None and t < self.since:
+            return False
+        if self.until is not None and t >= self.until:
+            return False
+        if self.before is not None and (t, rid) >= self.before:
+            return False
+        if self.q:
+            msg = rec.get("message")
+            if not isinstance(msg, str) or self.q.casefold() not in msg.casefold():
+                return False
+        return True
+
+
+@dataclass(slots=True)
+class Window:
+    """The time windows a newest-first read looks at, one after another, each on the
+    buckets whose newest record falls in it: ``[lo, hi)``. The first starts at the
+    read's upper bound plus one bucket span (buckets that reach below it); a window that
+    held few buckets doubles the next, one that held many halves it, so each window
+    costs about ``target`` buckets whatever the project's size or rate."""
+
+    hi: datetime | None
+    width: timedelta
+    target: int = 32
+    floor: datetime = MIN_TIME
+    min_width: timedelta = timedelta(milliseconds=10)
+    max_width: timedelta = timedelta(days=365 * 100)
+
+    def next(self) -> tuple[datetime, datetime | None] | None:
+        """The next window ``(lo, hi)``, or None when the last one reached the floor."""
+        if self.hi is not None and self.hi <= self.floor:
+            return None
+        top = self.hi if self.hi is not None else datetime.now(UTC)
+        try:
+            lo = max(top - self.width, self.floor)
+        except OverflowError:
+            lo = self.floor
+        hi, self.hi = self.hi, lo
+        return lo, hi
+
+    def learn(self, buckets: int) -> None:
+        if buckets == 0:
+            self.width = min(self.width * 4, self.max_width)
+        elif buckets < self.target // 2:
+            self.width = min(self.width * 2, self.max_width)
+        elif buckets > self.target * 2:
+            self.width = max(self.width / 2, self.min_width)
+
+
+def first_window(upper: datetime | None, width: timedelta, since: datetime | None) -> Window:
+    """The windows of a read of records before ``upper`` and from ``since``: buckets whose
+    newest record is at most one span above ``upper`` (older ones may reach below it),
+    down to ``since`` (no older bucket holds a record from ``since`` on)."""
+    hi = None if upper is None else _plus(upper, BUCKET_SPAN + timedelta(microseconds=1))
+    return Window(hi, width, floor=since or MIN_TIME)
+
+
+def _aware(t: Any) -> Any:
+    return t.replace(tzinfo=UTC) if isinstance(t, datetime) and t.tzinfo is None else t
+
+
+def _plus(t: datetime, d: timedelta) -> datetime:
+    try:
+        return t + d
+    except OverflowError:
+        return MAX_TIME
+
+
+@dataclass(slots=True)
+class PageBudget:
+    """What one page read may do before it answers with what it has and a cursor that
+    goes on: buckets read (their summaries), records unpacked."""
+
+    buckets: int = 2000
+    records: int = 100_000
+    read_buckets: int = 0
+    read_records: int = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.read_buckets >= self.buckets or self.read_records >= self.records
+
+
+@dataclass(slots=True)
+class LogPage:
+    """One page, newest first. ``next_before``: the (time, id) the next page starts below
+    (None: no record older than this page's matches). ``complete`` is False when the
+    page ended on its read budget rather than on its size: it may hold fewer records
+    than asked, and ``next_before`` goes on where the read stopped."""
+
+    records: list[dict[str, Any]]
+    next_before: tuple[datetime, str] | None
+    complete: bool = True
+    buckets_read: int = 0
+    records_unpacked: int = 0
+
+
+@dataclass(slots=True)
+class LogCount:
+    """A count of records, ``exact`` or a lower bound (the read stopped at its budget)."""
+
+    count: int
+    exact: bool
+    buckets_read: int = 0
+
+
+@dataclass(slots=True)
+class LogAggregate:
+    """Records per interval by level, the services and the error messages with the most
+    records, from bucket summaries. A bucket's records count in the interval of its
+    newest record (a bucket spans at most :data:`BUCKET_SPAN`). ``complete`` is False when
+    the read stopped at its budget (the figures then cover ``[covered_from, until)``)."""
+
+    interval: timedelta
+    series: list[tuple[datetime, dict[str, int]]]
+    services: list[tuple[str, int]]
+    errors: list[tuple[str, int]]
+    total: int
+    complete: bool
+    covered_from: datetime | None
+    buckets_read: int = 0
+    levels: dict[str, int] = field(default_factory=dict)
+
+
+def interval_start(t: datetime, interval: timedelta) -> datetime:
+    step = interval.total_seconds()
+    secs = (t - _EPOCH).total_seconds()
+    return _EPOCH + timedelta(seconds=(secs // step) * step)
