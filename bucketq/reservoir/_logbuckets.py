@@ -73,6 +73,11 @@ class RecordIds:
     current second, so every record accepted in one second shares one."""
 
     def __init__(self) -> None:
+        self.renew()
+        # A forked child (``bucketq serve --workers``) mints ids of its own.
+        os.register_at_fork(after_in_child=self.renew)
+
+    def renew(self) -> None:
         self.token = "r" + os.urandom(6).hex()
         self._seq = itertools.count()
 
@@ -310,55 +315,61 @@ class LogFilter:
         return True
 
 
-@dataclass(slots=True)
-class Window:
-    """The time windows a newest-first read looks at, one after another, each on the
-    buckets whose newest record falls in it: ``[lo, hi)``. The first starts at the
-    read's upper bound plus one bucket span (buckets that reach below it); a window that
-    held few buckets doubles the next, one that held many halves it, so each window
-    costs about ``target`` buckets whatever the project's size or rate."""
+# -- slots: where in time a project has buckets -------------------------------------------
 
-    hi: datetime | None
-    width: timedelta
-    target: int = 32
-    floor: datetime = MIN_TIME
-    min_width: timedelta = timedelta(milliseconds=10)
-    max_width: timedelta = timedelta(days=365 * 100)
-
-    def next(self) -> tuple[datetime, datetime | None] | None:
-        """The next window ``(lo, hi)``, or None when the last one reached the floor."""
-        if self.hi is not None and self.hi <= self.floor:
-            return None
-        top = self.hi if self.hi is not None else datetime.now(UTC)
-        try:
-            lo = max(top - self.width, self.floor)
-        except OverflowError:
-            lo = self.floor
-        hi, self.hi = self.hi, lo
-        return lo, hi
-
-    def learn(self, buckets: int) -> None:
-        if buckets == 0:
-            self.width = min(self.width * 4, self.max_width)
-        elif buckets < self.target // 2:
-            self.width = min(self.width * 2, self.max_width)
-        elif buckets > self.target * 2:
-            self.width = max(self.width / 2, self.min_width)
+#: A slot of level ``L`` spans ``FANOUT ** L`` seconds; level 0 is one second, the top
+#: level about 34 years. A bucket's insert comes with a marker document for each level's
+#: slot that holds its newest record, so a read finds the newest seconds that have
+#: buckets with point lookups of at most ``FANOUT`` ``_id`` s a level, however large or
+#: quiet the project, instead of an index range whose size it cannot know beforehand.
+FANOUT = 64
+TOP_LEVEL = 5
 
 
-def first_window(upper: datetime | None, width: timedelta, since: datetime | None) -> Window:
-    """The windows of a read of records before ``upper`` and from ``since``: buckets whose
-    newest record is at most one span above ``upper`` (older ones may reach below it),
-    down to ``since`` (no older bucket holds a record from ``since`` on)."""
-    hi = None if upper is None else _plus(upper, BUCKET_SPAN + timedelta(microseconds=1))
-    return Window(hi, width, floor=since or MIN_TIME)
+def seconds(t: datetime) -> int:
+    """Whole seconds since the epoch (floor), for any time of years 1-9999."""
+    return (_aware(t) - _EPOCH) // timedelta(seconds=1)
+
+
+def at_second(n: int) -> datetime:
+    try:
+        return _EPOCH + timedelta(seconds=n)
+    except OverflowError:
+        return MIN_TIME if n < 0 else MAX_TIME
+
+
+def slot_size(level: int) -> int:
+    return int(FANOUT**level)
+
+
+def marker_id(project: str, level: int, n: int) -> str:
+    """A slot marker's ``_id`` (``~`` keeps it apart from bucket ids, whose third part is
+    a link number)."""
+    return f"{len(project)}.{project}.~{level}.{n}"
+
+
+def markers_of(project: str, t1: datetime) -> list[tuple[str, int, int]]:
+    """``(marker id, level, slot)`` of every level's slot holding time ``t1``."""
+    s = seconds(t1)
+    out = []
+    for lv in range(TOP_LEVEL + 1):
+        n = s // slot_size(lv)
+        out.append((marker_id(project, lv, n), lv, n))
+    return out
+
+
+def marker_expiry(level: int, n: int, retention_days: float | None) -> datetime:
+    """A marker lives as long as any bucket of its slot may."""
+    if retention_days is None:
+        return MAX_TIME
+    return expiry(at_second((n + 1) * slot_size(level)), retention_days)
 
 
 def _aware(t: Any) -> Any:
     return t.replace(tzinfo=UTC) if isinstance(t, datetime) and t.tzinfo is None else t
 
 
-def _plus(t: datetime, d: timedelta) -> datetime:
+def plus(t: datetime, d: timedelta) -> datetime:
     try:
         return t + d
     except OverflowError:
@@ -370,7 +381,7 @@ class PageBudget:
     """What one page read may do before it answers with what it has and a cursor that
     goes on: buckets read (their summaries), records unpacked."""
 
-    buckets: int = 2000
+    buckets: int = 1000
     records: int = 100_000
     read_buckets: int = 0
     read_records: int = 0

@@ -4,10 +4,11 @@ what their page costs.
 
 Every query here is bounded on the embedded server too, which reads every document an
 index range (or the whole collection, without one) selects before it sorts and limits:
-so no query leans on ``sort`` + ``limit``. A page reads the buckets whose newest record
-falls in one time window after another (``Window``: each about a fixed number of
-buckets); a trace reads the buckets whose summary names it (an index on ``tr``); a
-record's detail reads its group's links by ``_id``. Retention deletes whole buckets.
+so no query leans on ``sort`` + ``limit``. A page finds the newest seconds that have
+buckets through slot markers (point lookups by ``_id``, see ``_logbuckets``) and reads the
+buckets of a few of those seconds at a time (an index range on ``p, t1`` that holds just
+them); a trace reads the buckets whose summary names it (an index on ``tr``); a record's
+detail reads its group's links by ``_id``. Retention deletes whole buckets.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pymongo import ASCENDING, WriteConcern
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ..bucket.deadline import Health, bounded
+from ..bucket.options import DEFAULT_OP_TIMEOUT
 from . import _logbuckets as lb
 from ._logbuckets import LogAggregate, LogCount, LogFilter, LogPage, Packed, PageBudget
 
@@ -45,10 +47,17 @@ CHAIN_IDS = 200_000
 #: Buckets whose insert had no answer, kept to be inserted again (same ``_id``, same
 #: records) before their group is written again: a late landing cannot then add a copy.
 DOUBT_MAX = 1024
-#: The first window of a project's first page read.
-FIRST_WINDOW = timedelta(seconds=60)
+#: Buckets one read of a page's windows aims at (it reads the buckets of as many marked
+#: seconds as the project's recent density says hold about this many).
+WINDOW_BUCKETS = 32
+#: Slot markers this process knows are stored (not inserted again).
+KNOWN_MARKERS = 100_000
 #: Summary fields a read that does not unpack asks for.
 SUMMARY_FIELDS = {"b": 0}
+
+
+class _MarkersNotStored(Exception):
+    pass
 
 
 @dataclass(slots=True)
@@ -86,7 +95,7 @@ class LogStore:
         name: str = "log_buckets",
         legacy: str = "logs",
         write_concern: Mapping[str, Any] | None = None,
-        op_timeout: float | None = None,
+        op_timeout: float | None = DEFAULT_OP_TIMEOUT,
         health: Health | None = None,
         retention_days: float | Callable[[str], float | None] | None = lb.DEFAULT_RETENTION_DAYS,
         max_records: int = lb.DEFAULT_BUCKET_RECORDS,
@@ -103,7 +112,8 @@ class LogStore:
         self.max_bytes = min(max_bytes, MAX_DOCUMENT_BYTES - SUMMARY_ROOM)
         self._chains: OrderedDict[tuple[str, str], _Chain] = OrderedDict()
         self._doubt: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
-        self._width: OrderedDict[str, timedelta] = OrderedDict()
+        self._density: OrderedDict[str, float] = OrderedDict()
+        self._markers: OrderedDict[str, None] = OrderedDict()
 
     def _bounded(self, what: str | None = None) -> Any:
         return bounded(self.op_timeout, self._health, what)
@@ -117,7 +127,7 @@ class LogStore:
         """The indexes every read relies on; each costs one entry per bucket (``tr``: one
         per trace id of the bucket)."""
         await self.buckets.create_index([("p", ASCENDING), ("t1", ASCENDING)], name="project_t1")
-        await self.buckets.create_index([("tr", ASCENDING)], name="trace")
+        await self.buckets.create_index([("tr", ASCENDING), ("p", ASCENDING)], name="trace")
         # MongoDB deletes a bucket once its expiry passed (the TTL monitor); :meth:`expire`
         # does it too, for servers without one.
         await self.buckets.create_index([("x", ASCENDING)], name="expire", expireAfterSeconds=0)
@@ -190,9 +200,17 @@ class LogStore:
             if not batch:
                 return errors
             retry: dict[tuple[str, str], dict[str, Packed]] = defaultdict(dict)
-            outcome = await self._insert([d for _, _, d, _ in batch])
+            markers = self._new_markers([(key[0], d["t1"]) for key, _, d, _ in batch])
+            outcome = await self._insert([*markers.values(), *(d for _, _, d, _ in batch)])
+            missing = self._markers_stored(markers, outcome)
             for key, k, doc, link in batch:
                 why = outcome.get(doc["_id"])
+                if why is None and any(
+                    m in missing for m, _, _ in lb.markers_of(key[0], doc["t1"])
+                ):
+                    # Stored but not findable yet: its records are written again (and
+                    # found stored then, which inserts the markers again).
+                    why = "unanswered:a slot marker of the bucket was not stored"
                 chain = self._chain(key)
                 if why is None:
                     chain.ids[k] = frozenset(r.id for r in link)
@@ -211,7 +229,7 @@ class LogStore:
             for key in list(retry):
                 try:
                     await self._learn(key)
-                except PyMongoError as exc:
+                except (PyMongoError, _MarkersNotStored) as exc:
                     for r in retry.pop(key).values():
                         errors[r.index] = f"{type(exc).__name__}: {exc}"
             pending = dict(retry)
@@ -239,22 +257,68 @@ class LogStore:
             self._chains.popitem(last=False)
 
     async def _learn(self, key: tuple[str, str]) -> None:
-        """Read a group's links (their record ids) until a read finds none."""
+        """Read a group's links (their record ids) until a read finds none, and make sure
+        their slot markers are stored (a bucket stored by a write that failed after it
+        must be findable once its records count as stored)."""
         project, group = key
         chain = _Chain()
         start = 0
+        times = []
         while True:
             ids = [lb.bucket_id(project, group, k) for k in range(start, start + LINKS_PER_READ)]
             with self._bounded():
-                found = await self.buckets.find({"_id": {"$in": ids}}, {"b": 1}).to_list(None)
+                found = await self.buckets.find({"_id": {"$in": ids}}, {"b": 1, "t1": 1}).to_list(
+                    None
+                )
             for d in found:
                 k = lb.link_of(d["_id"])
                 chain.ids[k] = frozenset(lb.record_ids(d))
                 chain.next = max(chain.next, k + 1)
+                if isinstance(d.get("t1"), datetime):
+                    times.append((project, d["t1"]))
             if not found:
                 break
             start += LINKS_PER_READ
+        markers = self._new_markers(times)
+        if markers and self._markers_stored(markers, await self._insert(list(markers.values()))):
+            raise _MarkersNotStored("slot markers of stored buckets were not stored")
         self._chains[key] = chain
+
+    def _new_markers(self, buckets: Sequence[tuple[str, datetime]]) -> dict[str, dict[str, Any]]:
+        """The marker documents of these buckets' slots this process has not seen stored."""
+        out: dict[str, dict[str, Any]] = {}
+        for project, t1 in buckets:
+            days = self.retention(project)
+            for mid, level, n in lb.markers_of(project, t1):
+                if mid not in self._markers and mid not in out:
+                    out[mid] = {"_id": mid, "x": lb.marker_expiry(level, n, days)}
+        return out
+
+    def _markers_stored(
+        self, markers: dict[str, dict[str, Any]], outcome: dict[str, str]
+    ) -> set[str]:
+        """Remember the markers an insert stored (or found stored); the ids of the others."""
+        missing = set()
+        for mid in markers:
+            why = outcome.get(mid)
+            if why is None or why == "taken":
+                self._markers[mid] = None
+            else:
+                missing.add(mid)
+        while len(self._markers) > KNOWN_MARKERS:
+            self._markers.popitem(last=False)
+        return missing
+
+    async def insert_buckets(self, docs: Sequence[dict[str, Any]]) -> None:
+        """Insert bucket documents built elsewhere (``bucket_document``: a benchmark
+        building a large project, a bulk import) with their slot markers, in one
+        unordered insert; raises when any was not stored (one already there is)."""
+        markers = self._new_markers([(d["p"], d["t1"]) for d in docs])
+        outcome = await self._insert([*markers.values(), *docs])
+        self._markers_stored(markers, outcome)
+        bad = {k: v for k, v in outcome.items() if v != "taken"}
+        if bad:
+            raise RuntimeError(f"{len(bad)} documents were not stored: {next(iter(bad.values()))}")
 
     async def _insert(self, docs: list[dict[str, Any]]) -> dict[str, str]:
         """One unordered insert; for each bucket not stored, why: ``"taken"`` (its ``_id``
@@ -312,34 +376,84 @@ class LogStore:
         with self._bounded("reading logs"):
             return await self.buckets.find(flt, projection).to_list(None)
 
-    def _first_width(self, project: str) -> timedelta:
-        return self._width.get(project, FIRST_WINDOW)
+    async def _probe(self, project: str, level: int, slots: Sequence[int]) -> list[int]:
+        """Which of these slots of ``level`` have a marker, newest first."""
+        ids = {lb.marker_id(project, level, n): n for n in slots}
+        with self._bounded("reading logs"):
+            found = await self.buckets.find({"_id": {"$in": list(ids)}}, {"_id": 1}).to_list(None)
+        return sorted((ids[d["_id"]] for d in found if d["_id"] in ids), reverse=True)
 
-    def _keep_width(self, project: str, width: timedelta) -> None:
-        self._width[project] = width
-        self._width.move_to_end(project)
-        while len(self._width) > 4096:
-            self._width.popitem(last=False)
+    async def _marked_seconds(self, project: str, bound: int, floor: int) -> list[int]:
+        """The marked seconds (newest first) of the newest group of ``FANOUT`` seconds that
+        has any before second ``bound`` (exclusive) and from ``floor`` on; [] when none.
+        Climbs a level while a probe of a slot's siblings finds none, then takes the
+        newest marked child down to the seconds: a few point lookups a level."""
+        level = 0
+        while True:
+            size = lb.slot_size(level)
+            top = (bound - 1) // size
+            first = max((top // lb.FANOUT) * lb.FANOUT, floor // size)
+            if top < first:
+                return []
+            found = await self._probe(project, level, range(top, first - 1, -1))
+            if found:
+                n = found[0]
+                while level > 0:
+                    level -= 1
+                    base = n * lb.FANOUT
+                    found = await self._probe(
+                        project, level, range(base + lb.FANOUT - 1, base - 1, -1)
+                    )
+                    if not found:  # a marker without children (a write that failed midway)
+                        return await self._marked_seconds(project, n * size, floor)
+                    n, size = found[0], lb.slot_size(level)
+                return [x for x in found if floor <= x < bound]
+            if first * size <= floor:
+                return []
+            bound = first * size
+            if level < lb.TOP_LEVEL:
+                level += 1
+
+    def _keep_density(self, project: str, density: float) -> None:
+        self._density[project] = density
+        self._density.move_to_end(project)
+        while len(self._density) > 4096:
+            self._density.popitem(last=False)
 
     async def _windows(
         self, project: str, flt: LogFilter, projection: Any, budget: PageBudget
     ) -> Any:
-        """The buckets of ``project`` that may hold records ``flt`` keeps, newest windows
-        first: yields ``(lo, buckets)``; every bucket whose newest record is at or after
-        ``lo`` has been yielded by then."""
-        win = lb.first_window(flt.upper, self._first_width(project), flt.since)
+        """The buckets of ``project`` that may hold records ``flt`` keeps, newest first, a
+        window at a time: yields ``(lo, buckets)``; every bucket whose newest record is at
+        or after ``lo`` has been yielded by then. A window is a few marked seconds (as
+        many as hold about :data:`WINDOW_BUCKETS` buckets at the project's density)."""
+        upper = flt.upper
+        hi = (
+            lb.MAX_TIME
+            if upper is None
+            else lb.plus(upper, lb.BUCKET_SPAN + timedelta(microseconds=1))
+        )
+        floor = lb.seconds(flt.since) if flt.since is not None else lb.seconds(lb.MIN_TIME)
+        bound = lb.seconds(hi) + 1
+        density = self._density.get(project, 1.0)
+        pending: list[int] = []
         try:
-            while (w := win.next()) is not None:
-                lo, hi = w
-                rng: dict[str, Any] = {"$gte": lo}
-                if hi is not None:
-                    rng["$lt"] = hi
-                found = await self._find({"p": project, "t1": rng}, projection)
-                win.learn(len(found))
+            while True:
+                if not pending:
+                    pending = await self._marked_seconds(project, bound, floor)
+                    if not pending:
+                        return
+                k = max(1, int(WINDOW_BUCKETS / max(density, 1e-3)))
+                take, pending = pending[:k], pending[k:]
+                lo = lb.at_second(take[-1])
+                top = min(hi, lb.at_second(take[0] + 1))
+                found = await self._find({"p": project, "t1": {"$gte": lo, "$lt": top}}, projection)
+                density = 0.5 * density + 0.5 * (len(found) / len(take))
                 budget.read_buckets += len(found)
                 yield lo, [d for d in found if flt.bucket_may_match(d)]
+                hi, bound = lo, take[-1]
         finally:
-            self._keep_width(project, win.width)
+            self._keep_density(project, density)
 
     async def page(
         self,

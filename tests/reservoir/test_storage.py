@@ -36,7 +36,7 @@ async def test_logs_are_stored_with_logtide_fields_and_bad_records_reported(adb)
     assert await st.query("log", project_id="p", level="error") == [boom]
     idx = await adb["log_buckets"].index_information()
     assert idx["project_t1"]["key"] == [("p", 1), ("t1", 1)]
-    assert idx["trace"]["key"] == [("tr", 1)]
+    assert idx["trace"]["key"] == [("tr", 1), ("p", 1)]
     assert (await st.health())["status"] == "ok"
 
 

@@ -1,0 +1,268 @@
+"""The log store: records packed into buckets, each stored once however its writes are
+regrouped, every read bounded by its page (checked with ``explain`` on every query a read
+sends), summaries that answer counts and aggregations, retention by whole buckets, and
+the conversion of a store written by the previous release."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient, monitoring
+from stored_logs import astored_logs
+
+from bucketq.reservoir import LogFilter, LogStore, MongoReservoir, PageBudget, new_record_ids
+
+pytestmark = pytest.mark.timeout(120)
+
+T0 = datetime(2026, 5, 1, 12, tzinfo=UTC)
+
+
+def recs(
+    n: int, project: str = "p", *, start: int = 0, step: float = 0.5, **extra: Any
+) -> list[dict]:
+    """``n`` records one ``step`` of seconds apart from ``T0``, ids of this process."""
+    ids = new_record_ids(n)
+    return [
+        {"_id": ids[i], "project_id": project, "time": T0 + timedelta(seconds=(start + i) * step),
+         "service": "api" if i % 4 else "web", "level": "error" if i % 10 == 0 else "info",
+         "message": f"m{start + i}", **extra}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+async def test_records_are_packed_and_read_back_newest_first(adb):
+    st = MongoReservoir(adb)
+    res = await st.ingest(recs(300))
+    assert res == {"ingested": 300, "failed": 0, "errors": []}
+    buckets = await adb["log_buckets"].count_documents({"p": "p"})
+    assert buckets <= 30  # 300 records a half second apart: 10 s spans of ~20 records
+    page = await st.logstore.page("p", limit=7)
+    assert [r["message"] for r in page.records] == [f"m{i}" for i in range(299, 292, -1)]
+    # Paging backwards with the cursor visits every record once, in order.
+    seen, before = [], None
+    while True:
+        page = await st.logstore.page("p", LogFilter(before=before), limit=64)
+        seen += [r["message"] for r in page.records]
+        if page.next_before is None:
+            break
+        before = page.next_before
+    assert seen == [f"m{i}" for i in range(299, -1, -1)]
+    errs = await st.logstore.page("p", LogFilter(level="error", service="web"), limit=100)
+    assert [r["message"] for r in errs.records] == [f"m{i}" for i in range(280, -1, -20)]
+    found = await st.logstore.page("p", LogFilter(q="M15"), limit=100)
+    assert {r["message"] for r in found.records} == {"m15", *(f"m{i}" for i in range(150, 160))}
+
+
+async def test_a_record_is_stored_once_however_its_writes_are_regrouped(adb):
+    st = MongoReservoir(adb)
+    batch = recs(40)
+    assert (await st.ingest(batch[:25]))["ingested"] == 25
+    # Written again in halves, mixed with new records, out of order, one twice: a
+    # retry, a redelivery and a replay of records that were stored already.
+    more = recs(10, start=40)
+    again = [*batch[30:], *more, *batch[10:30][::-1], batch[3], batch[3]]
+    res = await st.ingest(again)
+    assert res == {"ingested": len(again), "failed": 0, "errors": []}
+    # Another process (its own store object, nothing remembered) writes them again.
+    other = MongoReservoir(adb)
+    assert (await other.ingest(batch + more))["ingested"] == 50
+    stored = Counter(r["_id"] for r in await astored_logs(adb))
+    assert len(stored) == 50 and set(stored.values()) == {1}
+
+
+async def test_concurrent_writers_of_one_group_store_each_record_once(adb):
+    batch = recs(200, step=0.01)
+    stores = [LogStore(adb) for _ in range(3)]
+    await asyncio.gather(*(s.create_indexes() for s in stores[:1]))
+
+    async def write(s: LogStore, part: list[dict]) -> list:
+        return await s.write([dict(r) for r in part], list(range(len(part))))
+
+    parts = [batch[0:120], batch[60:200], batch[::3]]
+    results = await asyncio.gather(*(write(s, p) for s, p in zip(stores, parts, strict=True)))
+    assert results == [[], [], []]
+    stored = Counter(r["_id"] for r in await astored_logs(adb))
+    assert len(stored) == 200 and set(stored.values()) == {1}
+
+
+def test_a_forked_process_mints_ids_of_its_own():
+    parent = new_record_ids(1)[0]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(w, new_record_ids(1)[0].encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(r, 200).decode()
+    assert child.split(".")[0][:13] != parent.split(".")[0][:13]
+
+
+class Finds(monitoring.CommandListener):
+    """Every find a client sends (database, collection, filter, projection)."""
+
+    def __init__(self) -> None:
+        self.finds: list[tuple[str, dict[str, Any]]] = []
+
+    def started(self, event: Any) -> None:
+        if event.command_name == "find":
+            self.finds.append((event.database_name, dict(event.command)))
+
+    def succeeded(self, event: Any) -> None: ...
+    def failed(self, event: Any) -> None: ...
+
+
+async def examined(client: AsyncMongoClient, finds: list[tuple[str, dict[str, Any]]]) -> list[int]:
+    """What each find read on the server (``explain``'s ``totalDocsExamined``), and
+    that each carried its deadline (``maxTimeMS``)."""
+    out = []
+    for db, cmd in finds:
+        assert "maxTimeMS" in cmd, cmd
+        body = {k: v for k, v in cmd.items() if k in ("find", "filter", "projection")}
+        plan = await client[db].command("explain", body, verbosity="executionStats")
+        out.append(int(plan["executionStats"]["totalDocsExamined"]))
+    return out
+
+
+async def fill(store: LogStore, project: str, buckets: int, per: int = 10) -> None:
+    """``buckets`` buckets of ``per`` records, a second apart, inserted straight (the read
+    benchmark builds its projects so)."""
+    from bucketq.reservoir import _logbuckets as lb
+
+    docs = []
+    t = T0
+    for b in range(buckets):
+        packed = []
+        for i in range(per):
+            d = {"_id": f"g{b}.{i}", "time": t + timedelta(milliseconds=100 * i), "service": "api",
+                 "level": "error" if i == 0 and b % 50 == 0 else "info", "message": f"{project}-{b}-{i}",
+                 "trace_id": f"trace-{b // 5}"}  # fmt: skip
+            packed.append(lb.Packed(d, lb.bson.encode(d), i))
+        docs.append(lb.bucket_document(project, f"g{b}", 0, packed, lb.MAX_TIME))
+        t += timedelta(seconds=1)
+    for i in range(0, len(docs), 500):
+        await store.insert_buckets(docs[i : i + 500])
+
+
+async def test_every_read_examines_what_its_page_needs_whatever_the_project_s_size(
+    mongo_uri, db_name, mongo_client
+):
+    finds = Finds()
+    client: AsyncMongoClient = AsyncMongoClient(mongo_uri, event_listeners=[finds], tz_aware=True)
+    try:
+        store = LogStore(client[db_name])
+        await store.create_indexes()
+        await fill(store, "small", 60)
+        await fill(store, "big", 1500)
+        costs: dict[str, dict[str, int]] = {}
+        for project in ("small", "big"):
+            reads = {
+                "newest page": lambda p=project: store.page(p, limit=50),
+                "a filtered page": lambda p=project: store.page(p, LogFilter(service="api", q="-1"), limit=20),
+                "an error page": lambda p=project: store.page(p, LogFilter(level="error"), limit=1),
+                "the page before a time": lambda p=project: store.page(
+                    p, LogFilter(before=(T0 + timedelta(seconds=30), "")), limit=50),
+                "a trace": lambda p=project: store.trace(p, "trace-3"),
+                "a record": lambda p=project: store.record(p, "g7.3"),
+            }  # fmt: skip
+            costs[project] = {}
+            for what, read in reads.items():
+                finds.finds.clear()
+                got = await read()
+                assert got, (project, what)
+                costs[project][what] = sum(await examined(client, list(finds.finds)))
+        for what, big in costs["big"].items():
+            # Flat: a project 25 times larger costs no more than a few windows more.
+            assert big <= max(3 * costs["small"][what], 150), (what, costs)
+        assert costs["big"]["a record"] <= 2 and costs["big"]["a trace"] == 5
+    finally:
+        await client.close()
+        mongo_client.drop_database(db_name)
+
+
+async def test_a_rare_filter_answers_within_its_budget_and_goes_on(adb):
+    store = LogStore(adb)
+    await store.create_indexes()
+    await fill(store, "p", 200)
+    page = await store.page("p", LogFilter(q="p-3-"), limit=5, budget=PageBudget(buckets=40))
+    assert not page.complete and page.next_before is not None and page.buckets_read <= 80
+    seen = [r["message"] for r in page.records]
+    before = page.next_before
+    for _ in range(50):
+        if before is None:
+            break
+        page = await store.page("p", LogFilter(q="p-3-", before=before), limit=5,
+                                budget=PageBudget(buckets=40))  # fmt: skip
+        seen += [r["message"] for r in page.records]
+        before = page.next_before
+    assert before is None and sorted(seen) == sorted(f"p-3-{i}" for i in range(10))
+
+
+async def test_counts_and_aggregations_come_from_summaries(adb):
+    store = LogStore(adb)
+    await store.create_indexes()
+    await fill(store, "p", 120)  # 3 error records: in buckets 0, 50 and 100
+    c = await store.count("p")
+    assert (c.count, c.exact) == (1200, True)
+    c = await store.count("p", LogFilter(level="error"))
+    assert (c.count, c.exact) == (3, True)
+    # A time range cuts buckets: those at its edges are unpacked and counted exactly.
+    c = await store.count("p", LogFilter(since=T0 + timedelta(seconds=10, milliseconds=500),
+                                         until=T0 + timedelta(seconds=20)))  # fmt: skip
+    assert c.count == 95
+    capped = await store.count("p", budget=PageBudget(buckets=30))
+    assert not capped.exact and 0 < capped.count < 1200
+    agg = await store.aggregate(
+        "p", since=T0, until=T0 + timedelta(hours=1), interval=timedelta(minutes=1)
+    )
+    assert agg.complete and agg.total == 1200
+    assert [sum(c.values()) for _, c in agg.series] == [600, 600]
+    assert agg.series[0][1]["error"] == 2 and agg.services == [("api", 1200)]
+    assert agg.errors == [("p-0-0", 1), ("p-50-0", 1), ("p-100-0", 1)] or len(agg.errors) == 3
+
+
+async def test_retention_deletes_whole_buckets(adb):
+    now = datetime.now(UTC)
+    store = LogStore(adb, retention_days=lambda p: 1.0 if p == "short" else 30.0)
+    await store.create_indexes()
+    old = [dict(r, time=now - timedelta(days=2)) for r in recs(20, "short")]
+    old_long = [dict(r, time=now - timedelta(days=2)) for r in recs(20, "long")]
+    new = recs(20, "short", start=100)
+    for r in new:
+        r["time"] = now - timedelta(minutes=1)
+    docs = old + old_long + new
+    assert await store.write(docs, list(range(len(docs)))) == []
+    deleted = await store.expire()
+    assert deleted >= 1
+    left = Counter(r["project_id"] for r in await astored_logs(adb))
+    assert left == {"short": 20, "long": 20}
+    # A shortened setting applies to what is stored already, for the projects named.
+    store._retention = lambda p: 1.0
+    assert await store.expire(projects=["long"]) >= 1
+    assert Counter(r["project_id"] for r in await astored_logs(adb)) == {"short": 20}
+
+
+async def test_a_store_of_the_previous_release_is_converted_once_and_read(adb):
+    legacy = adb["logs"]
+    old = [{"_id": f"{'ab' * 12}{i:08x}", "project_id": "p", "time": T0 + timedelta(seconds=i),
+            "service": "api", "level": "info", "message": f"old-{i}"} for i in range(250)]  # fmt: skip
+    await legacy.insert_many(old)
+    st = MongoReservoir(adb)
+    assert await st.logstore.legacy_left() == 250
+    # A run stopped after storing a batch, before deleting it from the old collection:
+    first = [dict(d) for d in old[:100]]
+    assert await st.logstore.write(first, list(range(100))) == []
+    seen: list[tuple[int, int]] = []
+    n = await st.logstore.convert_legacy(
+        batch=100, progress=lambda done, left: seen.append((done, left))
+    )
+    assert n == 250 and seen[-1] == (250, 0) and await legacy.count_documents({}) == 0
+    stored = Counter(r["_id"] for r in await astored_logs(adb))
+    assert len(stored) == 250 and set(stored.values()) == {1}
+    page = await st.logstore.page("p", limit=2)
+    assert [r["message"] for r in page.records] == ["old-249", "old-248"]
+    assert (await st.logstore.record("p", old[7]["_id"]))["message"] == "old-7"
