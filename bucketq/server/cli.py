@@ -1,6 +1,6 @@
-"""``bucketq serve`` and ``bucketq keys create|list|revoke``.
+"""``bucketq serve``, ``bucketq keys create|list|revoke`` and ``bucketq logs convert``.
 
-``add_parsers(subparsers)`` adds both commands to the ``bucketq`` command line.
+``add_parsers(subparsers)`` adds the commands to the ``bucketq`` command line.
 """
 
 from __future__ import annotations
@@ -112,6 +112,54 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _logs(args: argparse.Namespace) -> int:
+    """``bucketq logs convert``: the old layout's records into buckets, with progress."""
+    import asyncio
+
+    from pymongo.errors import PyMongoError
+
+    async def run() -> int:
+        from pymongo import AsyncMongoClient
+
+        from ..reservoir import MongoReservoir
+
+        client, db = _keys_db(args)  # the checks and the database name `keys` uses
+        client.close()
+        aclient: Any = AsyncMongoClient(_uri_of(args), tz_aware=True)
+        try:
+            store = MongoReservoir(aclient[db.name]).logstore
+            left = await store.legacy_left()
+            print(f"{left} log records in the layout of an earlier release "
+                  f"(collection {store.legacy.name!r} of database {db.name!r})", flush=True)  # fmt: skip
+            if not left:
+                return 0
+            await store.create_indexes()
+
+            def progress(done: int, left: int) -> None:
+                print(f"converted {done} in all; {left} left", flush=True)
+
+            n = await store.convert_legacy(batch=args.batch, progress=progress)
+            print(f"done: {n} records converted by this run; {await store.legacy_left()} left")
+            return 0
+        finally:
+            await aclient.close()
+
+    try:
+        return asyncio.run(run())
+    except (PyMongoError, BucketQError, RuntimeError) as exc:
+        print(f"bucketq logs convert: {exc} Run it again to go on: what it converted stays "
+              "converted, once.", file=sys.stderr)  # fmt: skip
+        return 1
+
+
+def _uri_of(args: argparse.Namespace) -> str:
+    from ..embedded import embedded_uri
+    from ._config import from_env
+
+    cfg = from_env(mongodb_uri=args.mongodb_uri, database=args.database)
+    return cfg.mongodb_uri or embedded_uri() or ""
+
+
 def _db_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mongodb-uri", help="MongoDB URI (default: $BUCKETQ_MONGODB_URI)")
     p.add_argument("--database",
@@ -164,3 +212,19 @@ def add_parsers(sub: Any) -> None:
     )
     _db_options(r)
     r.set_defaults(func=_keys)
+
+    lg = sub.add_parser("logs", help="convert log records stored by an earlier release")
+    lgs = lg.add_subparsers(dest="logs_command", required=True, metavar="{convert}")
+    cv = lgs.add_parser(
+        "convert",
+        help="move records of the one-document-per-record layout into buckets; resumable",
+        description="Moves the records of the collection `logs` (one document per record, "
+        "written by releases before the bucketed log store) into `log_buckets`, a batch at a "
+        "time, saying how far it got. Stopped anywhere, run it again: each record is stored "
+        "once and deleted from `logs` only after its bucket is stored. `bucketq serve` may "
+        "run meanwhile.",
+    )
+    cv.add_argument("--batch", type=v.cli_count(1, 100_000), default=1000,
+                    help="records per batch (default 1000)")  # fmt: skip
+    _db_options(cv)
+    cv.set_defaults(func=_logs)

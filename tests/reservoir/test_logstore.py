@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, monitoring
-from stored_logs import astored_logs
+from stored_logs import astored_logs, stored_logs
 
 from bucketq.reservoir import LogFilter, LogStore, MongoReservoir, PageBudget, new_record_ids
 
@@ -266,3 +266,23 @@ async def test_a_store_of_the_previous_release_is_converted_once_and_read(adb):
     page = await st.logstore.page("p", limit=2)
     assert [r["message"] for r in page.records] == ["old-249", "old-248"]
     assert (await st.logstore.record("p", old[7]["_id"]))["message"] == "old-7"
+
+
+def test_the_convert_command_says_how_far_it_got(mongo_uri, db, db_name):
+    import subprocess
+    import sys
+
+    db["logs"].insert_many([{"_id": f"old-{i}", "project_id": "p", "time": T0 + timedelta(seconds=i),
+                             "service": "api", "level": "info", "message": f"old-{i}"} for i in range(30)])  # fmt: skip
+    cmd = [sys.executable, "-m", "bucketq", "logs", "convert", "--batch", "20",
+           "--mongodb-uri", mongo_uri, "--database", db_name]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "30 log records in the layout of an earlier release" in out.stdout
+    assert (
+        "converted 20 in all; 10 left" in out.stdout and "converted 30 in all; 0 left" in out.stdout
+    )
+    assert db["logs"].count_documents({}) == 0
+    assert sorted(r["_id"] for r in stored_logs(db)) == sorted(f"old-{i}" for i in range(30))
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "0 log records" in again.stdout
