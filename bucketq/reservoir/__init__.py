@@ -46,6 +46,7 @@ from ._logbuckets import (
     LogFilter,
     LogPage,
     PageBudget,
+    build_bucket,
 )
 from ._logbuckets import keyed_ids as keyed_record_ids
 from ._logbuckets import new_ids as new_record_ids
@@ -60,6 +61,7 @@ __all__ = [
     "BUCKET_SPAN",
     "DEFAULT_RETENTION_DAYS",
     "STORAGE_METHOD",
+    "build_bucket",
     "BucketqTransport",
     "BufferConfig",
     "BufferedReservoir",

@@ -207,6 +207,20 @@ def bucket_document(
     return doc
 
 
+def build_bucket(
+    project: str,
+    group: str,
+    records: Sequence[dict[str, Any]],
+    *,
+    link: int = 0,
+    expire: datetime = MAX_TIME,
+) -> dict[str, Any]:
+    """A bucket document of ``records`` (each with a string ``_id`` and a ``time``, no
+    ``project_id``) as link ``link`` of ``group``: for ``LogStore.insert_buckets``."""
+    packed = [Packed(r, bson.encode(r), i) for i, r in enumerate(records)]
+    return bucket_document(project, group, link, packed, expire)
+
+
 def expiry(t1: datetime, retention_days: float) -> datetime:
     """When a bucket whose newest record is at ``t1`` is deleted."""
     try:
@@ -318,12 +332,12 @@ class LogFilter:
 # -- slots: where in time a project has buckets -------------------------------------------
 
 #: A slot of level ``L`` spans ``FANOUT ** L`` seconds; level 0 is one second, the top
-#: level about 34 years. A bucket's insert comes with a marker document for each level's
+#: level about 2,177 years (five top slots cover the years 1-9999). A bucket's insert comes with a marker document for each level's
 #: slot that holds its newest record, so a read finds the newest seconds that have
 #: buckets with point lookups of at most ``FANOUT`` ``_id`` s a level, however large or
 #: quiet the project, instead of an index range whose size it cannot know beforehand.
 FANOUT = 64
-TOP_LEVEL = 5
+TOP_LEVEL = 6
 
 
 def seconds(t: datetime) -> int:

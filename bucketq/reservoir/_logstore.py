@@ -47,9 +47,6 @@ CHAIN_IDS = 200_000
 #: Buckets whose insert had no answer, kept to be inserted again (same ``_id``, same
 #: records) before their group is written again: a late landing cannot then add a copy.
 DOUBT_MAX = 1024
-#: Buckets one read of a page's windows aims at (it reads the buckets of as many marked
-#: seconds as the project's recent density says hold about this many).
-WINDOW_BUCKETS = 32
 #: Slot markers this process knows are stored (not inserted again).
 KNOWN_MARKERS = 100_000
 #: Summary fields a read that does not unpack asks for.
@@ -103,7 +100,7 @@ class LogStore:
     ) -> None:
         wc = WriteConcern(**dict({"j": True} if write_concern is None else write_concern))
         self.buckets = db.get_collection(name, codec_options=lb.CODEC, write_concern=wc)
-        self.legacy = db.get_collection(legacy, codec_options=lb.CODEC)
+        self.legacy = db.get_collection(legacy, codec_options=lb.CODEC, write_concern=wc)
         self.db = db
         self.op_timeout = op_timeout
         self._health = health
@@ -112,7 +109,6 @@ class LogStore:
         self.max_bytes = min(max_bytes, MAX_DOCUMENT_BYTES - SUMMARY_ROOM)
         self._chains: OrderedDict[tuple[str, str], _Chain] = OrderedDict()
         self._doubt: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
-        self._density: OrderedDict[str, float] = OrderedDict()
         self._markers: OrderedDict[str, None] = OrderedDict()
 
     def _bounded(self, what: str | None = None) -> Any:
@@ -386,47 +382,46 @@ class LogStore:
     async def _marked_seconds(self, project: str, bound: int, floor: int) -> list[int]:
         """The marked seconds (newest first) of the newest group of ``FANOUT`` seconds that
         has any before second ``bound`` (exclusive) and from ``floor`` on; [] when none.
-        Climbs a level while a probe of a slot's siblings finds none, then takes the
-        newest marked child down to the seconds: a few point lookups a level."""
-        level = 0
-        while True:
-            size = lb.slot_size(level)
-            top = (bound - 1) // size
-            first = max((top // lb.FANOUT) * lb.FANOUT, floor // size)
-            if top < first:
-                return []
-            found = await self._probe(project, level, range(top, first - 1, -1))
-            if found:
-                n = found[0]
-                while level > 0:
-                    level -= 1
-                    base = n * lb.FANOUT
-                    found = await self._probe(
-                        project, level, range(base + lb.FANOUT - 1, base - 1, -1)
-                    )
-                    if not found:  # a marker without children (a write that failed midway)
-                        return await self._marked_seconds(project, n * size, floor)
-                    n, size = found[0], lb.slot_size(level)
-                return [x for x in found if floor <= x < bound]
-            if first * size <= floor:
-                return []
-            bound = first * size
-            if level < lb.TOP_LEVEL:
-                level += 1
+        First the seconds beside ``bound`` (one probe: a read going on through dense data),
+        else from the top level down, the newest marked slot's children each time: a
+        probe of at most ``FANOUT`` ids a level."""
+        if bound - 1 <= lb.seconds(datetime.now(UTC)) + 86400:
+            top = bound - 1
+            first = max(top - top % lb.FANOUT, floor)
+            if top >= first:
+                found = await self._probe(project, 0, range(top, first - 1, -1))
+                if found:
+                    return found
+        return await self._newest(project, lb.TOP_LEVEL, bound, floor, None)
 
-    def _keep_density(self, project: str, density: float) -> None:
-        self._density[project] = density
-        self._density.move_to_end(project)
-        while len(self._density) > 4096:
-            self._density.popitem(last=False)
+    async def _newest(
+        self, project: str, level: int, bound: int, floor: int, parent: int | None
+    ) -> list[int]:
+        size = lb.slot_size(level)
+        top = (bound - 1) // size
+        low = floor // size
+        if parent is not None:
+            top = min(top, parent * lb.FANOUT + lb.FANOUT - 1)
+            low = max(low, parent * lb.FANOUT)
+        if top < low:
+            return []
+        found = await self._probe(project, level, range(top, low - 1, -1))
+        if level == 0:
+            return [x for x in found if floor <= x < bound]
+        for n in found:  # the newest first; an older one only if its children are gone
+            seconds = await self._newest(project, level - 1, min(bound, (n + 1) * size), floor, n)
+            if seconds:
+                return seconds
+        return []
 
     async def _windows(
-        self, project: str, flt: LogFilter, projection: Any, budget: PageBudget
+        self, project: str, flt: LogFilter, projection: Any, budget: PageBudget, *, first: int = 1
     ) -> Any:
         """The buckets of ``project`` that may hold records ``flt`` keeps, newest first, a
         window at a time: yields ``(lo, buckets)``; every bucket whose newest record is at
-        or after ``lo`` has been yielded by then. A window is a few marked seconds (as
-        many as hold about :data:`WINDOW_BUCKETS` buckets at the project's density)."""
+        or after ``lo`` has been yielded by then. A window holds the buckets of ``first``
+        marked seconds, each next one of twice as many (up to ``FANOUT``): a page that
+        its first second fills reads no more, a rare filter widens quickly."""
         upper = flt.upper
         hi = (
             lb.MAX_TIME
@@ -435,25 +430,21 @@ class LogStore:
         )
         floor = lb.seconds(flt.since) if flt.since is not None else lb.seconds(lb.MIN_TIME)
         bound = lb.seconds(hi) + 1
-        density = self._density.get(project, 1.0)
         pending: list[int] = []
-        try:
-            while True:
+        k = first
+        while True:
+            if not pending:
+                pending = await self._marked_seconds(project, bound, floor)
                 if not pending:
-                    pending = await self._marked_seconds(project, bound, floor)
-                    if not pending:
-                        return
-                k = max(1, int(WINDOW_BUCKETS / max(density, 1e-3)))
-                take, pending = pending[:k], pending[k:]
-                lo = lb.at_second(take[-1])
-                top = min(hi, lb.at_second(take[0] + 1))
-                found = await self._find({"p": project, "t1": {"$gte": lo, "$lt": top}}, projection)
-                density = 0.5 * density + 0.5 * (len(found) / len(take))
-                budget.read_buckets += len(found)
-                yield lo, [d for d in found if flt.bucket_may_match(d)]
-                hi, bound = lo, take[-1]
-        finally:
-            self._keep_density(project, density)
+                    return
+            take, pending = pending[:k], pending[k:]
+            k = min(2 * k, lb.FANOUT)
+            lo = lb.at_second(take[-1])
+            top = min(hi, lb.at_second(take[0] + 1))
+            found = await self._find({"p": project, "t1": {"$gte": lo, "$lt": top}}, projection)
+            budget.read_buckets += len(found)
+            yield lo, [d for d in found if flt.bucket_may_match(d)]
+            hi, bound = lo, take[-1]
 
     async def page(
         self,
@@ -471,8 +462,7 @@ class LogStore:
         spent (a rare filter or ``q`` over a large project)."""
         flt = flt or LogFilter()
         budget = budget or PageBudget()
-        found: list[dict[str, Any]] = []
-        sizes: dict[int, int] = {}
+        found: list[tuple[tuple[datetime, str], int, dict[str, Any]]] = []
         boundary: datetime | None = None
         reached_floor = True
         async for lo, buckets in self._windows(project, flt, None, budget):
@@ -481,29 +471,23 @@ class LogStore:
                 recs = lb.unpack(d)
                 budget.read_records += len(recs)
                 each = len(d.get("b") or b"") // max(1, len(recs))
-                for r in recs:
-                    if flt.keeps(r):
-                        found.append(r)
-                        sizes[id(r)] = each
-            final = sum(1 for r in found if lb.sort_key(r)[0] >= lo)
-            if final > limit:
+                found.extend((lb.sort_key(r), each, r) for r in recs if flt.keeps(r))
+            if sum(1 for key, _, _ in found if key[0] >= lo) > limit or budget.spent:
                 reached_floor = False
                 break
-            if budget.spent:
-                reached_floor = False
-                break
-        found.sort(key=lb.sort_key, reverse=True)
-        if not reached_floor and boundary is not None:
-            certain = [r for r in found if lb.sort_key(r)[0] >= boundary]
-        else:
-            certain = found
+        found.sort(key=lambda x: x[0], reverse=True)
+        certain = (
+            found
+            if reached_floor or boundary is None
+            else [x for x in found if x[0][0] >= boundary]
+        )
         page: list[dict[str, Any]] = []
         size = 0
-        for r in certain:
-            if len(page) == limit or (page and size + sizes[id(r)] > max_bytes):
+        for _key, each, r in certain:
+            if len(page) == limit or (page and size + each > max_bytes):
                 break
             page.append(r)
-            size += sizes[id(r)]
+            size += each
         nxt: tuple[datetime, str] | None = None
         complete = True
         if len(page) < len(certain):  # cut by its size (or bytes): the next page follows it
@@ -559,7 +543,7 @@ class LogStore:
         n = 0
         exact = True
         projection = None if flt.q else SUMMARY_FIELDS
-        async for _lo, buckets in self._windows(project, flt, projection, budget):
+        async for _lo, buckets in self._windows(project, flt, projection, budget, first=lb.FANOUT):
             for d in buckets:
                 t0, t1 = d.get("t0"), d.get("t1")
                 inside = (flt.since is None or (isinstance(t0, datetime) and t0 >= flt.since)) and (
@@ -601,7 +585,9 @@ class LogStore:
         levels: Counter[str] = Counter()
         complete = True
         covered: datetime | None = since
-        async for lo, buckets in self._windows(project, flt, SUMMARY_FIELDS, budget):
+        async for lo, buckets in self._windows(
+            project, flt, SUMMARY_FIELDS, budget, first=lb.FANOUT
+        ):
             for d in buckets:
                 t1 = d.get("t1")
                 if not isinstance(t1, datetime) or not since <= t1 < until:

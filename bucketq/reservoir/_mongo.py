@@ -175,6 +175,7 @@ class MongoReservoir(Reservoir):
         op_timeout: float = DEFAULT_OP_TIMEOUT,
         write_concern: Mapping[str, Any] | None = None,
         retention_days: float | Callable[[str], float | None] | None = lb.DEFAULT_RETENTION_DAYS,
+        log_layout: str = "buckets",
     ) -> None:
         if not hasattr(db, "get_collection") or not hasattr(db, "command"):
             raise ConfigurationError(
@@ -186,6 +187,13 @@ class MongoReservoir(Reservoir):
         self._indexes_done = not create_indexes
         self.op_timeout = op_timeout
         self._health = Health("reservoir storage")
+        if log_layout not in ("buckets", "documents"):
+            raise ConfigurationError(
+                f"log_layout must be 'buckets' or 'documents'; got {log_layout!r}."
+            )
+        #: ``"documents"``: logs one document per record in ``<prefix>logs``, as earlier
+        #: releases stored them (the benchmark's baseline; reads do not see them).
+        self.log_layout = log_layout
         self.logstore = LogStore(db, name=prefix + "log_buckets", legacy=prefix + "logs",
                                  write_concern=write_concern, op_timeout=op_timeout,
                                  health=self._health, retention_days=retention_days)  # fmt: skip
@@ -211,6 +219,10 @@ class MongoReservoir(Reservoir):
 
     async def _create_indexes(self) -> None:
         await self.logstore.create_indexes()
+        if self.log_layout == "documents":
+            await self.logstore.legacy.create_index(
+                [("project_id", ASCENDING), ("time", DESCENDING)], name="project_time"
+            )
         await self.spans.create_index(
             [("project_id", ASCENDING), ("start_time", DESCENDING)], name="project_time"
         )
@@ -285,6 +297,8 @@ class MongoReservoir(Reservoir):
         return errors
 
     async def ingest(self, logs: Sequence[dict[str, Any]]) -> IngestResult:
+        if self.log_layout == "documents":
+            return await self._insert(self.logstore.legacy, logs, log_document)
         await self._ensure_indexes()
         errors: list[dict[str, Any]] = []
         docs: list[dict[str, Any]] = []

@@ -41,6 +41,8 @@ DEFAULT_READ_TIMEOUT_MS = 5000
 #: Reads of one project served at once; one more is answered 429 at once (so one
 #: project's readers cannot take the store from the others' ingest and reads).
 DEFAULT_READS_PER_PROJECT = 4
+#: How log records are stored (``BUCKETQ_LOG_LAYOUT``).
+LOG_LAYOUTS = ("buckets", "documents")
 #: Days log records are kept (LogTide's default); 0 keeps them forever.
 DEFAULT_RETENTION_DAYS = 90
 #: Ingest and read requests served at once; one more is answered 503 at once.
@@ -115,6 +117,8 @@ class ServerConfig:
         help="Longest a `GET /api/v1/logs` (key lookup and query) may take; past it, 503 + `Retry-After`.")
     reads_per_project: int = v.option(DEFAULT_READS_PER_PROJECT, v.count, lo=1, env="BUCKETQ_READS_PER_PROJECT",
         help="Log reads (API and console) of one project served at once; one more is answered 429 + `Retry-After` at once.")
+    log_layout: str = v.option("buckets", v.choice, options=LOG_LAYOUTS, env="BUCKETQ_LOG_LAYOUT",
+        help="`buckets`: log records packed into bucket documents (what reads and the console read). `documents`: one document per record in `logs`, as releases before the bucketed log store did: for comparing the two in `bucketq bench ingest` only; reads do not see such records.")
     retention_days: int = v.option(DEFAULT_RETENTION_DAYS, v.count, lo=0, env="BUCKETQ_RETENTION_DAYS",
         help="Days log records are kept; whole buckets of older records are deleted. 0: kept forever.")
     max_requests_in_flight: int = v.option(DEFAULT_MAX_REQUESTS_IN_FLIGHT, v.count, lo=1,

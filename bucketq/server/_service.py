@@ -108,7 +108,8 @@ class Service:
             else self.client.get_default_database(DEFAULT_DATABASE)
         )
         self.storage = MongoReservoir(self.db, write_concern=STORAGE_WRITE_CONCERN,
-                                      retention_days=cfg.retention_days or None)  # fmt: skip
+                                      retention_days=cfg.retention_days or None,
+                                      log_layout=cfg.log_layout)  # fmt: skip
         self.reservoir = wrap_reservoir(
             self.storage, self.buffer_config, db=self.db, registry=self.registry
         )

@@ -131,18 +131,17 @@ async def examined(client: AsyncMongoClient, finds: list[tuple[str, dict[str, An
 async def fill(store: LogStore, project: str, buckets: int, per: int = 10) -> None:
     """``buckets`` buckets of ``per`` records, a second apart, inserted straight (the read
     benchmark builds its projects so)."""
-    from bucketq.reservoir import _logbuckets as lb
+    from bucketq.reservoir import build_bucket
 
     docs = []
     t = T0
     for b in range(buckets):
         packed = []
         for i in range(per):
-            d = {"_id": f"g{b}.{i}", "time": t + timedelta(milliseconds=100 * i), "service": "api",
+            packed.append({"_id": f"g{b}.{i}", "time": t + timedelta(milliseconds=100 * i), "service": "api",
                  "level": "error" if i == 0 and b % 50 == 0 else "info", "message": f"{project}-{b}-{i}",
-                 "trace_id": f"trace-{b // 5}"}  # fmt: skip
-            packed.append(lb.Packed(d, lb.bson.encode(d), i))
-        docs.append(lb.bucket_document(project, f"g{b}", 0, packed, lb.MAX_TIME))
+                 "trace_id": f"trace-{b // 5}"})  # fmt: skip
+        docs.append(build_bucket(project, f"g{b}", packed))
         t += timedelta(seconds=1)
     for i in range(0, len(docs), 500):
         await store.insert_buckets(docs[i : i + 500])
