@@ -196,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .benchmark.worker import add_parser as add_worker_bench
 
     add_worker_bench(bench_sub)
+    from .benchmark.logs import add_parser as add_logs_bench
+
+    add_logs_bench(bench_sub)
 
     s = sub.add_parser(
         "server", help="run the embedded MongoDB-wire server in the foreground, print its URI"

@@ -126,6 +126,7 @@ def _step(r: dict[str, Any], wall_s: float) -> dict[str, Any]:
         "stored_ok": r["stored_ok"],
         "kept_schedule": r["load"]["kept_schedule"],
         "api_cpu_us_per_record": cpu_per_record(r),
+        "store_cpu_us_per_record": r.get("store_cpu_us_per_record"),
         "sustained": sustained(r),
         # where the time goes: the load itself, then storing what was accepted
         "wall_s": round(wall_s, 1),
@@ -175,6 +176,7 @@ def capacity(run_one: RunOne, mode: str, st: LimitSettings) -> dict[str, Any]:
         "rate": None if good is None else good["rate"],
         "records_per_s": None if good is None else good["records_per_s"],
         "api_cpu_us_per_record": None if good is None else good["api_cpu_us_per_record"],
+        "store_cpu_us_per_record": None if good is None else good["store_cpu_us_per_record"],
         "limited_by": "max_rate" if bad_rate is None else "p95, errors or storage",
         "seconds": round(sum(x["wall_s"] for x in steps), 1),
     }
@@ -304,11 +306,23 @@ def run_limits(run_one: RunOne, st: LimitSettings, say: Callable[[str], None]) -
                            "load_average_start": os.getloadavg()}  # fmt: skip
     for mode in st.modes if "capacity" in st.parts else ():
         c = out["capacity"][mode] = capacity(run_one, mode, st)
-        cpu = c["api_cpu_us_per_record"]
+        cpu, store = c["api_cpu_us_per_record"], c["store_cpu_us_per_record"]
         say(f"capacity {mode}: {c['records_per_s'] or 0:,.0f} records/s sustained at 100 per "
             f"request (p95 < {CAPACITY_P95_MS:g} ms); API CPU "
-            f"{'-' if cpu is None else f'{cpu:.1f}'} µs/record (target ≤ 30) "
+            f"{'-' if cpu is None else f'{cpu:.1f}'} µs/record (target ≤ 30), store CPU "
+            f"{'-' if store is None else f'{store:.1f}'} µs/record (target ≤ 25) "
             f"[load {_load()}]")  # fmt: skip
+        base, layout = mode.partition("@")[0], mode.partition("@")[2]
+        old = out["capacity"].get(f"{base}@documents") if not layout else None
+        new = out["capacity"].get(base) if layout == "documents" else None
+        pair = (c, old) if old else (new, c) if new else None
+        if pair and pair[0]["records_per_s"] and pair[1]["records_per_s"]:
+            n, o = pair
+            say(f"layouts {base}: buckets {n['records_per_s']:,.0f} records/s against documents "
+                f"{o['records_per_s']:,.0f} ({n['records_per_s'] / o['records_per_s']:.1f}x); store CPU "
+                f"{n['store_cpu_us_per_record'] or 0:.1f} against {o['store_cpu_us_per_record'] or 0:.1f} "
+                f"µs/record; API CPU {n['api_cpu_us_per_record'] or 0:.1f} against "
+                f"{o['api_cpu_us_per_record'] or 0:.1f}")  # fmt: skip
         if c["rate"]:
             o = out["overload"][mode] = overload(run_one, mode, 2 * c["rate"], st)
             h = o["health"]

@@ -64,11 +64,24 @@ _BUFFER = "RESERVOIR_BUFFER_"
 LIMIT_MODES = ("off", "memory", "redis", "bucketq")
 
 
+#: ``--layout``: how the service stores log records; a mode run with the earlier layout
+#: is named ``<mode>@documents``.
+LAYOUTS = ("buckets", "documents")
+
+
+def split_mode(mode: str) -> tuple[str, str]:
+    """``"memory@documents"`` -> ``("memory", "documents")``; no ``@``: the buckets layout."""
+    base, _, layout = mode.partition("@")
+    return base, layout or "buckets"
+
+
 def mode_env(mode: str, *, uri: str, database: str, prefix: str, redis_url: str) -> dict[str, str]:
     """The environment of ``bucketq serve`` for ``mode``."""
-    if mode not in MODES:
+    mode, layout = split_mode(mode)
+    if mode not in MODES or layout not in LAYOUTS:
         raise ConfigurationError(f"mode must be one of {', '.join(MODES)}; got {mode!r}.")
     env = {
+        "BUCKETQ_LOG_LAYOUT": layout,
         "BUCKETQ_MONGODB_URI": uri,
         "BUCKETQ_DATABASE": database,
         _BUFFER + "ENABLED": "false" if mode == "off" else "true",
@@ -137,6 +150,13 @@ _SHUTDOWN = re.compile(r"buffer stopped: .*")
 Progress = Callable[[int, int, int], None]
 #: ``side(server url, key)``: a context manager run beside the load (see :func:`run_mode`).
 Side = Callable[[str, str], Any]
+
+
+def stored_records(db: Any, layout: str, run_id: str) -> int:
+    """The run's records storage holds (a run has a database of its own)."""
+    if layout == "documents":
+        return int(db["logs"].count_documents({"metadata.bench_run": run_id}))
+    return sum(int(d.get("n") or 0) for d in db[LOGS_COLLECTION].find({"p": PROJECT}, {"n": 1}))
 
 
 def run_mode(
@@ -224,8 +244,7 @@ def run_mode(
         if settled and watcher.available and len(watcher.seen) < accepted:
             watcher.wait_for(accepted, 5.0)  # what the graceful stop flushed
         watcher.stop()
-        col = observer.client[database][LOGS_COLLECTION]
-        stored = col.count_documents({"metadata.bench_run": run_id})
+        stored = stored_records(observer.client[database], split_mode(mode)[1], run_id)
         delta = counters_delta(before, after)
         e2e = end_to_end(accepted_at, watcher.seen) if watcher.available else []
         seen_check = reconcile(accepted_at, batch, watcher.seen) if watcher.available else None
@@ -266,6 +285,9 @@ def run_mode(
             if api_cpu is None or not summary["requests"]
             else 1000 * api_cpu / summary["requests"],
             "mongodb_cpu_s": mongo_cpu,
+            "store_cpu_us_per_record": None
+            if mongo_cpu is None or not accepted
+            else 1e6 * mongo_cpu / accepted,
             "mongodb_cpu_share": None if mongo_cpu is None else mongo_cpu / window,
             "window_s": window,
             "mongodb_requests": delta["requests"],
@@ -325,6 +347,7 @@ def settings_for(
     only: Sequence[str] | None = None,
     hostile_duration: float | None = None,
     hostile_scale: float = 1.0,
+    layouts: Sequence[str] | None = None,
 ) -> Settings:
     """The run's settings from the options, checked (a bad one names itself)."""
     rate = DEFAULT_RATE if rate is None else rate
@@ -354,12 +377,20 @@ def settings_for(
     unknown = [m for m in chosen if m not in MODES]
     if unknown:
         raise ConfigurationError(f"Unknown mode(s) {unknown}; choose from {list(MODES)}.")
+    layouts = tuple(dict.fromkeys(layouts or ("buckets",)))
+    if [x for x in layouts if x not in LAYOUTS]:
+        raise ConfigurationError(f"--layout takes {' or '.join(LAYOUTS)}; got {list(layouts)}.")
     return Settings(
         quick=quick,
         rate=rate,
         duration=duration,
         batch=batch,
-        modes=tuple(m for m in MODES if m in chosen),
+        modes=tuple(
+            m if x == "buckets" else f"{m}@{x}"
+            for m in MODES
+            if m in chosen
+            for x in sorted(layouts, reverse=True)
+        ),  # fmt: skip
         sweep=sweep,
         sweep_duration=sweep_duration,
         sweep_max_rate=sweep_max_rate,
@@ -401,7 +432,7 @@ def run(
         problem = _redis_problem(st.redis_url)
         if problem:
             skipped["redis"] = problem
-    modes_run = [m for m in st.modes if m not in skipped]
+    modes_run = [m for m in st.modes if split_mode(m)[0] not in skipped]
     t_start = time.monotonic()
     uri = uri or os.environ.get(URI_ENV) or None
     embedded = None if uri else EmbeddedServer().start()

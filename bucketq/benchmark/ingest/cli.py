@@ -56,6 +56,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="seconds of the hostile neighbour's good traffic, in alternating quiet and hostile "
         "windows of up to 5 s (default 60, --quick 20)",
     )
+    p.add_argument(
+        "--layout",
+        action="append",
+        choices=("buckets", "documents"),
+        help="how the service stores log records (repeatable; default buckets): documents is "
+        "one document per record, the layout of releases before the bucketed log store; with "
+        "both, each mode runs with each, side by side",
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     p.add_argument("--plots", metavar="DIR", help="the PNG goes here (default: bench-results/)")
     p.add_argument("--no-plots", action="store_true", help="write no plot")
@@ -76,7 +84,8 @@ def run_from_args(args: argparse.Namespace) -> int:
                                 batch=args.batch, modes=args.mode, sweep=args.sweep,
                                 sweep_duration=args.sweep_duration, redis_url=args.redis_url,
                                 limits=args.limits, only=args.only,
-                                hostile_duration=args.hostile_duration)  # fmt: skip
+                                hostile_duration=args.hostile_duration,
+                                layouts=args.layout)  # fmt: skip
         run(args.mongodb_uri, settings, json_path=args.json,
             plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR))  # fmt: skip
 
