@@ -131,12 +131,13 @@ async def _timed(fn: Any, repeat: int) -> dict[str, Any]:
     p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
     info: dict[str, Any] = {"median_ms": round(1000 * statistics.median(times), 1),
                             "p95_ms": round(1000 * p95, 1)}  # fmt: skip
+    if isinstance(last, list):
+        info["records"] = len(last)
+        return info
     for k in ("buckets_read", "records_unpacked", "count", "exact"):
         if hasattr(last, k):
             info[k] = getattr(last, k)
-    if isinstance(last, list):
-        info["records"] = len(last)
-    elif hasattr(last, "records"):
+    if hasattr(last, "records"):
         info["records"] = len(last.records)
     return info
 

@@ -40,7 +40,7 @@ DEFAULT_INGEST_TIMEOUT_MS = 5000
 DEFAULT_READ_TIMEOUT_MS = 5000
 #: Reads of one project served at once; one more is answered 429 at once (so one
 #: project's readers cannot take the store from the others' ingest and reads).
-DEFAULT_READS_PER_PROJECT = 4
+DEFAULT_READS_PER_PROJECT = 2
 #: How log records are stored (``BUCKETQ_LOG_LAYOUT``).
 LOG_LAYOUTS = ("buckets", "documents")
 #: Days log records are kept (LogTide's default); 0 keeps them forever.
