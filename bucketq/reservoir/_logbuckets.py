@@ -203,6 +203,7 @@ def bucket_document(
                            "k": link}  # fmt: skip
     doc.update(summary(r.doc for r in records))
     doc["x"] = expire
+    doc["w"] = datetime.now(UTC)
     doc["b"] = bson.Binary(b"".join(r.raw for r in records))
     return doc
 
@@ -221,10 +222,13 @@ def build_bucket(
     return bucket_document(project, group, link, packed, expire)
 
 
-def expiry(t1: datetime, retention_days: float) -> datetime:
-    """When a bucket whose newest record is at ``t1`` is deleted."""
+def expiry(t1: datetime, retention_days: float, now: datetime | None = None) -> datetime:
+    """When a bucket whose newest record is at ``t1``, written at ``now``, is deleted:
+    once both are older than the retention (records stamped long ago, a backfill or a
+    client's wrong clock, are kept the retention period from their writing)."""
+    now = now or datetime.now(UTC)
     try:
-        return t1 + timedelta(days=retention_days)
+        return max(t1, now) + timedelta(days=retention_days)
     except OverflowError:
         return MAX_TIME
 

@@ -621,8 +621,9 @@ class LogStore:
 
     async def expire(self, now: datetime | None = None, projects: Sequence[str] = ()) -> int:
         """Delete the buckets whose expiry passed (whole buckets: nothing per record), and
-        for each of ``projects`` the buckets older than its retention now (a shortened
-        setting applies to buckets already written). Returns the buckets deleted."""
+        for each of ``projects`` the buckets whose newest record and writing are older
+        than its retention now (a shortened setting applies to buckets already written).
+        Returns the buckets deleted."""
         now = now or datetime.now(UTC)
         deleted = 0
         with self._bounded("deleting expired logs"):
@@ -633,7 +634,9 @@ class LogStore:
                 if days is None:
                     continue
                 cutoff = now - timedelta(days=days)
-                res = await self.buckets.delete_many({"p": p, "t1": {"$lt": cutoff}})
+                res = await self.buckets.delete_many(
+                    {"p": p, "t1": {"$lt": cutoff}, "w": {"$lt": cutoff}}
+                )
                 deleted += res.deleted_count
         return deleted
 

@@ -313,7 +313,9 @@ def test_deep_nesting_is_refused_naming_the_field_and_reads_never_fail(
                         "b": b"".join(bson.encode(r) for r in records)})  # fmt: skip
     # ... with the slot markers that make it findable (docs/server.md, "The log store")
     second = int(now.timestamp())
-    buckets.insert_many([{"_id": f"{len(other)}.{other}.~{lv}.{second // 64**lv}"} for lv in range(7)])
+    buckets.insert_many(
+        [{"_id": f"{len(other)}.{other}.~{lv}.{second // 64**lv}"} for lv in range(7)]
+    )
     with serve.client(keys(other)) as c:
         seen = []
         cursor = None
