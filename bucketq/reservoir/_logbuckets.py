@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -165,6 +166,10 @@ def split_links(
     return out
 
 
+def _key(d: dict[str, Any]) -> tuple[str, str]:
+    return str(d.get("service")), str(d.get("level"))
+
+
 def summary(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """What reads use without unpacking: time range, count, counts by service and level
     (``c``: ``[service, level, n]``), trace ids (``tr``), the most frequent error
@@ -179,7 +184,7 @@ def summary(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
         t = d["time"]
         t0 = t if t0 is None or t < t0 else t0
         t1 = t if t1 is None or t > t1 else t1
-        counts[(str(d.get("service")), str(d.get("level")))] += 1
+        counts[_key(d)] += 1
         tr = d.get("trace_id")
         if isinstance(tr, str) and tr:
             traces.add(tr)
@@ -198,13 +203,24 @@ def bucket_document(
     project: str, group: str, link: int, records: Sequence[Packed], expire: datetime
 ) -> dict[str, Any]:
     """A bucket's one insert: summary fields first, the records last as one binary of
-    concatenated BSON documents (one element for the server, one ``decode_all`` to read)."""
+    concatenated BSON documents (one element for the server, one ``decode_all`` to read),
+    ordered by service and level: each ``c`` entry is ``[service, level, n, offset,
+    length]`` of its records in the binary, so a read filtered by service or level
+    decodes only those."""
     doc: dict[str, Any] = {"_id": bucket_id(project, group, link), "p": project, "g": group,
                            "k": link}  # fmt: skip
     doc.update(summary(r.doc for r in records))
+    ordered = sorted(records, key=lambda r: _key(r.doc))
+    slices: dict[tuple[str, str], list[int]] = {}
+    at = 0
+    for r in ordered:
+        sl = slices.setdefault(_key(r.doc), [at, 0])
+        sl[1] += len(r.raw)
+        at += len(r.raw)
+    doc["c"] = [[sv, lv, n, *slices[(sv, lv)]] for sv, lv, n in doc["c"]]
     doc["x"] = expire
     doc["w"] = datetime.now(UTC)
-    doc["b"] = bson.Binary(b"".join(r.raw for r in records))
+    doc["b"] = bson.Binary(b"".join(r.raw for r in ordered))
     return doc
 
 
@@ -246,6 +262,68 @@ def unpack(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for r in recs:
         r["project_id"] = p
     return recs
+
+
+def unpack_matching(doc: dict[str, Any], flt: LogFilter) -> tuple[list[dict[str, Any]], int]:
+    """The records of a stored bucket ``flt`` may keep (the caller checks each with
+    ``flt.keeps``), and how many were decoded: only the service and level slices the
+    filter names, and with ``q`` (ASCII, over ASCII records) only the records whose bytes
+    hold it in any case."""
+    blob = doc.get("b")
+    if not isinstance(blob, bytes) or not blob:
+        return [], 0
+    parts: list[bytes] = [blob]
+    if flt.service is not None or flt.level is not None:
+        try:
+            parts = [
+                blob[int(e[3]) : int(e[3]) + int(e[4])]
+                for e in doc.get("c") or ()
+                if flt.service in (None, e[0]) and flt.level in (None, e[1])
+            ]
+        except (IndexError, TypeError, ValueError):  # no slices (another writer): all of it
+            parts = [blob]
+    if flt.q and flt.q.isascii():
+        needle = flt.q.lower().encode()
+        parts = [p if FOLDS_TO_ASCII.search(p) else b"".join(_holding(p, needle)) for p in parts]
+    recs: list[dict[str, Any]] = []
+    for part in parts:
+        if part:
+            try:
+                recs.extend(bson.decode_all(part, CODEC))
+            except Exception:  # noqa: BLE001 - a damaged bucket (another writer's) reads as empty
+                return [], 0
+    p = doc.get("p")
+    for r in recs:
+        r["project_id"] = p
+    return recs, len(recs)
+
+
+#: The characters outside ASCII whose case folding holds ASCII letters (``ß`` -> ``ss``,
+#: the Kelvin sign -> ``k``, ligatures ...), as UTF-8: a bucket holding one is decoded
+#: whole for ``q``, since a byte search in ASCII case would miss what they fold to.
+FOLDING_TO_ASCII = (0xDF, 0x130, 0x149, 0x17F, 0x1F0, 0x1E96, 0x1E97, 0x1E98, 0x1E99, 0x1E9A,
+                    0x1E9E, 0x212A, 0xFB00, 0xFB01, 0xFB02, 0xFB03, 0xFB04, 0xFB05, 0xFB06)  # fmt: skip
+FOLDS_TO_ASCII = re.compile(b"|".join(re.escape(chr(c).encode()) for c in FOLDING_TO_ASCII))
+
+
+def _holding(part: bytes, needle: bytes) -> list[bytes]:
+    """The BSON documents of ``part`` whose bytes hold ``needle`` (ASCII, any case)."""
+    low = part.lower()
+    out: list[bytes] = []
+    at = low.find(needle)
+    start = 0
+    while at >= 0:
+        while start < len(part):  # the document holding ``at``
+            size = int.from_bytes(part[start : start + 4], "little")
+            if size <= 0:
+                return [part]  # not documents after all: let the decoder say so
+            if at < start + size:
+                out.append(part[start : start + size])
+                start += size
+                break
+            start += size
+        at = low.find(needle, start)
+    return out
 
 
 def record_ids(doc: dict[str, Any]) -> set[str]:
@@ -297,21 +375,21 @@ class LogFilter:
             return True
         try:
             return any(
-                n and (self.service in (None, s)) and (self.level in (None, lv))
-                for s, lv, n in doc.get("c") or ()
+                e[2] and (self.service in (None, e[0])) and (self.level in (None, e[1]))
+                for e in doc.get("c") or ()
             )
-        except (TypeError, ValueError):  # a summary not of this store's making: look inside
+        except (IndexError, TypeError, ValueError):  # a summary not of this store's making
             return True
 
     def matching_count(self, doc: dict[str, Any]) -> int:
         """Records of the bucket this filter's service and level keep (its summary)."""
         try:
             return sum(
-                int(n)
-                for s, lv, n in doc.get("c") or ()
-                if self.service in (None, s) and self.level in (None, lv)
+                int(e[2])
+                for e in doc.get("c") or ()
+                if self.service in (None, e[0]) and self.level in (None, e[1])
             )
-        except (TypeError, ValueError):
+        except (IndexError, TypeError, ValueError):
             return 0
 
     def keeps(self, rec: dict[str, Any]) -> bool:

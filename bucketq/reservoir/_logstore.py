@@ -468,9 +468,9 @@ class LogStore:
         async for lo, buckets in self._windows(project, flt, None, budget):
             boundary = lo
             for d in buckets:
-                recs = lb.unpack(d)
-                budget.read_records += len(recs)
-                each = len(d.get("b") or b"") // max(1, len(recs))
+                recs, decoded = lb.unpack_matching(d, flt)
+                budget.read_records += decoded
+                each = len(d.get("b") or b"") // max(1, int(d.get("n") or 1))
                 found.extend((lb.sort_key(r), each, r) for r in recs if flt.keeps(r))
             if sum(1 for key, _, _ in found if key[0] >= lo) > limit or budget.spent:
                 reached_floor = False
@@ -554,8 +554,8 @@ class LogStore:
                     continue
                 if "b" not in d:
                     d = (await self._find({"_id": d["_id"]}))[0] if d.get("_id") else d
-                recs = lb.unpack(d)
-                budget.read_records += len(recs)
+                recs, decoded = lb.unpack_matching(d, flt)
+                budget.read_records += decoded
                 n += sum(1 for r in recs if flt.keeps(r))
             if budget.spent:
                 exact = False
@@ -593,12 +593,13 @@ class LogStore:
                 if not isinstance(t1, datetime) or not since <= t1 < until:
                     continue
                 slot = lb.interval_start(t1, interval)
-                for s, lv, k in d.get("c") or ():
+                for e in d.get("c") or ():
+                    s, lv, k = e[0], e[1], int(e[2])
                     services[s] += k
                     if service in (None, s):
                         series[slot][lv] += k
                         levels[lv] += k
-                if service is None or any(s == service for s, _, _ in d.get("c") or ()):
+                if service is None or any(e[0] == service for e in d.get("c") or ()):
                     for m, k in d.get("er") or ():
                         errors[m] += k
             if budget.spent:

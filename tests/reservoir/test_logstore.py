@@ -284,3 +284,29 @@ def test_the_convert_command_says_how_far_it_got(mongo_uri, db, db_name):
     assert sorted(r["_id"] for r in stored_logs(db)) == sorted(f"old-{i}" for i in range(30))
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "0 log records" in again.stdout
+
+
+def test_a_filtered_read_decodes_only_what_may_match():
+    from bucketq.reservoir import _logbuckets as lb
+
+    records = [{"_id": f"g.{i}", "time": T0 + timedelta(seconds=i), "service": ["a", "b"][i % 2],
+                "level": ["info", "error"][i % 3 == 0], "message": f"m{i}" + (" NeedLe" if i % 7 == 0 else "")}
+               for i in range(42)]  # fmt: skip
+    doc = lb.build_bucket("p", "g", records)
+
+    def read(**f: Any) -> tuple[set[int], int]:
+        flt = LogFilter(**f)
+        recs, decoded = lb.unpack_matching(doc, flt)
+        return {int(r["_id"][2:]) for r in recs if flt.keeps(r)}, decoded
+
+    want = {i for i in range(42) if i % 2 == 1 and i % 3 == 0}
+    assert read(service="b", level="error") == (want, len(want))
+    got, decoded = read(q="needle")
+    assert got == set(range(0, 42, 7)) and decoded == 6
+    assert read(q="needle", service="a")[0] == {0, 14, 28}
+    # A character that folds to ASCII (the Kelvin sign to k): the bucket is decoded whole.
+    doc = lb.build_bucket("p", "g", [dict(records[0], message="KELVIN \u212a"), records[1]])
+    assert read(q="n k")[0] == {0} and read(q="n k")[1] == 2
+    folding = [c for c in range(0x80, 0x110000)
+               if not 0xD800 <= c <= 0xDFFF and any(x.isascii() for x in chr(c).casefold())]  # fmt: skip
+    assert tuple(folding) == lb.FOLDING_TO_ASCII  # this Python's Unicode
