@@ -477,7 +477,7 @@ class PageBudget:
     """What one page read may do before it answers with what it has and a cursor that
     goes on: buckets read (their summaries), records unpacked."""
 
-    buckets: int = 1000
+    buckets: int = 256
     records: int = 100_000
     read_buckets: int = 0
     read_records: int = 0

@@ -47,6 +47,10 @@ CHAIN_IDS = 200_000
 #: Buckets whose insert had no answer, kept to be inserted again (same ``_id``, same
 #: records) before their group is written again: a late landing cannot then add a copy.
 DOUBT_MAX = 1024
+#: Buckets a count reads at most (then it is a lower bound, and says so), and an
+#: aggregation (then it covers the newest part of its range, and says how far).
+COUNT_BUCKETS = 1000
+AGGREGATE_BUCKETS = 5000
 #: Slot markers this process knows are stored (not inserted again).
 KNOWN_MARKERS = 100_000
 #: Summary fields a read that does not unpack asks for.
@@ -537,9 +541,10 @@ class LogStore:
     ) -> LogCount:
         """How many records of ``project`` ``flt`` keeps: from bucket summaries, unpacking
         only the buckets at the time range's edges (and every bucket read, with ``q``).
-        ``exact`` is False when ``budget`` ran out first: the count is then a lower bound."""
+        ``exact`` is False when ``budget`` (default :data:`COUNT_BUCKETS` buckets) ran out
+        first: the count is then a lower bound."""
         flt = flt or LogFilter()
-        budget = budget or PageBudget(buckets=20_000, records=200_000)
+        budget = budget or PageBudget(buckets=COUNT_BUCKETS, records=200_000)
         n = 0
         exact = True
         projection = None if flt.q else SUMMARY_FIELDS
@@ -577,7 +582,7 @@ class LogStore:
         the ``top`` services and error messages: from summaries, nothing unpacked."""
         if interval <= timedelta(0):
             raise ValueError("interval must be positive")
-        budget = budget or PageBudget(buckets=50_000)
+        budget = budget or PageBudget(buckets=AGGREGATE_BUCKETS)
         flt = LogFilter(service=service, since=since, until=until)
         series: dict[datetime, Counter[str]] = defaultdict(Counter)
         services: Counter[str] = Counter()
