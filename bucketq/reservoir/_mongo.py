@@ -369,9 +369,16 @@ class MongoReservoir(Reservoir):
         self, project_id: str | None, *, trace_id: str | None, limit: int, **filters: Any
     ) -> list[dict[str, Any]]:
         if project_id is None:
-            raise ConfigurationError(
-                "Reading logs needs a project_id (records are stored per project)."
-            )
+            # Every project's: the projects are found first (a scan: for small stores,
+            # tests and tools; the service always reads one project).
+            with self._bounded("query('log')"):
+                projects = await self.logstore.buckets.distinct("p")
+            recs: list[dict[str, Any]] = []
+            for p in projects:
+                recs += await self._query_logs(p, trace_id=trace_id, limit=limit, **filters)
+            recs.sort(key=lambda r: r.get("time") or lb.MIN_TIME, reverse=True)
+            return recs[:limit]
+        filters = dict(filters)
         since, until = filters.pop("since"), filters.pop("until")
         flt = LogFilter(since=None if since is None else parse_time(since, "since"),
                         until=None if until is None else parse_time(until, "until"), **filters)  # fmt: skip
