@@ -113,7 +113,8 @@ class LogStore:
         self.max_bytes = min(max_bytes, MAX_DOCUMENT_BYTES - SUMMARY_ROOM)
         self._chains: OrderedDict[tuple[str, str], _Chain] = OrderedDict()
         self._doubt: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
-        self._markers: OrderedDict[str, None] = OrderedDict()
+        #: Markers known stored, and the expiry each is known to have at least.
+        self._markers: OrderedDict[str, datetime] = OrderedDict()
 
     def _bounded(self, what: str | None = None) -> Any:
         return bounded(self.op_timeout, self._health, what)
@@ -200,9 +201,9 @@ class LogStore:
             if not batch:
                 return errors
             retry: dict[tuple[str, str], dict[str, Packed]] = defaultdict(dict)
-            markers = self._new_markers([(key[0], d["t1"]) for key, _, d, _ in batch])
+            markers = self._new_markers([(key[0], d["t1"], d["x"]) for key, _, d, _ in batch])
             outcome = await self._insert([*markers.values(), *(d for _, _, d, _ in batch)])
-            missing = self._markers_stored(markers, outcome)
+            missing = await self._markers_settled(markers, outcome)
             for key, k, doc, link in batch:
                 why = outcome.get(doc["_id"])
                 if why is None and any(
@@ -267,44 +268,73 @@ class LogStore:
         while True:
             ids = [lb.bucket_id(project, group, k) for k in range(start, start + LINKS_PER_READ)]
             with self._bounded():
-                found = await self.buckets.find({"_id": {"$in": ids}}, {"b": 1, "t1": 1}).to_list(
-                    None
-                )
+                found = await self.buckets.find(
+                    {"_id": {"$in": ids}}, {"b": 1, "t1": 1, "x": 1}
+                ).to_list(None)
             for d in found:
                 k = lb.link_of(d["_id"])
                 chain.ids[k] = frozenset(lb.record_ids(d))
                 chain.next = max(chain.next, k + 1)
                 if isinstance(d.get("t1"), datetime):
-                    times.append((project, d["t1"]))
+                    times.append((project, d["t1"], d.get("x") or lb.MAX_TIME))
             if not found:
                 break
             start += LINKS_PER_READ
         markers = self._new_markers(times)
-        if markers and self._markers_stored(markers, await self._insert(list(markers.values()))):
+        if markers and await self._markers_settled(
+            markers, await self._insert(list(markers.values()))
+        ):
             raise _MarkersNotStored("slot markers of stored buckets were not stored")
         self._chains[key] = chain
 
-    def _new_markers(self, buckets: Sequence[tuple[str, datetime]]) -> dict[str, dict[str, Any]]:
-        """The marker documents of these buckets' slots this process has not seen stored."""
+    def _new_markers(
+        self, buckets: Sequence[tuple[str, datetime, datetime]]
+    ) -> dict[str, dict[str, Any]]:
+        """The marker documents these buckets (project, newest record, expiry) need: each
+        slot's marker, living at least as long as any bucket of the slot, unless this
+        process knows it is stored with such an expiry already."""
         out: dict[str, dict[str, Any]] = {}
-        for project, t1 in buckets:
+        for project, t1, expire in buckets:
             days = self.retention(project)
             for mid, level, n in lb.markers_of(project, t1):
-                if mid not in self._markers and mid not in out:
-                    out[mid] = {"_id": mid, "x": lb.marker_expiry(level, n, days)}
+                x = max(lb.marker_expiry(level, n, days), expire)
+                known = self._markers.get(mid)
+                if known is not None and known >= x:
+                    continue
+                if mid not in out or out[mid]["x"] < x:
+                    out[mid] = {"_id": mid, "x": x}
         return out
 
-    def _markers_stored(
+    async def _markers_settled(
         self, markers: dict[str, dict[str, Any]], outcome: dict[str, str]
     ) -> set[str]:
-        """Remember the markers an insert stored (or found stored); the ids of the others."""
+        """After an insert of ``markers``: those found there already (another process's,
+        or this one's with a shorter life) get their expiry raised (one ``$max`` update
+        each, in one command); remember the ones stored; return the ids of the others."""
+        from pymongo import UpdateOne
+
         missing = set()
-        for mid in markers:
+        taken = []
+        for mid, doc in markers.items():
             why = outcome.get(mid)
-            if why is None or why == "taken":
-                self._markers[mid] = None
+            if why is None:
+                self._markers[mid] = doc["x"]
+            elif why == "taken":
+                taken.append(doc)
             else:
                 missing.add(mid)
+        if taken:
+            try:
+                with self._bounded():
+                    await self.buckets.bulk_write(
+                        [UpdateOne({"_id": d["_id"]}, {"$max": {"x": d["x"]}}) for d in taken],
+                        ordered=False,
+                    )
+                for d in taken:
+                    self._markers[d["_id"]] = d["x"]
+            except PyMongoError as exc:
+                log.warning("raising the expiry of %d slot markers failed: %s", len(taken), exc)
+                missing.update(d["_id"] for d in taken)
         while len(self._markers) > KNOWN_MARKERS:
             self._markers.popitem(last=False)
         return missing
@@ -313,10 +343,11 @@ class LogStore:
         """Insert bucket documents built elsewhere (``bucket_document``: a benchmark
         building a large project, a bulk import) with their slot markers, in one
         unordered insert; raises when any was not stored (one already there is)."""
-        markers = self._new_markers([(d["p"], d["t1"]) for d in docs])
+        markers = self._new_markers([(d["p"], d["t1"], d.get("x") or lb.MAX_TIME) for d in docs])
         outcome = await self._insert([*markers.values(), *docs])
-        self._markers_stored(markers, outcome)
-        bad = {k: v for k, v in outcome.items() if v != "taken"}
+        missing = await self._markers_settled(markers, outcome)
+        bad = {k: v for k, v in outcome.items() if v != "taken" and k not in markers}
+        bad.update({m: "its expiry could not be raised" for m in missing})
         if bad:
             raise RuntimeError(f"{len(bad)} documents were not stored: {next(iter(bad.values()))}")
 

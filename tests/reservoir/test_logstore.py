@@ -310,3 +310,22 @@ def test_a_filtered_read_decodes_only_what_may_match():
     folding = [c for c in range(0x80, 0x110000)
                if not 0xD800 <= c <= 0xDFFF and any(x.isascii() for x in chr(c).casefold())]  # fmt: skip
     assert tuple(folding) == lb.FOLDING_TO_ASCII  # this Python's Unicode
+
+
+async def test_a_late_bucket_keeps_its_slot_findable_as_long_as_it_lives(adb):
+    now = datetime.now(UTC)
+    old = now - timedelta(days=3)
+    first = LogStore(adb, retention_days=1.0)
+    await first.create_indexes()
+    batch = [dict(r, time=old) for r in recs(5)]
+    assert await first.write(batch, list(range(5))) == []
+    # Its slot markers as if written long ago: they would expire within the hour.
+    await adb["log_buckets"].update_many(
+        {"p": {"$exists": False}}, {"$set": {"x": now + timedelta(hours=1)}}
+    )
+    late = LogStore(adb, retention_days=1.0)  # another process, later, into the same slots
+    batch = [dict(r, time=old) for r in recs(5, start=5)]
+    assert await late.write(batch, list(range(5))) == []
+    await late.expire(now=now + timedelta(hours=2))
+    page = await late.page("p", limit=20)
+    assert sorted(r["message"] for r in page.records) == sorted(f"m{i}" for i in range(10))
