@@ -13,6 +13,7 @@ detail reads its group's links by ``_id``. Retention deletes whole buckets.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -507,6 +508,9 @@ class LogStore:
                 budget.read_records += decoded
                 each = len(d.get("b") or b"") // max(1, int(d.get("n") or 1))
                 found.extend((lb.sort_key(r), each, r) for r in recs if flt.keeps(r))
+                # A bucket's unpacking at a time: the event loop serves others (the
+                # ingest of every project) between buckets, not after the whole page.
+                await asyncio.sleep(0)
             if sum(1 for key, _, _ in found if key[0] >= lo) > limit or budget.spent:
                 reached_floor = False
                 break
@@ -593,6 +597,7 @@ class LogStore:
                 recs, decoded = lb.unpack_matching(d, flt)
                 budget.read_records += decoded
                 n += sum(1 for r in recs if flt.keeps(r))
+                await asyncio.sleep(0)
             if budget.spent:
                 exact = False
                 break
