@@ -364,8 +364,9 @@ async def log_detail(request: Request, op: access.Operator, rid: str) -> Respons
     svc = _svc(request)
     project = (request.query_params.get("project") or "")[:200]
     try:
-        with svc.reads.admit(project), mongo_timeout(READ_TIMEOUT):
-            doc = await svc.storage.logstore.record(project or None, rid[:200])
+        async with svc.reads.admit(project, READ_TIMEOUT):
+            with mongo_timeout(READ_TIMEOUT):
+                doc = await svc.storage.logstore.record(project or None, rid[:200])
     except (PyMongoError, BucketQError) as exc:
         return render(
             request,

@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, ClassVar
 
 import h11
@@ -271,33 +271,58 @@ class AdmissionMetrics:
 
 
 class ProjectReads:
-    """Log reads of each project served at once: at most ``limit``; one more is refused
-    at once (429 + ``Retry-After``), never queued, so a project's readers hold at most
-    ``limit`` of the store's attention whatever they send."""
+    """Log reads of each project served at once: at most ``limit``. One more waits for a
+    place up to ``wait`` seconds (a console page and its tail overlapping), behind at most
+    ``waiting`` others; past either it is refused (429 + ``Retry-After``), never queued
+    without bound, so a project's readers hold at most ``limit`` of the store's attention
+    whatever they send."""
 
-    def __init__(self, limit: int, retry_after: float) -> None:
+    def __init__(
+        self, limit: int, retry_after: float, *, wait: float = 1.0, waiting: int = 8
+    ) -> None:
         self.limit = limit
         self.retry_after = retry_after
-        self.active: dict[str, int] = {}
+        self.wait = wait
+        self.waiting = waiting
+        self._sems: dict[str, asyncio.Semaphore] = {}
+        self._queued: dict[str, int] = {}
+        self._active: dict[str, int] = {}
 
-    @contextmanager
-    def admit(self, project: str) -> Iterator[None]:
-        n = self.active.get(project, 0)
-        if n >= self.limit:
-            raise Overloaded(
-                f"{n} reads of this project are being served (BUCKETQ_READS_PER_PROJECT={self.limit})",
-                self.retry_after,
-                status=429,
-            )
-        self.active[project] = n + 1
+    def _refuse(self, project: str) -> Overloaded:
+        return Overloaded(
+            f"{self.limit} read(s) of this project are being served and others wait "
+            f"(BUCKETQ_READS_PER_PROJECT={self.limit})",
+            self.retry_after,
+            status=429,
+        )
+
+    @asynccontextmanager
+    async def admit(self, project: str, budget: float | None = None) -> AsyncIterator[None]:
+        sem = self._sems.get(project)
+        if sem is None:
+            sem = self._sems[project] = asyncio.Semaphore(self.limit)
+        if sem.locked():
+            if self._queued.get(project, 0) >= self.waiting:
+                raise self._refuse(project)
+            self._queued[project] = self._queued.get(project, 0) + 1
+            try:
+                await asyncio.wait_for(sem.acquire(), min(self.wait, budget or self.wait))
+            except TimeoutError:
+                raise self._refuse(project) from None
+            finally:
+                self._queued[project] -= 1
+        else:
+            await sem.acquire()
+        self._active[project] = self._active.get(project, 0) + 1
         try:
             yield
         finally:
-            left = self.active[project] - 1
-            if left:
-                self.active[project] = left
-            else:
-                del self.active[project]
+            sem.release()
+            self._active[project] -= 1
+            if not self._active[project] and not self._queued.get(project):
+                # No one reads or waits: forget the project (a map bounded by readers).
+                for m in (self._sems, self._queued, self._active):
+                    m.pop(project, None)
 
 
 class RecordGate:

@@ -40,7 +40,7 @@ DEFAULT_INGEST_TIMEOUT_MS = 5000
 DEFAULT_READ_TIMEOUT_MS = 5000
 #: Reads of one project served at once; one more is answered 429 at once (so one
 #: project's readers cannot take the store from the others' ingest and reads).
-DEFAULT_READS_PER_PROJECT = 2
+DEFAULT_READS_PER_PROJECT = 1
 #: How log records are stored (``BUCKETQ_LOG_LAYOUT``).
 LOG_LAYOUTS = ("buckets", "documents")
 #: Days log records are kept (LogTide's default); 0 keeps them forever.
@@ -116,7 +116,7 @@ class ServerConfig:
     read_timeout_ms: int = v.option(DEFAULT_READ_TIMEOUT_MS, v.count, lo=1, env="BUCKETQ_READ_TIMEOUT_MS",
         help="Longest a `GET /api/v1/logs` (key lookup and query) may take; past it, 503 + `Retry-After`.")
     reads_per_project: int = v.option(DEFAULT_READS_PER_PROJECT, v.count, lo=1, env="BUCKETQ_READS_PER_PROJECT",
-        help="Log reads (API and console) of one project served at once; one more is answered 429 + `Retry-After` at once.")
+        help="Log reads (API and console) of one project served at once; one more waits up to 1 s (behind at most 8), then is answered 429 + `Retry-After`.")
     log_layout: str = v.option("buckets", v.choice, options=LOG_LAYOUTS, env="BUCKETQ_LOG_LAYOUT",
         help="`buckets`: log records packed into bucket documents (what reads and the console read). `documents`: one document per record in `logs`, as releases before the bucketed log store did: for comparing the two in `bucketq bench ingest` only; reads do not see such records.")
     retention_days: int = v.option(DEFAULT_RETENTION_DAYS, v.count, lo=0, env="BUCKETQ_RETENTION_DAYS",

@@ -20,15 +20,16 @@ PAGE_BYTES = 4 * 1024 * 1024
 
 async def read_page(svc: Any, project: str, flt: LogFilter, limit: int, budget_s: float) -> LogPage:
     """One page of ``project``'s records, as one of its reads (``svc.reads``: a project's
-    readers beyond its limit are refused at once), every query under pymongo's deadline
-    of ``budget_s`` (the server gives up on it too: ``maxTimeMS``)."""
+    readers beyond its limit wait a moment, then are refused), every query under
+    pymongo's deadline of ``budget_s`` (the server gives up on it too: ``maxTimeMS``)."""
     from pymongo import timeout as mongo_timeout
 
-    with svc.reads.admit(project), mongo_timeout(budget_s):
-        page: LogPage = await svc.storage.logstore.page(
-            project, flt, limit=limit, max_bytes=PAGE_BYTES
-        )
-        return page
+    async with svc.reads.admit(project, budget_s):
+        with mongo_timeout(budget_s):
+            page: LogPage = await svc.storage.logstore.page(
+                project, flt, limit=limit, max_bytes=PAGE_BYTES
+            )
+            return page
 
 
 class CursorError(ValueError):

@@ -196,3 +196,45 @@ def test_a_late_event_loop_is_put_down_to_what_ran_meanwhile() -> None:
     # the process's other threads ran (the GIL), or nothing of it ran (the CPU)
     assert lag_cause(0.2, 0.01, 0.15) == "threads"
     assert lag_cause(0.2, 0.01, 0.02) == "cpu"
+
+
+def test_reads_of_a_project_wait_a_moment_then_are_refused() -> None:
+    import asyncio
+
+    from bucketq.errors import Overloaded
+    from bucketq.server._admission import ProjectReads
+
+    async def run() -> None:
+        gate = ProjectReads(1, 5, wait=0.5, waiting=1)
+        order: list[str] = []
+        release = asyncio.Event()
+
+        async def read(name: str) -> None:
+            async with gate.admit("p"):
+                order.append(name)
+                await release.wait()
+
+        first = asyncio.create_task(read("first"))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(read("second"))  # waits for the first
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded) as refused:  # a third: no room to wait
+            async with gate.admit("p"):
+                pass
+        assert refused.value.status == 429 and refused.value.retry_after == 5
+        async with gate.admit("other"):  # another project is not held
+            order.append("other")
+        release.set()
+        await asyncio.gather(first, second)
+        assert order == ["first", "other", "second"]
+        release.clear()
+        holder = asyncio.create_task(read("holder"))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded):  # waited its moment, still held
+            async with gate.admit("p", budget=0.05):
+                pass
+        release.set()
+        await holder
+        assert gate._sems == {} and gate._active == {}  # nothing kept for idle projects
+
+    asyncio.run(run())
