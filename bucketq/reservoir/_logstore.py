@@ -48,6 +48,9 @@ CHAIN_IDS = 200_000
 #: Buckets whose insert had no answer, kept to be inserted again (same ``_id``, same
 #: records) before their group is written again: a late landing cannot then add a copy.
 DOUBT_MAX = 1024
+#: Marked seconds one window reads at most: one find's reply stays small, so other
+#: projects' writes get the store between a large read's finds.
+WINDOW_SECONDS = 16
 #: Buckets a count reads at most (then it is a lower bound, and says so), and an
 #: aggregation (then it covers the newest part of its range, and says how far).
 COUNT_BUCKETS = 1000
@@ -456,8 +459,8 @@ class LogStore:
         """The buckets of ``project`` that may hold records ``flt`` keeps, newest first, a
         window at a time: yields ``(lo, buckets)``; every bucket whose newest record is at
         or after ``lo`` has been yielded by then. A window holds the buckets of ``first``
-        marked seconds, each next one of twice as many (up to ``FANOUT``): a page that
-        its first second fills reads no more, a rare filter widens quickly."""
+        marked seconds, each next one of twice as many (up to :data:`WINDOW_SECONDS`): a
+        page that its first second fills reads no more, a rare filter widens quickly."""
         upper = flt.upper
         hi = (
             lb.MAX_TIME
@@ -474,7 +477,7 @@ class LogStore:
                 if not pending:
                     return
             take, pending = pending[:k], pending[k:]
-            k = min(2 * k, lb.FANOUT)
+            k = min(2 * k, WINDOW_SECONDS)
             lo = lb.at_second(take[-1])
             top = min(hi, lb.at_second(take[0] + 1))
             found = await self._find({"p": project, "t1": {"$gte": lo, "$lt": top}}, projection)
@@ -583,7 +586,9 @@ class LogStore:
         n = 0
         exact = True
         projection = None if flt.q else SUMMARY_FIELDS
-        async for _lo, buckets in self._windows(project, flt, projection, budget, first=lb.FANOUT):
+        async for _lo, buckets in self._windows(
+            project, flt, projection, budget, first=WINDOW_SECONDS
+        ):
             for d in buckets:
                 t0, t1 = d.get("t0"), d.get("t1")
                 inside = (flt.since is None or (isinstance(t0, datetime) and t0 >= flt.since)) and (
@@ -627,7 +632,7 @@ class LogStore:
         complete = True
         covered: datetime | None = since
         async for lo, buckets in self._windows(
-            project, flt, SUMMARY_FIELDS, budget, first=lb.FANOUT
+            project, flt, SUMMARY_FIELDS, budget, first=WINDOW_SECONDS
         ):
             for d in buckets:
                 t1 = d.get("t1")
