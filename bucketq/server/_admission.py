@@ -271,22 +271,43 @@ class AdmissionMetrics:
 
 
 class ProjectReads:
-    """Log reads of each project served at once: at most ``limit``. One more waits for a
-    place up to ``wait`` seconds (a console page and its tail overlapping), behind at most
-    ``waiting`` others; past either it is refused (429 + ``Retry-After``), never queued
-    without bound, so a project's readers hold at most ``limit`` of the store's attention
-    whatever they send."""
+    """Log reads of each project: at most ``limit`` served at once, and no more than
+    ``share`` of the time (each read's seconds are a debt that drains at ``share`` per
+    second; past ``burst`` seconds of debt the project's reads are refused until it has
+    drained). One more read waits for a place up to ``wait`` seconds (a console page and
+    its tail overlapping), behind at most ``waiting`` others; past either bound it is
+    refused (429 + ``Retry-After``), never queued without bound: a project's readers,
+    however many and however fast, leave the store to the others most of the time."""
 
     def __init__(
-        self, limit: int, retry_after: float, *, wait: float = 1.0, waiting: int = 8
+        self,
+        limit: int,
+        retry_after: float,
+        *,
+        wait: float = 1.0,
+        waiting: int = 8,
+        share: float = 0.25,
+        burst: float = 1.0,
+        clock: Any = None,
     ) -> None:
+        import time
+
         self.limit = limit
         self.retry_after = retry_after
         self.wait = wait
         self.waiting = waiting
+        self.share = share
+        self.burst = burst
+        self.clock = clock or time.monotonic
         self._sems: dict[str, asyncio.Semaphore] = {}
         self._queued: dict[str, int] = {}
         self._active: dict[str, int] = {}
+        #: Read seconds owed per project, and when that was last worked out.
+        self._debt: dict[str, tuple[float, float]] = {}
+
+    def _owed(self, project: str, now: float) -> float:
+        debt, at = self._debt.get(project, (0.0, now))
+        return max(0.0, debt - (now - at) * self.share)
 
     def _refuse(self, project: str) -> Overloaded:
         return Overloaded(
@@ -298,6 +319,14 @@ class ProjectReads:
 
     @asynccontextmanager
     async def admit(self, project: str, budget: float | None = None) -> AsyncIterator[None]:
+        owed = self._owed(project, self.clock())
+        if owed > self.burst:
+            raise Overloaded(
+                f"this project's reads took {owed:.1f} s of the store lately (more than "
+                f"{self.share:.0%} of the time)",
+                max(1.0, (owed - self.burst) / self.share),
+                status=429,
+            )
         sem = self._sems.get(project)
         if sem is None:
             sem = self._sems[project] = asyncio.Semaphore(self.limit)
@@ -314,10 +343,16 @@ class ProjectReads:
         else:
             await sem.acquire()
         self._active[project] = self._active.get(project, 0) + 1
+        started = self.clock()
         try:
             yield
         finally:
             sem.release()
+            now = self.clock()
+            self._debt[project] = (self._owed(project, now) + (now - started), now)
+            if len(self._debt) > 10_000:  # drained debts first: a bounded map
+                for p in [p for p in self._debt if not self._owed(p, now)]:
+                    del self._debt[p]
             self._active[project] -= 1
             if not self._active[project] and not self._queued.get(project):
                 # No one reads or waits: forget the project (a map bounded by readers).

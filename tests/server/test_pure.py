@@ -238,3 +238,28 @@ def test_reads_of_a_project_wait_a_moment_then_are_refused() -> None:
         assert gate._sems == {} and gate._active == {}  # nothing kept for idle projects
 
     asyncio.run(run())
+
+
+def test_a_project_s_reads_get_their_share_of_the_time() -> None:
+    import asyncio
+
+    from bucketq.errors import Overloaded
+    from bucketq.server._admission import ProjectReads
+
+    now = [0.0]
+    gate = ProjectReads(4, 5, share=0.25, burst=1.0, clock=lambda: now[0])
+
+    async def read(seconds: float, project: str = "p") -> None:
+        async with gate.admit(project):
+            now[0] += seconds
+
+    async def run() -> None:
+        await read(1.5)  # 1.5 s owed: over the 1 s burst
+        with pytest.raises(Overloaded) as refused:
+            await read(0.1)
+        assert refused.value.status == 429 and refused.value.retry_after == 2.0  # 0.5 s / 0.25
+        await read(0.1, "other")  # another project's reads are not held
+        now[0] += 2.0  # drained at a quarter of a second per second
+        await read(0.1)
+
+    asyncio.run(run())
