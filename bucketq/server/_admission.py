@@ -287,7 +287,7 @@ class ProjectReads:
         wait: float = 1.0,
         waiting: int = 8,
         share: float = 0.25,
-        burst: float = 1.0,
+        burst: float = 5.0,
         clock: Any = None,
     ) -> None:
         import time
