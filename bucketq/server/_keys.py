@@ -90,6 +90,14 @@ def secret_document() -> dict[str, Any]:
     return {"_id": SECRET_ID, "secret": secrets.token_bytes(32), "created_at": datetime.now(UTC)}
 
 
+def secret_collection(db: Any) -> Any:
+    """The secret's collection, written with a journaled write concern: a secret lost
+    after it was used would leave every key made with it failing its checksum."""
+    from pymongo import WriteConcern
+
+    return db.get_collection(SECRET_COLLECTION, write_concern=WriteConcern(j=True))
+
+
 def check_project(project: str) -> str:
     if not isinstance(project, str) or not _PROJECT.match(project):
         raise ConfigurationError(
@@ -174,7 +182,7 @@ class KeyCache:
         counted: Callable[[str], None] | None = None,
     ) -> None:
         self.col = db.get_collection(KEYS_COLLECTION)
-        self.secret_col = db.get_collection(SECRET_COLLECTION)
+        self.secret_col = secret_collection(db)
         self.ttl = ttl
         self.size = size
         self.rate = float(lookups_per_s)
@@ -341,7 +349,8 @@ def _secret_of(doc: Any) -> bytes:
     if not isinstance(secret, bytes) or len(secret) < 16:
         raise ConfigurationError(
             f"The API keys' checksum secret in the collection {SECRET_COLLECTION!r} is "
-            "missing or damaged; delete its document and make new keys (`bucketq keys create`)."
+            "missing or damaged: restore its document from a backup. Deleting it makes a new "
+            "secret, under which every key made before fails its checksum (make them anew)."
         )
     return secret
 
@@ -350,7 +359,7 @@ def checksum_secret(db: Any) -> bytes:
     """The deployment's checksum secret, made the first time (synchronous pymongo)."""
     from pymongo.errors import DuplicateKeyError
 
-    col = db.get_collection(SECRET_COLLECTION)
+    col = secret_collection(db)
     doc = col.find_one({"_id": SECRET_ID})
     if doc is None:
         try:
