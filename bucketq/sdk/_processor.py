@@ -181,7 +181,7 @@ class Processor:
             "to_fallback": 0,
             "replayed": 0,
             "refused": 0,
-            "unconfirmed": 0,
+            "invalid": 0,
             "drains": 0,
             "worker_errors": 0,
         }
@@ -384,7 +384,7 @@ class Processor:
             # Not delivered, whatever the status said: to the spill (replayed once the
             # endpoint answers as the service does), and the endpoint left alone for a
             # probe's interval meanwhile (the fallback, if any, takes the records).
-            self._count("unconfirmed", n)
+            self._count("invalid", n)
             target.pause(self.cfg.health_interval, outcome.reason)
             self._warn("invalid:" + target.name, "the %s server's answer was not the service's: "
                        "%d record(s) are in the spill (%s)", target.name, n, outcome.reason)  # fmt: skip
@@ -672,7 +672,7 @@ class Processor:
             "spilled": self.spill.written,
             "replayed": c["replayed"],
             "refused": c["refused"],
-            "unconfirmed": c["unconfirmed"],
+            "invalid": c["invalid"],
             "lost": lost,
             "lost_total": sum(lost.values()),
             "pending": self.pending(),

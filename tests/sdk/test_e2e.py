@@ -384,7 +384,7 @@ def test_a_2xx_that_is_not_the_services_answer_is_spilled_then_replayed(primary,
         assert c.flush(30)
         st = c.stats()
         assert (st["sent"], st["spilled"], st["lost_total"]) == (0, 200, 0)
-        assert st["unconfirmed"] == 200
+        assert st["invalid"] == 200
         lines = spilled(tmp_path)
         assert len(lines) == 200 and all(x["retry"] for x in lines)
         reasons = {x["reason"] for x in lines}
