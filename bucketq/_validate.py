@@ -587,6 +587,22 @@ def one_line(exc: BaseException) -> str:
     return text[:400]
 
 
+def printable(text: object, limit: int = 1000) -> str:
+    """``text`` as it may go into a log line: a name someone gave (a queue's, a request's
+    path) with a line break in it must not start a line of its own in the log, nor an
+    escape sequence rewrite the operator's terminal. Every character that is not
+    printable (line breaks, tabs, ESC, Unicode line separators, lone surrogates) is
+    written as its escape (``\\n``, ``\\x1b``, ``\\u2028``); past ``limit`` characters
+    the text is cut and says how long it was. The one helper wherever such a name is
+    logged."""
+    s = str(text)
+    if len(s) > limit:
+        s = f"{s[:limit]}...({len(s)} characters)"
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
 def cli_type(check: Callable[..., Any], what: str, **limits: Any) -> Any:
     """An argparse ``type`` that reads the text as settings do (:func:`parse`): the same
     reader and check, argparse's error without the option's name (argparse adds it)."""

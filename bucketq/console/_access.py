@@ -24,6 +24,9 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 
+from ..errors import Overloaded
+from ..server._auth import KeyConflict, one_key
+
 COOKIE = "bq_console"
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-csrf-token"
@@ -39,12 +42,15 @@ class Operator:
 
 
 class Denied(Exception):
-    """The request may not use the console: ``status`` 401 (no or bad key) or 403."""
+    """The request may not use the console: ``status`` 400 (two different keys), 401 (no
+    or bad key), 403 (not an operator's), 429 (too many lookups of keys not seen before:
+    retry after ``retry_after`` seconds) or 503 (the key store does not answer)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
 
 
 def csrf_token(key: str) -> str:
@@ -52,14 +58,17 @@ def csrf_token(key: str) -> str:
 
 
 def presented_key(request: Request) -> str | None:
-    key = request.headers.get("x-api-key")
+    """The key of ``X-API-Key`` or ``Authorization: Bearer`` (the API's rule: two
+    different ones are refused, :class:`Denied` 400), else the sign-in cookie's."""
+    auth = request.headers.get("authorization", "")
+    bearer = auth[7:] if auth[:7].lower() == "bearer " else None
+    try:
+        key = one_key(request.headers.get("x-api-key"), bearer)
+    except KeyConflict as exc:
+        raise Denied(400, str(exc)) from None
     if not key:
-        auth = request.headers.get("authorization", "")
-        if auth.lower().startswith("bearer "):
-            key = auth[7:]
-    if not key:
-        key = request.cookies.get(COOKIE)
-    return key.strip() if key else None
+        key = (request.cookies.get(COOKIE) or "").strip()
+    return key or None
 
 
 async def check_key(svc: Any, key: str | None) -> Operator:
@@ -71,8 +80,11 @@ async def check_key(svc: Any, key: str | None) -> Operator:
         return Operator("BUCKETQ_OPERATOR_KEY", csrf_token(key))
     try:
         info = await svc.keys.lookup(key)
+    except Overloaded as exc:  # shed: no lookup was made, the store is fine
+        raise Denied(429, f"{exc}; try again after {max(1, round(exc.retry_after))} s.",
+                     exc.retry_after) from exc  # fmt: skip
     except Exception as exc:  # the key store is down: say so, as the API does
-        raise Denied(503, "The key store is unavailable; try again shortly.") from exc
+        raise Denied(503, "The key store is unavailable; try again shortly.", 2) from exc
     if info is None:
         raise Denied(401, "Unknown key.")
     if info.revoked:

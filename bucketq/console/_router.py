@@ -17,14 +17,15 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pymongo import timeout as mongo_timeout
 from pymongo.errors import PyMongoError
+from starlette.convertors import PathConvertor, register_url_convertor
 
-from .._validate import one_line
+from .._validate import one_line, printable
 from ..admin import AsyncInspector
 from ..admin.watch import QueueWatch, parse_watch
 from ..errors import BucketQError
@@ -42,6 +43,11 @@ PAGE = 50
 #: again (records stamped a little earlier than the last one shown still appear).
 TAIL_LIMIT = 100
 TAIL_SLACK = timedelta(seconds=10)
+#: Characters of a message a list of records (and the live tail) shows, and of a service
+#: name: a table cell holding a 200,000-character word kept the browser laying the page out
+#: for seconds. The record's own page shows the whole message.
+LIST_CHARS = 500
+SHOWN_SERVICE = 100
 #: Longest a console read may take before the page says storage is slow.
 READ_TIMEOUT = 5.0
 #: Longest an action (requeue, delete) may take; what it did by then stays done.
@@ -73,6 +79,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await watch.stop()
 
 
+class _QueueName(PathConvertor):
+    """A queue's name in a route: the rest of the path (it may hold ``/``) and any
+    character (a line break too: Starlette's ``path`` takes none)."""
+
+    regex = "(?s:.+)"
+
+
+register_url_convertor("queue_name", _QueueName())
 router = APIRouter(prefix=PREFIX, include_in_schema=False, lifespan=lifespan)
 
 
@@ -86,19 +100,28 @@ def _templates() -> Any:
         lstrip_blocks=True,
     )
     env.filters["when"] = _when
+    env.filters["urlpart"] = urlpart
+    env.filters["count"] = "{:,}".format
     return env
+
+
+def urlpart(name: Any) -> str:
+    """``name`` as one segment of a URL path: a queue named ``q with space?x#y`` or
+    ``q/slash`` is one segment too (the routes take the rest of the path as the name)."""
+    return quote(str(name), safe="")
 
 
 _ENV: Any = None
 
 
-def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+def render(request: Request, template: str, status: int = 200, *,
+           headers: dict[str, str] | None = None, **ctx: Any) -> HTMLResponse:  # fmt: skip
     global _ENV
     if _ENV is None:
         _ENV = _templates()
     html = _ENV.get_template(template).render(prefix=PREFIX, path=request.url.path, **ctx)
     return HTMLResponse(html, status_code=status, headers={
-        "Cache-Control": "no-store",
+        **(headers or {}), "Cache-Control": "no-store",
         "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                    "style-src 'self'; script-src 'self'; frame-ancestors 'none'",
         "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin"})  # fmt: skip
@@ -121,6 +144,11 @@ def _watch(request: Request) -> QueueWatch:
     return watch
 
 
+#: The ``error`` of a refusal's JSON body, by status.
+DENIED = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 429: "Too many requests",
+          503: "Service unavailable"}  # fmt: skip
+
+
 def _wants_json(request: Request) -> bool:
     return request.url.path.startswith(PREFIX + "/api/")
 
@@ -130,14 +158,15 @@ async def operator(request: Request) -> access.Operator | Response:
     try:
         op = await access.check_key(_svc(request), access.presented_key(request))
     except access.Denied as d:
+        headers = {"Retry-After": str(max(1, round(d.retry_after)))} if d.retry_after else None
         if _wants_json(request) or request.method != "GET":
-            error = {401: "Unauthorized", 403: "Forbidden"}.get(d.status, "Service unavailable")
-            headers = {"Retry-After": "2"} if d.status == 503 else None
-            return JSONResponse({"error": error, "message": d.message}, status_code=d.status,
-                                headers=headers)  # fmt: skip
+            return JSONResponse({"error": DENIED[d.status], "message": d.message},
+                                status_code=d.status, headers=headers)  # fmt: skip
         if d.status == 401 and not request.cookies.get(access.COOKIE):
-            return RedirectResponse(f"{PREFIX}/login?next={request.url.path}", status_code=303)
-        return render(request, "denied.html", d.status, message=d.message, op=None)
+            there = urlencode({"next": quote(request.url.path)})
+            return RedirectResponse(f"{PREFIX}/login?{there}", status_code=303)
+        return render(request, "denied.html", d.status, message=d.message, op=None,
+                      headers=headers)  # fmt: skip
     _watch(request).viewed()
     return op
 
@@ -225,7 +254,9 @@ async def login(request: Request) -> Response:
     try:
         await access.check_key(_svc(request), key)
     except access.Denied as d:
-        return render(request, "login.html", d.status, op=None, next=nxt, error=d.message)
+        retry = {"Retry-After": str(max(1, round(d.retry_after)))} if d.retry_after else None
+        return render(request, "login.html", d.status, headers=retry, op=None, next=nxt,
+                      error=d.message)  # fmt: skip
     resp = RedirectResponse(nxt, status_code=303)
     resp.set_cookie(access.COOKIE, key, httponly=True, samesite="strict", path=PREFIX,
                     secure=request.url.scheme == "https")  # fmt: skip
@@ -309,6 +340,22 @@ def _out(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _row(doc: dict[str, Any]) -> dict[str, Any]:
+    """A record as a list shows it (the logs page, the live tail): its message cut to
+    :data:`LIST_CHARS` (``cut``, and ``message_chars`` its whole length: the record's own
+    page shows it all), its service to :data:`SHOWN_SERVICE`, without its metadata."""
+    out = _out(doc)
+    out.pop("metadata", None)
+    message = out.get("message") or ""
+    out["message_chars"] = len(message)
+    out["cut"] = len(message) > LIST_CHARS
+    if out["cut"]:
+        out["message"] = message[:LIST_CHARS]
+    if out.get("service"):
+        out["service"] = out["service"][:SHOWN_SERVICE]
+    return out
+
+
 @router.get("/logs")
 @signed_in
 async def logs_page(request: Request, op: access.Operator) -> Response:
@@ -325,13 +372,13 @@ async def logs_page(request: Request, op: access.Operator) -> Response:
         cursor = _query.decode_cursor(cursor_text) if cursor_text else None
         if f["project"]:
             page = await _find_logs(svc, f["project"], _logs_filter(f, cursor), PAGE)
-            rows = [_out(d) for d in page.records]
+            rows = [_row(d) for d in page.records]
             if page.next_before:
                 nxt = urlencode({**f, "cursor": _query.encode_cursor(page.next_before)})
     except _query.CursorError as exc:
         error = str(exc)
     except Exception as exc:  # noqa: BLE001 - the page says storage failed instead of a 500
-        log.warning("console: reading logs failed: %s", exc)
+        log.warning("console: reading logs failed: %s", printable(exc))
         error = f"Reading the logs failed ({type(exc).__name__}); try again."
     return render(request, "logs.html", op=op, projects=projects, f=f, rows=rows, next=nxt,
                   levels=LEVELS, error=error, tail_since=(datetime.now(UTC) - TAIL_SLACK).isoformat())  # fmt: skip
@@ -352,7 +399,7 @@ async def tail(request: Request, op: access.Operator) -> Response:
     except Exception as exc:  # noqa: BLE001 - the tail shows the failure and polls on
         return JSONResponse({"error": f"Reading the logs failed ({type(exc).__name__})."},
                             status_code=503, headers={"Retry-After": "2"})  # fmt: skip
-    rows = [_out(d) for d in docs]
+    rows = [_row(d) for d in docs]
     newest = max((d["time"] for d in docs), default=None)
     nxt_since = (newest.replace(tzinfo=newest.tzinfo or UTC) - TAIL_SLACK) if newest else since
     return JSONResponse({"logs": rows, "since": max(nxt_since, since).isoformat()})
@@ -433,7 +480,7 @@ async def queues_json(request: Request, op: access.Operator) -> Response:
     return JSONResponse({"ok": _watch(request).ok, "queues": _queue_rows(request)})
 
 
-@router.get("/queues/{name}")
+@router.get("/queues/{name:queue_name}")
 @signed_in
 async def queue_page(request: Request, op: access.Operator, name: str) -> Response:
     svc = _svc(request)
@@ -468,7 +515,7 @@ ACTIONS = {
 }
 
 
-@router.post("/queues/{name}/{kind}/{verb}")
+@router.post("/queues/{name:queue_name}/{kind}/{verb}")
 async def queue_action(request: Request, name: str, kind: str, verb: str) -> Response:
     got = await action(request)
     if isinstance(got, Response):
@@ -479,18 +526,19 @@ async def queue_action(request: Request, name: str, kind: str, verb: str) -> Res
         return Response(status_code=404)
     ids = [i for i in (data.get("ids[]") or data.get("ids") or "").split(",") if i]
     if data.get("confirmed") != "yes":
+        here = f"{PREFIX}/queues/{urlpart(name)}"
         return render(request, "confirm.html", op=op, title=ACTIONS[what], name=name,
-                      action=f"{PREFIX}/queues/{name}/{what}", ids=ids,
-                      back=f"{PREFIX}/queues/{name}")  # fmt: skip
+                      action=f"{here}/{what}", ids=ids, back=here)  # fmt: skip
     svc = _svc(request)
     try:
         with mongo_timeout(ACTION_TIMEOUT):
             done = await _act(svc.db, name, what, ids or None)
     except (BucketQError, PyMongoError) as exc:
         return render(request, "denied.html", 400, op=op, message=one_line(exc))
-    log.warning("console: %s on %s by operator key %s: %s", what, name, op.prefix, done)
+    log.warning("console: %s on %s by operator key %s: %s", what, printable(name), op.prefix, done)
     await _watch(request).sample()
-    return RedirectResponse(f"{PREFIX}/queues/{name}?{urlencode({'done': done})}", status_code=303)
+    return RedirectResponse(f"{PREFIX}/queues/{urlpart(name)}?{urlencode({'done': done})}",
+                            status_code=303)  # fmt: skip
 
 
 async def _act(db: Any, name: str, what: str, ids: list[str] | None) -> str:

@@ -180,7 +180,7 @@ class BucketqTransport(Transport):
             try:
                 await q.close()
             except BucketQError as exc:  # close the others; what was held comes back
-                log.warning("closing queue %s failed: %s", q.name, exc)
+                log.warning("closing queue %s failed: %s", v.printable(q.name), exc)
 
     async def _push_durable(
         self, q: AsyncQueue, entries: Sequence[dict[str, Any]], delay: float | None = None

@@ -20,6 +20,7 @@ from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from .._guard import LoopGuard
+from .._validate import printable
 from ..errors import TransportError
 from ._breaker import STATE_NAMES, CircuitBreaker
 from ._config import BufferConfig
@@ -290,11 +291,13 @@ class BufferedReservoir(Reservoir):
         for p in moved:
             self.metrics.overflow_moves.labels("moved").inc()
             log.warning("project %s moved to the overflow shard %d for %.0f s: its writes keep failing "
-                        "while other projects' are stored", p, self.config.shards,
+                        "while other projects' are stored", printable(p), self.config.shards,
                         self.overflow.cooldown)  # fmt: skip
         for p in back:
             self.metrics.overflow_moves.labels("back").inc()
-            log.warning("project %s is back on its own shard: its overflow cool-down ran out", p)
+            log.warning(
+                "project %s is back on its own shard: its overflow cool-down ran out", printable(p)
+            )
 
     async def _ingest(
         self, kind: str, records: Sequence[dict[str, Any]], origin: str = "api"

@@ -5,11 +5,18 @@
 ======================  ========  =====================================================
 answer                  kind      what the sender does
 ======================  ========  =====================================================
-2xx                     ok        counted as sent
+2xx, the service's      ok        counted as sent
+2xx, any other body     invalid   batch spilled with the reason (replayed later),
+                                  endpoint paused for ``health_interval``
 connection failure      down      endpoint marked down, batch requeued (writeback)
 429, 503, 502, 504      retry     endpoint paused for Retry-After (capped), batch requeued
 any other 4xx/5xx       refused   batch spilled with the server's reason, not retried
 ======================  ========  =====================================================
+
+The service's answer to an ingest is a JSON object whose ``received`` is the number of
+records sent (``bucketq serve`` and LogTide answer so). A 2xx with anything else is not
+delivery: an HTML page (a wrong URL, a proxy's login page), a JSON cut short, another
+JSON. Counting it as sent would drop the records without a word.
 """
 
 from __future__ import annotations
@@ -23,6 +30,11 @@ OK = "ok"
 DOWN = "down"
 RETRY = "retry"
 REFUSED = "refused"
+INVALID = "invalid"
+
+#: Bytes of an answer read at most: the service's answers are far smaller; a larger body
+#: is not its answer, and reading on would let an endpoint hold a sender without end.
+MAX_ANSWER_BYTES = 64 * 1024
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
 
@@ -77,6 +89,25 @@ def reason_from_body(status: int, body: bytes) -> str:
     return f"HTTP {status}: {text[:500]}" if text else f"HTTP {status}"
 
 
+def not_the_answer(body: bytes, sent: int) -> str | None:
+    """Why a 2xx ``body`` is not the service's answer to ``sent`` records, or None."""
+    text = body[:MAX_ANSWER_BYTES].decode("utf-8", "replace")
+    start = " ".join(text[:80].split())
+    if len(body) > MAX_ANSWER_BYTES:
+        return f"answered more than {MAX_ANSWER_BYTES} bytes (it starts: {start!r})"
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return f"answered a body that is not JSON (it starts: {start!r})" if start else (
+            "answered an empty body")  # fmt: skip
+    received = doc.get("received") if isinstance(doc, dict) else None
+    if not isinstance(received, int) or isinstance(received, bool):
+        return f"answered a JSON without the count of records received (it starts: {start!r})"
+    if received != sent:
+        return f"answered that it received {received} of the {sent} records sent"
+    return None
+
+
 def classify(
     status: int,
     retry_after: str | None,
@@ -85,10 +116,17 @@ def classify(
     now: float,
     backoff: float,
     max_retry_after: float,
+    sent: int,
+    url: str = "",
 ) -> Outcome:
-    """The :class:`Outcome` of an HTTP answer."""
+    """The :class:`Outcome` of an HTTP answer to a POST of ``sent`` records to ``url``."""
     if 200 <= status < 300:
-        return Outcome(OK, status)
+        why = not_the_answer(body, sent)
+        if why is None:
+            return Outcome(OK, status)
+        where = f" {url}" if url else ""
+        return Outcome(INVALID, status, f"HTTP {status}: the server at{where} {why}: that is "
+                       "not the ingest service's answer; is the URL right?")  # fmt: skip
     if status in RETRYABLE_STATUSES:
         wait = parse_retry_after(retry_after, now)
         wait = backoff if wait is None else wait

@@ -37,7 +37,16 @@ from typing import Any
 
 from .._guard import LoopGuard
 from ._options import DRAIN_BATCH_SIZE, DRAIN_START_PERCENT, DRAIN_STOP_PERCENT, LOGGER_NAME, Config
-from ._policy import DOWN, OK, REFUSED, RETRY, Outcome, should_start_drain, should_stop_drain
+from ._policy import (
+    DOWN,
+    INVALID,
+    OK,
+    REFUSED,
+    RETRY,
+    Outcome,
+    should_start_drain,
+    should_stop_drain,
+)
 from ._queue import SafeQueue
 from ._record import Queued, wire
 from ._spill import Spill
@@ -172,6 +181,7 @@ class Processor:
             "to_fallback": 0,
             "replayed": 0,
             "refused": 0,
+            "invalid": 0,
             "drains": 0,
             "worker_errors": 0,
         }
@@ -370,6 +380,16 @@ class Processor:
                         target.name, n, outcome.reason)  # fmt: skip
             self._spill_items(items, outcome.reason, retry=False)
             return
+        if outcome.kind == INVALID:
+            # Not delivered, whatever the status said: to the spill (replayed once the
+            # endpoint answers as the service does), and the endpoint left alone for a
+            # probe's interval meanwhile (the fallback, if any, takes the records).
+            self._count("invalid", n)
+            target.pause(self.cfg.health_interval, outcome.reason)
+            self._warn("invalid:" + target.name, "the %s server's answer was not the service's: "
+                       "%d record(s) are in the spill (%s)", target.name, n, outcome.reason)  # fmt: skip
+            self._spill_items(items, outcome.reason, retry=True)
+            return
         if outcome.kind == RETRY:
             target.pause(outcome.retry_after, outcome.reason)
             self._warn("retry:" + target.name, "the %s server asked to wait %.1f s (%s)",
@@ -521,6 +541,8 @@ class Processor:
                 p.mark_down(out.reason)
             elif out.kind == RETRY:
                 p.pause(out.retry_after, out.reason)
+            elif out.kind == INVALID:
+                p.pause(self.cfg.health_interval, out.reason)
             return out
 
         try:
@@ -650,6 +672,7 @@ class Processor:
             "spilled": self.spill.written,
             "replayed": c["replayed"],
             "refused": c["refused"],
+            "invalid": c["invalid"],
             "lost": lost,
             "lost_total": sum(lost.values()),
             "pending": self.pending(),

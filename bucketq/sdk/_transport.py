@@ -15,7 +15,7 @@ from typing import Any
 
 from .._deps import require
 from ._options import HEALTH_PATH, READY_PATH, Config
-from ._policy import Outcome, classify, connection_failed
+from ._policy import MAX_ANSWER_BYTES, Outcome, classify, connection_failed
 from ._record import dumps
 
 USER_AGENT = "bucketq-sdk/0.1"
@@ -53,16 +53,29 @@ class Sender:
                     # spill) has the same key, and the server stores it once.
                     "Idempotency-Key": hashlib.sha256(body).hexdigest()[:40],
                 },
+                preload_content=False,
             )
+            whole = False
+            try:
+                # At most one byte more than an answer may have (classify says why): an
+                # endpoint that sends without end cannot hold this sender.
+                data = r.read(MAX_ANSWER_BYTES + 1)
+                whole = not r.read(1)
+            finally:
+                if not whole:
+                    r.close()  # bytes left unread: the connection cannot serve another
+                r.release_conn()
         except self._errors as exc:
             return connection_failed(exc)
         return classify(
             r.status,
             r.headers.get("Retry-After"),
-            r.data or b"",
+            data or b"",
             now=time.time(),
             backoff=self._cfg.retry_backoff,
             max_retry_after=self._cfg.max_retry_after,
+            sent=len(records),
+            url=url,
         )
 
     def probe(self, base_url: str) -> bool:

@@ -6,7 +6,8 @@ Three layers, outermost first:
   not have: a connection that has not sent a whole request head within
   ``BUCKETQ_HEADER_TIMEOUT_MS`` is closed (uvicorn waits for a head forever: silent
   sockets and slow-header clients held connections open without end), and a request on a
-  connection past ``BUCKETQ_MAX_CONNECTIONS`` is answered 503 + ``Retry-After`` and closed.
+  connection past ``BUCKETQ_MAX_CONNECTIONS`` is answered 503 + ``Retry-After`` and closed;
+  and a head two parsers could read two ways (``_framing``) is answered 400 and closed.
 - :class:`Admission`, an ASGI middleware: ingest and read requests past
   ``BUCKETQ_MAX_REQUESTS_IN_FLIGHT`` are answered 503 + ``Retry-After`` at once (the
   operations routes are never refused, so ``/health`` answers throughout); each request
@@ -30,11 +31,13 @@ from typing import Any, ClassVar
 
 import h11
 from starlette.exceptions import HTTPException
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
 
 from ..errors import Overloaded
 from ._config import ServerConfig
+from ._framing import StrictConnection
 from ._middleware._base import Middleware
+from ._middleware.answer_headers import NOSNIFF
 
 #: Routes never refused nor given a deadline: liveness, readiness, metrics, the docs.
 EXEMPT = frozenset({"/health", "/ready", "/metrics", "/docs", "/openapi.json"})
@@ -71,6 +74,7 @@ def refusal(status: int, error: str, message: str, retry_after: float) -> tuple[
         (b"content-length", str(len(body)).encode()),
         (b"retry-after", str(max(1, round(retry_after))).encode()),
         _CLOSE,
+        NOSNIFF,
     ]
     return body, headers
 
@@ -194,7 +198,8 @@ class AdmissionMetrics:
         self.lookups = prom.Counter(
             "bucketq_key_lookups",
             "API key lookups by result: found, unknown, failed (the store did not answer in "
-            "time), refused (over BUCKETQ_KEY_LOOKUPS_PER_S: no database call).",
+            "time), refused (over BUCKETQ_KEY_LOOKUPS_PER_S or the lookups in flight: no "
+            "database call), bad_checksum (a key whose checksum is wrong: no database call).",
             ("result",),
             registry=registry,
         )
@@ -447,7 +452,8 @@ class RecordGate:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a request-head timeout and a connection cap.
+    """uvicorn's h11 protocol with a request-head timeout, a connection cap, and request
+    heads checked before h11 parses them (:class:`~._framing.StrictConnection`).
 
     The limits are class attributes, set by :func:`configure` in each process before it
     serves (uvicorn builds one protocol object per connection from its class)."""
@@ -455,11 +461,40 @@ class GuardedH11Protocol(H11Protocol):
     header_timeout: ClassVar[float] = 10.0
     max_connections: ClassVar[int] = 512
     retry_after: ClassVar[float] = 5.0
-    #: Connections closed for want of a whole head, and requests refused over the cap.
+    #: Connections closed for want of a whole head, requests refused over the cap, and
+    #: request heads refused as ambiguous.
     closed_slow: ClassVar[int] = 0
     refused_over_cap: ClassVar[int] = 0
+    refused_heads: ClassVar[int] = 0
 
     _head_timer: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        size = self.config.h11_max_incomplete_event_size  # as uvicorn makes its own
+        self.conn = StrictConnection(
+            h11.SERVER, DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if size is None else size
+        )
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        conn = self.conn
+        if isinstance(conn, StrictConnection) and conn.refusal and not self.transport.is_closing():
+            GuardedH11Protocol.refused_heads += 1
+            self.send_400_response(conn.refusal)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a head h11 cannot parse (and ours to one it must not): the
+        service's JSON error body, and the connection closed."""
+        body = json.dumps(
+            {"error": "Bad request", "message": f"{msg} The connection is closed."}
+        ).encode()
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode()), _CLOSE, NOSNIFF]  # fmt: skip
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                      h11.Data(data=body), h11.EndOfMessage()):  # fmt: skip
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         over = len(self.connections) >= self.max_connections

@@ -27,7 +27,15 @@ from ..reservoir import from_env as buffer_from_env
 from ._admission import Admission, AdmissionMetrics, BodyTimeout
 from ._config import ServerConfig, from_env
 from ._http_errors import on_body_timeout, on_http, on_overloaded, on_validation
-from ._middleware import BodyLimit, HttpMetrics, LastResort, Observe, RequestHead, RequestId
+from ._middleware import (
+    AnswerHeaders,
+    BodyLimit,
+    HttpMetrics,
+    LastResort,
+    Observe,
+    RequestHead,
+    RequestId,
+)
 from ._routes import ingest, ops, otlp, query
 from ._service import AT_FORCED_EXIT, Service
 
@@ -113,6 +121,7 @@ def create_app(
     app.add_middleware(RequestHead)
     app.add_middleware(Observe, metrics=HttpMetrics(reg))
     app.add_middleware(RequestId)
+    app.add_middleware(AnswerHeaders)
     from ..console import router as console
 
     for r in (ingest.router, otlp.router, query.router, ops.router, console):

@@ -18,13 +18,35 @@ _api_key = APIKeyHeader(
 _bearer = HTTPBearer(auto_error=False, description="The same API key as a bearer token.")
 
 
+class KeyConflict(ValueError):
+    """A request carries two different keys: which one it meant is not for us to guess."""
+
+
+def one_key(api_key: str | None, bearer: str | None) -> str | None:
+    """The one key of a request from its ``X-API-Key`` and ``Authorization: Bearer``
+    values (None: neither); the same key in both is that key, two different ones raise
+    :class:`KeyConflict` (one would otherwise win silently: a script that sends a new key
+    in one header and a stale one in the other works by luck of the order)."""
+    given = {k.strip() for k in (api_key, bearer) if k and k.strip()}
+    if len(given) > 1:
+        raise KeyConflict(
+            "X-API-Key and Authorization: Bearer carry two different keys; send one key (in "
+            "one of them, or the same key in both)."
+        )
+    return given.pop() if given else None
+
+
 async def project_of(
     svc: Svc,
     api_key: Annotated[str | None, Security(_api_key)] = None,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
 ) -> str:
-    """The project of the presented key; 401 when it is missing, unknown or revoked."""
-    key = api_key or (bearer.credentials if bearer is not None else None)
+    """The project of the presented key; 401 when it is missing, unknown or revoked, 400
+    when ``X-API-Key`` and ``Authorization: Bearer`` carry two different keys."""
+    try:
+        key = one_key(api_key, bearer.credentials if bearer is not None else None)
+    except KeyConflict as exc:
+        raise ApiError(400, "Bad request", str(exc)) from None
     if not key:
         raise ApiError(
             401, "Unauthorized", "Send an API key in X-API-Key or Authorization: Bearer."
@@ -32,7 +54,7 @@ async def project_of(
     try:
         # Within the request's deadline: a store that does not answer is a 503 in time.
         timeout = remaining(svc.config.ingest_timeout_ms / 1000)
-        info = await svc.keys.lookup(key.strip(), timeout)  # type: ignore[union-attr]
+        info = await svc.keys.lookup(key, timeout)  # type: ignore[union-attr]
     except Overloaded:
         raise  # too many lookups of keys not seen before: 429 (its own handler)
     except Exception as exc:

@@ -19,7 +19,7 @@ from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
-from google.rpc import status_pb2
+from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
@@ -27,11 +27,20 @@ from ._models import LogIn, SpanIn
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-#: google.rpc.Code values used in error answers.
-INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE, INTERNAL = 3, 8, 16, 14, 13
-HTTP_TO_RPC = {400: INVALID_ARGUMENT, 401: UNAUTHENTICATED, 413: RESOURCE_EXHAUSTED,
-               415: INVALID_ARGUMENT, 422: INVALID_ARGUMENT, 429: RESOURCE_EXHAUSTED,
-               500: INTERNAL, 503: UNAVAILABLE}  # fmt: skip
+#: The google.rpc.Code of an error answer's Status, by HTTP status: google/rpc/code.proto's
+#: own mapping (PERMISSION_DENIED is 403's, INVALID_ARGUMENT 400's), and for the statuses
+#: it has none for, the nearest code (413 and 431, too large: RESOURCE_EXHAUSTED, as gRPC
+#: answers a message over its limit; 405: UNIMPLEMENTED; 408: DEADLINE_EXCEEDED; 415 and
+#: 422: INVALID_ARGUMENT); any other status UNKNOWN.
+HTTP_TO_RPC = {400: code_pb2.INVALID_ARGUMENT, 401: code_pb2.UNAUTHENTICATED,
+               403: code_pb2.PERMISSION_DENIED, 404: code_pb2.NOT_FOUND,
+               405: code_pb2.UNIMPLEMENTED, 408: code_pb2.DEADLINE_EXCEEDED,
+               409: code_pb2.ABORTED, 413: code_pb2.RESOURCE_EXHAUSTED,
+               415: code_pb2.INVALID_ARGUMENT, 422: code_pb2.INVALID_ARGUMENT,
+               429: code_pb2.RESOURCE_EXHAUSTED, 431: code_pb2.RESOURCE_EXHAUSTED,
+               499: code_pb2.CANCELLED, 500: code_pb2.INTERNAL, 501: code_pb2.UNIMPLEMENTED,
+               502: code_pb2.UNAVAILABLE, 503: code_pb2.UNAVAILABLE,
+               504: code_pb2.DEADLINE_EXCEEDED}  # fmt: skip
 _ID_KEYS = {"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"}
 _SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 _STATUS = ("unset", "ok", "error")
@@ -349,7 +358,7 @@ def success(kind: str, rejected: int, why: str, mtype: str) -> bytes:
 def status(http_status: int, message: str, mtype: str) -> bytes:
     """A google.rpc.Status body for an error answer."""
     return encode(
-        status_pb2.Status(code=HTTP_TO_RPC.get(http_status, INVALID_ARGUMENT), message=message),
+        status_pb2.Status(code=HTTP_TO_RPC.get(http_status, code_pb2.UNKNOWN), message=message),
         mtype,
     )
 

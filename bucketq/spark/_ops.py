@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import json
+import logging
 import os
 import threading
 import time
@@ -40,6 +41,8 @@ from ..stream import core as score
 
 DEFAULT_DATABASE = "bucketq"
 DEFAULT_NUM_PARTITIONS = 2
+log = logging.getLogger("bucketq.spark")
+
 #: Rows per micro-batch of a streaming read unless ``maxRowsPerTrigger`` says otherwise:
 #: large enough that a micro-batch's fixed cost (planning, tasks, the sink's commit,
 #: about 0.3 s on local[2]) is a small part of it, small enough that a backlog is read in
@@ -445,13 +448,34 @@ def read_range(o: Options, mode: str, lo: Any, hi: Any) -> Iterator[Any]:
 # -- streaming read: offsets are sequence numbers ------------------------------------------
 
 
+def incarnation_message(queue: str, checkpoint: str, stream: str) -> str:
+    """What a query whose checkpoint came from another incarnation of its stream is told."""
+    return (
+        f"This query's checkpoint was made reading stream {queue!r} incarnation {checkpoint}, "
+        f"but the stream {queue!r} of this database is incarnation {stream}: it was made "
+        "again since (dropped and made anew, or a fresh store, such as the embedded one "
+        "`bucketq pipeline` starts without --uri), and its sequence numbers are not the "
+        "checkpoint's. Reading on would skip its records or read them twice, so the query "
+        "stops. Start the query with a new checkpoint location to read this stream from its "
+        "start, or point it at the store the checkpoint was made with."
+    )
+
+
 class StreamSource:
     """The driver side of a streaming read: the stream's one consumer (a fenced epoch)
-    per query run, opened at the first call. Executors read the planned ranges."""
+    per query run, opened at the first call. Executors read the planned ranges.
+
+    An offset is a seq and the stream's incarnation (``stream.core``): a checkpoint's
+    offset from another incarnation of the queue (dropped and made again, or on a fresh
+    store) names numbers that are not this stream's; reading on from it would skip
+    records or read them twice, so :meth:`check` fails naming both incarnations. An
+    offset without an incarnation (a checkpoint made before offsets had one) is taken as
+    this stream's, with a warning; the query's next offsets carry it."""
 
     def __init__(self, o: Options) -> None:
         self.o = o
         self._consumer: StreamConsumer | None = None
+        self._warned = False
 
     @property
     def consumer(self) -> StreamConsumer:
@@ -466,6 +490,29 @@ class StreamSource:
     def initial(self) -> int:
         meta = self.consumer.check_epoch()
         return score.check_resume(self.o.queue, self.o.starting_after, meta)
+
+    def offset(self, seq: int) -> dict[str, Any]:
+        """The offset through ``seq`` of this stream."""
+        return {"seq": seq, "incarnation": self.consumer.incarnation}
+
+    def check(self, offset: dict[str, Any]) -> int:
+        """The seq of ``offset`` (a checkpoint's, or one this source made), once it is
+        known to be this stream's; see the class's text."""
+        given = offset.get("incarnation")
+        current = self.consumer.incarnation
+        if given is None:
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "this query's checkpoint has offsets without a stream incarnation (made by "
+                    "an older bucketq): they are taken as stream %s's, incarnation %s; if the "
+                    "queue was made again since (or the store is a fresh one), stop the query "
+                    "and start it with a new checkpoint location",
+                    v.printable(self.o.queue), current,
+                )  # fmt: skip
+        elif given != current:
+            raise ConfigurationError(incarnation_message(self.o.queue, str(given), current))
+        return int(offset["seq"])
 
     def latest(self, start: int, max_rows: int | None) -> int:
         """The highest seq reachable from ``start`` without a gap (holes past their grace

@@ -6,7 +6,9 @@
 2. a streaming query reads the queue with the ``bucketq`` data source and writes the
    records to ``OUT/logs`` as Parquet partitioned by ``project`` and ``day`` (Spark's
    file sink: exactly-once with the checkpoint in ``OUT/_checkpoint``; stop it at any
-   time and run it again, nothing is lost or repeated);
+   time and run it again, nothing is lost or repeated; a checkpoint made on another
+   incarnation of the queue, such as an earlier run's fresh embedded store, stops it
+   with a message that says what to do);
 3. once the queue is drained (or after ``--duration`` seconds) it writes per-minute
    counts per service and level to ``OUT/counts`` and prints the busiest minutes.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -153,6 +156,7 @@ def run(args: argparse.Namespace, uri: str) -> int:
         print(
             f"pushed {args.generate} log records into {args.database}.{args.queue} in {secs:.2f} s"
         )
+    from pyspark.errors import StreamingQueryException
     from pyspark.sql import SparkSession
 
     owned = SparkSession.getActiveSession() is None  # reuse a caller's session, never stop it
@@ -162,11 +166,26 @@ def run(args: argparse.Namespace, uri: str) -> int:
             spark, uri, args.database, args.queue, out, trigger=args.trigger, max_rows=args.max_rows
         )
         t = time.perf_counter()
-        if args.duration:
-            query.awaitTermination(args.duration)
-        else:
-            query.processAllAvailable()
-        query.stop()
+        try:
+            if args.duration:
+                query.awaitTermination(args.duration)
+            else:
+                query.processAllAvailable()
+        except StreamingQueryException as exc:
+            why = other_incarnation(str(exc))
+            if why is None:
+                raise
+            # Not "delete the checkpoint": the Parquet sink keeps its own log of the
+            # batches it wrote, and a new checkpoint's first batches would be skipped by it
+            # (and acknowledged in the queue): a new output folder has neither.
+            print(f"bucketq pipeline: {why}\n\nThe checkpoint is {out / '_checkpoint'}. Without "
+                  "--uri each run starts a fresh embedded store, whose queue "
+                  f"{args.queue!r} is another incarnation. To read this store's queue, give "
+                  f"another --out (or move {out} aside); to go on where the checkpoint stopped, "
+                  "give --uri of the store it was made with.", file=sys.stderr)  # fmt: skip
+            return 1
+        finally:
+            query.stop()
         secs = time.perf_counter() - t
         stored = spark.read.parquet(str(out / "logs"))
         total = stored.count()
@@ -183,6 +202,15 @@ def run(args: argparse.Namespace, uri: str) -> int:
         if owned:
             spark.stop()
     return 0
+
+
+def other_incarnation(failure: str) -> str | None:
+    """The source's refusal of a checkpoint from another incarnation of its stream, out of
+    a failed query's text (Spark wraps it in the Python worker's traceback), or None."""
+    m = re.search(
+        r"(This query's checkpoint was made reading stream .*?made with\.)", failure, re.S
+    )
+    return " ".join(m.group(1).split()) if m else None
 
 
 DESCRIPTION = __doc__.split("\n\n")[0]

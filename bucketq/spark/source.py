@@ -110,8 +110,10 @@ class BatchReader(DataSourceReader):
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """A stream-mode queue as a stream. Offsets are ``{"seq": n}``: everything through
-    seq n. ``latestOffset`` stops at the highest seq reachable without a gap;
+    """A stream-mode queue as a stream. Offsets are ``{"seq": n, "incarnation": id}``:
+    everything through seq n of that incarnation of the stream (an offset of another
+    incarnation, such as a checkpoint's from a store made anew, fails the query naming
+    both; ``_ops.StreamSource.check``). ``latestOffset`` stops at the highest seq reachable without a gap;
     ``commit(end)`` acknowledges (and deletes) through ``end`` under this query's fenced
     consumer epoch. Spark commits a batch to the source only when it starts a later
     one, after the sink committed it, so a restarted query re-reads exactly the
@@ -137,20 +139,20 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._source
 
     def initialOffset(self) -> dict:
-        return {"seq": self.source.initial()}
+        return self.source.offset(self.source.initial())
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         # pyspark < 4.2 calls latestOffset() without a start or a limit.
         max_rows = getattr(limit, "max_rows", None)
         if limit is None:
             max_rows = self.opts.max_rows_per_trigger
-        begin = int(start["seq"]) if start else self.source.initial()
+        begin = self.source.check(start) if start else self.source.initial()
         if self._target is not None and begin >= self._target:
-            return {"seq": begin}  # Trigger.AvailableNow: reached; the query ends
+            return self.source.offset(begin)  # Trigger.AvailableNow: reached; the query ends
         end = self.source.latest(begin, max_rows)
         if self._target is not None:
             end = min(end, self._target)
-        return {"seq": end}
+        return self.source.offset(end)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self.source.target()
@@ -162,7 +164,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        lo, hi = int(start["seq"]), int(end["seq"])
+        lo, hi = self.source.check(start), self.source.check(end)
         if hi <= lo:
             return []
         parts = max(1, min(self.opts.num_partitions or 1, hi - lo))
@@ -174,7 +176,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ops.read_seq_range(self.opts, partition.lo, partition.hi)
 
     def commit(self, end: dict) -> None:
-        self.source.commit(int(end["seq"]))
+        self.source.commit(self.source.check(end))
 
     def stop(self) -> None:
         """The query stopped: close the stream's consumer (what it delivered and did not

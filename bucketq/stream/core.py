@@ -7,10 +7,13 @@ Layout (one collection per stream plus a metadata collection ``<name>.meta``)::
                   {_id: seq, hole: true, at}                         a closed hole (tombstone)
                   {_id: seq, ..., stg: {j, t}}                       a staged bucket (Spark writes),
                                                                      invisible until published
-    <name>.meta   {_id: "stream", next, epoch, acked}
+    <name>.meta   {_id: "stream", next, epoch, acked, incarnation}
 
 ``next`` is the last sequence number handed out (the counter), ``acked`` the last one
-acknowledged, ``epoch`` the current consumer's fencing token. A bucket's ``_id`` is its
+acknowledged, ``epoch`` the current consumer's fencing token, ``incarnation`` the id the
+document was made with: a stream dropped and made again (or made on a fresh store) numbers
+from the start again, and only its incarnation tells a position in the old one (a Spark
+checkpoint's offset, a sink's stored seq) from the same number in the new one. A bucket's ``_id`` is its
 sequence number, so the unique ``_id`` index is what makes a tombstone and a late real
 bucket exclusive: whichever lands first wins, and the loser knows.
 """
@@ -163,8 +166,21 @@ def meta_filter() -> dict[str, Any]:
     return {"_id": META_ID}
 
 
+def new_incarnation() -> str:
+    """A stream's incarnation id (an ObjectId's text: it says when it was made)."""
+    return str(ObjectId())
+
+
 def meta_init() -> dict[str, Any]:
-    return {"$setOnInsert": {"next": 0, "epoch": 0, "acked": 0}}
+    init = {"next": 0, "epoch": 0, "acked": 0, "incarnation": new_incarnation()}
+    return {"$setOnInsert": init}
+
+
+def incarnation_request() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(filter, update) that gives a stream made before incarnation ids its own, once."""
+    return {"_id": META_ID, "incarnation": {"$exists": False}}, {
+        "$set": {"incarnation": new_incarnation()}
+    }
 
 
 def allocate_update(k: int) -> dict[str, Any]:

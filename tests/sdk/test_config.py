@@ -157,8 +157,17 @@ def test_dict_config_builds_the_handler(tmp_path):
 
 
 def test_classify_statuses_and_retry_after():
-    kw = {"now": 1000.0, "backoff": 1.0, "max_retry_after": 60.0}
-    assert classify(200, None, b"{}", **kw).kind == "ok"
+    kw = {"now": 1000.0, "backoff": 1.0, "max_retry_after": 60.0, "sent": 2}
+    assert classify(200, None, b'{"received": 2, "timestamp": "t"}', **kw).kind == "ok"
+    # A 2xx that is not the service's answer to these records is not delivery, and says why.
+    for body, why in ((b"<!doctype html><title>Login</title>", "not JSON (it starts: '<!doctype"),
+                      (b'{"received": 2, "timest', "not JSON"), (b"", "an empty body"),
+                      (b'{"status": "ok"}', "without the count"), (b"[2]", "without the count"),
+                      (b'{"received": true}', "without the count"),
+                      (b'{"received": 1}', "received 1 of the 2 records"),
+                      (b"{" + b" " * 70_000 + b"}", "more than 65536 bytes")):  # fmt: skip
+        r = classify(204, None, body, url="http://x/api/v1/ingest", **kw)
+        assert r.kind == "invalid" and why in r.reason and "http://x/api/v1/ingest" in r.reason, r
     r = classify(429, "7", b"", **kw)
     assert (r.kind, r.retry_after) == ("retry", 7.0)
     assert classify(503, None, b"", **kw).retry_after == 1.0

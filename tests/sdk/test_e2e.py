@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -300,6 +301,103 @@ def test_two_configurations_are_isolated(frozen, fallback, fkey, pkey, svc, tmp_
     assert stuck.close(0) is False  # what it holds goes to its own spill, nothing is lost
     assert stuck.stats()["spilled"] + stuck.stats()["sent"] >= 300 - stuck.stats()["pending"]
     assert stuck.stats()["lost_total"] == 0
+
+
+class _Proxy:
+    """A reverse proxy on loopback in front of ``upstream``. While ``broken`` it answers
+    every request 200 with what a misconfigured endpoint sends, in turn: its HTML page, a
+    JSON cut short, a JSON of its own, the right shape with the wrong count; then it
+    forwards each request and its answer."""
+
+    WRONG = (b"<!doctype html><title>Maintenance</title><p>Back soon.</p>",
+             b'{"received": 10', b'{"status": "ok"}', b'{"received": 1, "timestamp": "t"}')  # fmt: skip
+
+    def __init__(self, upstream: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        proxy = self
+        self.broken = True
+        self.answered = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def _answer(self, status: int, body: bytes, ctype: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _handle(self, method: str) -> None:
+                import urllib.error
+                import urllib.request
+
+                size = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(size) if size else None
+                if proxy.broken:
+                    wrong = proxy.WRONG[proxy.answered % len(proxy.WRONG)]
+                    proxy.answered += 1
+                    html = wrong.startswith(b"<")
+                    self._answer(200, wrong, "text/html" if html else "application/json")
+                    return
+                keep = ("Content-Type", "X-API-Key", "Idempotency-Key")
+                req = urllib.request.Request(upstream + self.path, data=body, method=method,
+                                             headers={k: self.headers[k] for k in keep
+                                                      if self.headers[k]})  # fmt: skip
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        status, got, ctype = r.status, r.read(), r.headers["Content-Type"]
+                except urllib.error.HTTPError as e:
+                    status, got, ctype = e.code, e.read(), e.headers["Content-Type"]
+                self._answer(status, got, ctype or "application/json")
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_2xx_that_is_not_the_services_answer_is_spilled_then_replayed(primary, pkey, svc,
+                                                                        tmp_path):  # fmt: skip
+    """A proxy in front of the service answers 200 with its maintenance page (and other
+    bodies that are not the service's answer): no record counts as sent; every one is in
+    the spill with the reason, and arrives once the proxy forwards again."""
+    proxy = _Proxy(primary.url)
+    c = Client(proxy.url, pkey, spill_dir=tmp_path, service=svc, batch_size=50, **FAST_SDK)
+    try:
+        for i in range(200):
+            c.log("info", f"proxied-{i}")
+        assert c.flush(30)
+        st = c.stats()
+        assert (st["sent"], st["spilled"], st["lost_total"]) == (0, 200, 0)
+        assert st["invalid"] == 200
+        lines = spilled(tmp_path)
+        assert len(lines) == 200 and all(x["retry"] for x in lines)
+        reasons = {x["reason"] for x in lines}
+        assert all("is the URL right?" in r and proxy.url in r for r in reasons), reasons
+        assert any("not JSON (it starts: '<!doctype html>" in r for r in reasons), reasons
+        assert primary.logs(pkey, service=svc) == []
+        proxy.broken = False
+        eventually(lambda: c.stats()["replayed"] == 200, 60, what="200 replayed")
+        assert messages(primary, pkey, svc) == Counter(f"proxied-{i}" for i in range(200))
+        assert spilled(tmp_path) == [] and c.stats()["sent"] == 0
+    finally:
+        c.close(0)
+        proxy.close()
 
 
 def test_503_with_retry_after_is_retried_not_spilled(svc, tmp_path):

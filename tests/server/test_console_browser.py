@@ -173,6 +173,100 @@ def test_the_live_tail_shows_a_new_record_within_two_seconds(browser, console):
     page.context.close()
 
 
+def test_a_200000_character_message_is_cut_in_lists_and_whole_on_its_page(browser, console):
+    """One huge message froze the browser on /console/logs (a table cell holding a
+    200,000-character word): lists and the live tail show its start and its length, the
+    record's page shows all of it."""
+    from playwright.sync_api import expect
+
+    word = f"huge-{uuid.uuid4().hex[:8]}"
+    message = f"{word} " + "y" * 200_000
+    _ingest(console, message)
+    page = _signed_in(browser, console)
+    page.goto(console["serve"].url + "/console/logs?project=shop&q=" + word)
+    cell = page.locator("#logs tbody tr[data-id] td.msg")
+    expect(cell).to_have_count(1)
+    expect(cell.locator("a.more")).to_have_text(f"… {len(message):,} characters")
+    assert word in cell.inner_text() and len(cell.inner_text()) < 600
+    # The live tail: a second one arrives cut the same way.
+    page.goto(console["serve"].url + "/console/logs?project=shop")
+    page.check("#tail-toggle")
+    expect(page.locator("#tail-status")).to_contain_text("Live")
+    tail_word = f"tail-huge-{uuid.uuid4().hex[:8]}"
+    tail_message = f"{tail_word} " + "z" * 200_000
+    _ingest(console, tail_message)
+    row = page.locator("#logs tbody tr", has_text=tail_word)
+    expect(row).to_be_visible(timeout=TAIL_MS)
+    assert len(row.locator("td.msg").inner_text()) < 600
+    expect(row.locator("a.more")).to_contain_text(f"{len(tail_message):,} characters")
+    # What the tail's poll carries: cut messages, no metadata, never cached.
+    r = page.request.get(console["serve"].url + "/console/api/tail?project=shop&q=" + tail_word)
+    assert r.status == 200
+    assert (
+        r.headers["cache-control"] == "no-store"
+        and r.headers["x-content-type-options"] == "nosniff"
+    )
+    (rec,) = r.json()["logs"]
+    assert len(rec["message"]) == 500 and rec["message_chars"] == len(tail_message)
+    assert "metadata" not in rec
+    # The record's page: the whole message.
+    page.goto(console["serve"].url + "/console/logs?project=shop&q=" + word)
+    cell.locator("a.more").click()
+    expect(page.locator("dd.msg")).to_have_count(1)
+    assert page.locator("dd.msg").inner_text() == message
+    page.context.close()
+
+
+#: Queue names a URL path cannot carry as they are.
+AWKWARD = ("q with space?x#y 50%", "q/slash")
+
+
+def test_queues_with_any_name_are_viewed_requeued_and_purged(browser, console):
+    from playwright.sync_api import expect
+
+    db = console["db"]
+    for name in AWKWARD:
+        make_dead(db, name, [{"n": 1}, {"n": 2}])
+    page = _signed_in(browser, console)
+    for name in AWKWARD:
+        page.goto(console["serve"].url + "/console/queues")
+        page.locator("#queues a", has_text=name).click()
+        expect(page.locator("h1")).to_contain_text(name)
+        expect(page.locator("#dead tbody tr")).to_have_count(2)
+        page.locator("#dead tbody input[type=checkbox]").first.check()
+        page.click('#dead-form button:text-is("Requeue")')
+        page.click("#confirm")
+        expect(page.locator("p.ok")).to_contain_text("requeued 1 dead letters")
+        expect(page.locator("h1")).to_contain_text(name)
+        page.click('#dead-form button:text-is("Delete")')
+        page.click("#confirm")
+        expect(page.locator("p.ok")).to_contain_text("deleted 1 dead letters")
+        assert Inspector(db).dead(name) == [], name
+        assert [x.payload for x in Inspector(db).peek(name)] == ['{"n": 1}'], name
+    page.context.close()
+
+
+def test_a_queue_name_cannot_forge_a_line_in_the_servers_log(browser, console):
+    """An action on a queue whose name holds a line break is logged on one line, the
+    break escaped."""
+    from urllib.parse import quote
+
+    from playwright.sync_api import expect
+
+    name = "nl\nFORGED bucketq.server: all is well"
+    make_dead(console["db"], name, [{"n": 1}])
+    page = _signed_in(browser, console)
+    page.goto(console["serve"].url + "/console/queues/" + quote(name, safe=""))
+    expect(page.locator("#dead tbody tr")).to_have_count(1)
+    page.click('#dead-form button:text-is("Delete")')
+    page.click("#confirm")
+    expect(page.locator("p.ok")).to_contain_text("deleted 1 dead letters")
+    log = console["serve"].output()
+    assert "dead/purge on nl\\nFORGED bucketq.server: all is well" in log
+    assert not [line for line in log.splitlines() if line.startswith("FORGED")]
+    page.context.close()
+
+
 def test_requeue_of_a_dead_letter_puts_it_back(browser, console, shots):
     from playwright.sync_api import expect
 

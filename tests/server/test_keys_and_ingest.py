@@ -41,7 +41,7 @@ def _keys_cli(serve: Serve, *args: str) -> subprocess.CompletedProcess[str]:
 def test_key_lifecycle_from_the_command_line(serve: Serve, mongo_client: MongoClient) -> None:
     project = _project()
     key = create_key(serve, project)
-    assert key.startswith("bq_") and len(key) == 67
+    assert key.startswith("bq_") and len(key) == 75  # 64 random hex characters, 8 of checksum
     stored = mongo_client[serve.database]["api_keys"].find_one({"project": project})
     assert stored["_id"] == hashlib.sha256(key.encode()).hexdigest()
     assert key not in json.dumps(stored, default=str)  # never in clear

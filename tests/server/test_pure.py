@@ -5,14 +5,21 @@ from __future__ import annotations
 import base64
 import json
 import re
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 from bson import ObjectId
+from fastapi import Depends, FastAPI, Query
+from pydantic import BaseModel, Field
 
+from bucketq._validate import printable
 from bucketq.errors import ConfigurationError
 from bucketq.server import _keys, _query, config_table, from_env
+from bucketq.server._framing import head_problem
+from bucketq.server._params import KnownQuery, accepted_query
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 
@@ -42,8 +49,17 @@ def test_config_from_env_names_the_bad_variable() -> None:
 
 
 def test_keys_are_hashed_and_checked() -> None:
-    key = _keys.new_key()
-    assert _keys.looks_like_key(key) and not _keys.looks_like_key(key[:-1])
+    secret = secrets.token_bytes(32)
+    key = _keys.new_key(secret)
+    assert _keys.key_format(key) == _keys.CHECKED and _keys.checksum_ok(secret, key)
+    assert not _keys.checksum_ok(secrets.token_bytes(32), key)  # another deployment's secret
+    for i in range(len(_keys.KEY_PREFIX), len(key)):  # any one character changed
+        other = key[:i] + ("0" if key[i] != "0" else "1") + key[i + 1 :]
+        assert not _keys.checksum_ok(secret, other), i
+    old = _keys.KEY_PREFIX + "ab" * 32  # made before keys had a checksum
+    assert _keys.key_format(old) == _keys.LEGACY
+    for bad in (key[:-1], key + "0", old[:-1], key.upper(), "bq_" + "g" * 64, ""):
+        assert _keys.key_format(bad) is None and not _keys.looks_like_key(bad), bad
     doc = _keys.key_document(key, "shop")
     assert doc["_id"] == _keys.hash_key(key) != key and doc["prefix"] == key[:11]
     assert key not in str(doc)
@@ -263,3 +279,72 @@ def test_a_project_s_reads_get_their_share_of_the_time() -> None:
         await read(0.1)
 
     asyncio.run(run())
+
+
+def test_printable_escapes_what_would_start_a_line_or_drive_a_terminal() -> None:
+    assert printable("jobs.dlq") == "jobs.dlq"
+    assert printable("q\nFORGED\r\x1b[2J\u2028\t\ud800 end") == (
+        "q\\nFORGED\\r\\x1b[2J\\u2028\\t\\ud800 end"
+    )
+    assert printable("x" * 2000, 10) == "xxxxxxxxxx...(2000 characters)"
+
+
+def test_head_problem_reads_a_head_as_strictly_as_rfc_9112_asks() -> None:
+    ok = b"POST /api/v1/ingest?x=1 HTTP/1.1\r\nHost: [::1]:8080\r\nX-A: b\tc\r\nContent-Length: 2\r\n\r\n{}"
+    assert head_problem(ok) is None
+    assert head_problem(b"GET / HTTP/1.1\r\nHost: a\x01") is None  # not whole yet: h11 waits
+    refused = {
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n": "Content-Length and Transfer-Encoding",
+        b"POST / HTTP/1.1\r\nHost: a\r\ntransfer-encoding: chunked\r\ncontent-length: 1\r\n\r\n": "Content-Length and Transfer-Encoding",
+        b"GET / HTTP/1.1\nHost: a\n\n": "bare LF",
+        b"GET / HTTP/1.1\r\nHost: a\r\n\n": "bare LF",
+        b"GET / HTTP/1.1\r\nHost: a\x00b\r\n\r\n": "control character",
+        b"GET / HTTP/1.1\r\nHost: a\rb\r\n\r\n": "control character",
+        b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n": "Host holds characters",
+        b"GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n": "more than once",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\n\t2\r\n\r\n": "folded",
+        b"GET /\x7f HTTP/1.1\r\nHost: a\r\n\r\n": "request target",
+    }  # fmt: skip
+    for head, why in refused.items():
+        problem = head_problem(head)
+        assert problem is not None and why in problem, (head, problem)
+
+
+class _Page(BaseModel):
+    offset: int = 0
+    size: int = Field(10, alias="pageSize")
+
+
+def _org(org: str = "") -> str:
+    return org
+
+
+def _route_with_a_query(
+    page: Annotated[_Page, Query()],
+    since: Annotated[str | None, Query(alias="from")] = None,
+    org: str = Depends(_org),
+) -> None:
+    return None
+
+
+def test_the_accepted_query_parameters_are_the_routes_own() -> None:
+    """The names come from the route and its dependencies as FastAPI sees them (aliases,
+    a model's fields): a parameter added to a route is accepted with it."""
+    app = FastAPI()
+    app.get("/x", dependencies=[KnownQuery])(_route_with_a_query)
+    route = next(r for r in app.routes if getattr(r, "path", "") == "/x")
+    assert accepted_query(route.dependant) == {"offset", "pageSize", "from", "org"}
+
+
+def test_otlp_statuses_carry_the_google_rpc_codes_code_proto_gives_them() -> None:
+    from google.rpc import code_pb2
+
+    from bucketq.server._otlp import HTTP_TO_RPC
+
+    # google/rpc/code.proto's HTTP mapping, for every status it names.
+    assert {s: HTTP_TO_RPC[s] for s in (400, 401, 403, 404, 409, 429, 499, 500, 501, 503, 504)} == {
+        400: code_pb2.INVALID_ARGUMENT, 401: code_pb2.UNAUTHENTICATED, 403: code_pb2.PERMISSION_DENIED,
+        404: code_pb2.NOT_FOUND, 409: code_pb2.ABORTED, 429: code_pb2.RESOURCE_EXHAUSTED,
+        499: code_pb2.CANCELLED, 500: code_pb2.INTERNAL, 501: code_pb2.UNIMPLEMENTED,
+        503: code_pb2.UNAVAILABLE, 504: code_pb2.DEADLINE_EXCEEDED,
+    }  # fmt: skip

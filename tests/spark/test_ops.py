@@ -101,6 +101,56 @@ def test_a_newer_consumer_fences_the_query(db, mongo_uri, db_name):
     assert q.position()["acked"] == 0
 
 
+def test_an_offset_of_another_incarnation_of_the_stream_fails_naming_both(
+    db, mongo_uri, db_name, caplog
+):
+    """A checkpoint's offset names a seq of one incarnation of the stream; the same
+    stream made again (dropped, or on a fresh store) numbers from 1 again. The source
+    refuses the old offset instead of reading on from its seq; an offset made before
+    offsets had an incarnation is taken, with a warning."""
+    q = StreamQueue(db, "s", bucket_max_size=10, bucket_max_wait=0.05)
+    q.push_many(list(range(20)), durable=True)
+    src = ops.StreamSource(options(mongo_uri, db_name))
+    first = src.offset(src.latest(src.initial(), None))
+    assert first["seq"] == 2 and first["incarnation"] == src.consumer.incarnation
+    src.commit(src.check(first))
+    src.close()
+    q.close()
+    # The queue made again: its buckets 1 and 2 are other records than the checkpoint's.
+    db.drop_collection("s")
+    db.drop_collection("s.meta")
+    q = StreamQueue(db, "s", bucket_max_size=10, bucket_max_wait=0.05)
+    q.push_many(list(range(30)), durable=True)
+    src = ops.StreamSource(options(mongo_uri, db_name))
+    now = src.consumer.incarnation
+    assert now != first["incarnation"]
+    for use in (src.check, lambda o: src.commit(src.check(o))):
+        with pytest.raises(ConfigurationError) as e:
+            use(first)
+        said = str(e.value)
+        assert first["incarnation"] in said and now in said and "new checkpoint location" in said
+    assert q.position()["acked"] == 0  # nothing acknowledged on the old offset's word
+    # An offset without an incarnation: this stream's, said once.
+    with caplog.at_level("WARNING", logger="bucketq.spark"):
+        assert src.check({"seq": 2}) == 2 and src.check({"seq": 3}) == 3
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+    assert "without a stream incarnation" in caplog.records[0].getMessage()
+    src.close()
+    q.close()
+
+
+def test_a_stream_made_before_incarnations_gets_one_when_a_consumer_opens(db):
+    q = StreamQueue(db, "old", bucket_max_size=10, bucket_max_wait=0.05)
+    q.push_many(list(range(5)), durable=True)
+    db["old.meta"].update_one({"_id": "stream"}, {"$unset": {"incarnation": ""}})
+    c = q.consumer()
+    given = db["old.meta"].find_one({"_id": "stream"})["incarnation"]
+    assert c.incarnation == given
+    c.close()
+    assert q.consumer().incarnation == given  # kept from then on
+    q.close()
+
+
 def test_buckets_decode_into_arrow_columns_as_json_text(db, mongo_uri, db_name):
     """Stream and queue buckets into one record batch: payloads as compact JSON (UTF-8
     as it is), headers only where an item has some, consumed items left out."""

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.spark
 
 
 def test_pipeline_streams_logs_into_partitioned_parquet_with_counts(
-    spark, mongo_uri, mongo_client, db_name, tmp_path
+    spark, mongo_uri, mongo_client, db_name, tmp_path, capsys
 ):
     out = tmp_path / "out"
     argv = [
@@ -62,5 +62,19 @@ def test_pipeline_streams_logs_into_partitioned_parquet_with_counts(
         # run again (as `python -m bucketq.spark.pipeline`) with nothing new: nothing added
         assert pipeline.main(argv[:4] + argv[6:]) == 0
         assert spark.read.parquet(str(out / "logs")).count() == 3000
+        # Run twice without --uri, `bucketq pipeline` meets a fresh embedded store with the
+        # checkpoint of the last one. Here the store is made anew by dropping the database:
+        # the run stops and says what to do, instead of skipping the new store's first
+        # records; done as it says, every one of them arrives.
+        mongo_client.drop_database(db_name)
+        capsys.readouterr()
+        assert cli.main(["pipeline", *argv[:5], "500", *argv[6:], "--seed", "2"]) == 1
+        said = capsys.readouterr().err
+        assert len(set(re.findall(r"incarnation ([0-9a-f]{24})", said))) == 2, said
+        assert "give another --out" in said and "--uri" in said
+        assert spark.read.parquet(str(out / "logs")).count() == 3000
+        other = tmp_path / "other"
+        assert cli.main(["pipeline", *argv[:4], "--out", str(other), "--trigger", "0 seconds"]) == 0
+        assert spark.read.parquet(str(other / "logs")).count() == 500
     finally:
         mongo_client.drop_database(db_name)

@@ -14,6 +14,7 @@ from typing import Any
 from bson import ObjectId
 from pymongo import ReturnDocument
 
+from ..._validate import printable
 from ...bucket import CLAIM_SORT, not_leased
 from ...bucket.codec import collection
 from ...bucket.damage import quarantine_name
@@ -182,7 +183,7 @@ class AsyncInspector:
                 await q.close()
         if report["items"]:
             log.info(
-                "queue %s: %s %d dead letters", name, "requeued" if requeue else "purged",
+                "queue %s: %s %d dead letters", printable(name), "requeued" if requeue else "purged",
                 report["items"],
             )  # fmt: skip
         return report

@@ -250,7 +250,11 @@ class AsyncProducer:
                 why = ob.error or error
                 self._stats["push_failed"] += len(ob)
                 log.error(
-                    "%s %s: %d items were NOT stored: %s", self._kind, self.name, len(ob), why
+                    "%s %s: %d items were NOT stored: %s",
+                    self._kind,
+                    v.printable(self.name),
+                    len(ob),
+                    why,
                 )
                 ob.batch.resolve(why)
             elif ob.error is not None:  # stored, but the write concern was not confirmed
@@ -260,7 +264,7 @@ class AsyncProducer:
                 ) + len(ob)
                 log.error(
                     "%s %s: %d items were stored but the write concern was not confirmed: %s",
-                    self._kind, self.name, len(ob), ob.error,
+                    self._kind, v.printable(self.name), len(ob), ob.error,
                 )  # fmt: skip
                 ob.batch.resolve(ob.error)
                 stored.append(ob)
@@ -389,7 +393,7 @@ class AsyncProducer:
             return False
         self._stats["insert_retries"] += 1
         log.warning("%s %s: bucket insert failed (%s); retry %d",
-                    self._kind, self.name, exc, attempt)  # fmt: skip
+                    self._kind, v.printable(self.name), exc, attempt)  # fmt: skip
         await self._backoff(attempt, deadline)
         return True
 

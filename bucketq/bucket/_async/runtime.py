@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._guard import LoopGuard
+from ..._validate import printable
 from .. import deadline as deadlines
 from ..concurrency import AsyncNotifier, AsyncWorker
 from .wake import AsyncWakeWatcher
@@ -38,7 +39,7 @@ class AsyncRuntime:
     _health: deadlines.Health = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._health = deadlines.Health(f"{self.kind} {self.name}")
+        self._health = deadlines.Health(f"{self.kind} {printable(self.name)}")
 
     def health(self) -> dict[str, Any]:
         """Whether MongoDB answers this object's operations, from what they met (no
@@ -56,7 +57,7 @@ class AsyncRuntime:
     def worker(self, role: str, fn: Any, stopped: Callable[[], bool] | None = None) -> AsyncWorker:
         """A background loop that survives what it does not handle (see
         ``bucketq._guard``); it ends once ``stopped()`` (by default: once closed)."""
-        guard = LoopGuard(f"{self.kind} {self.name}: the {role}", self.stats, self.log)
+        guard = LoopGuard(f"{self.kind} {printable(self.name)}: the {role}", self.stats, self.log)
         name = f"bucketq-{self.kind}-{role}-{self.name}"
         return AsyncWorker(name, fn, guard, stopped or self.is_closed)
 
@@ -79,7 +80,7 @@ class AsyncRuntime:
             col=col,
             pipeline=pipeline,
             wake=wake,
-            what=what or f"{self.kind} {self.name}",
+            what=what or f"{self.kind} {printable(self.name)}",
             stats=self.stats,
             logger=self.log,
             bounded=self.bounded,

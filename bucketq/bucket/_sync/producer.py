@@ -248,7 +248,11 @@ class Producer:
                 why = ob.error or error
                 self._stats["push_failed"] += len(ob)
                 log.error(
-                    "%s %s: %d items were NOT stored: %s", self._kind, self.name, len(ob), why
+                    "%s %s: %d items were NOT stored: %s",
+                    self._kind,
+                    v.printable(self.name),
+                    len(ob),
+                    why,
                 )
                 ob.batch.resolve(why)
             elif ob.error is not None:  # stored, but the write concern was not confirmed
@@ -258,7 +262,7 @@ class Producer:
                 ) + len(ob)
                 log.error(
                     "%s %s: %d items were stored but the write concern was not confirmed: %s",
-                    self._kind, self.name, len(ob), ob.error,
+                    self._kind, v.printable(self.name), len(ob), ob.error,
                 )  # fmt: skip
                 ob.batch.resolve(ob.error)
                 stored.append(ob)
@@ -387,7 +391,7 @@ class Producer:
             return False
         self._stats["insert_retries"] += 1
         log.warning("%s %s: bucket insert failed (%s); retry %d",
-                    self._kind, self.name, exc, attempt)  # fmt: skip
+                    self._kind, v.printable(self.name), exc, attempt)  # fmt: skip
         self._backoff(attempt, deadline)
         return True
 

@@ -20,6 +20,7 @@ from bson import ObjectId
 from bson.errors import InvalidId
 from pymongo.errors import DuplicateKeyError
 
+from ..._validate import printable
 from ...errors import ConfigurationError
 from .. import damage, options, times
 from ..codec import collection
@@ -86,7 +87,11 @@ class Quarantine:
         """Delete quarantined buckets (one, or all): their items are gone for good."""
         res = self._col.delete_many(self._filter(bucket_id))
         if res.deleted_count:
-            log.warning("queue %s: removed %d quarantined buckets", self.source, res.deleted_count)
+            log.warning(
+                "queue %s: removed %d quarantined buckets",
+                printable(self.source),
+                res.deleted_count,
+            )
         return res.deleted_count
 
     def requeue(self, put: Put, bucket_id: Any = None) -> dict[str, int]:
@@ -113,7 +118,7 @@ class Quarantine:
             report["lost"] += rec.lost
             log.warning(
                 "queue %s: re-queued %d items of quarantined bucket %s (%d lost)",
-                self.source,
+                printable(self.source),
                 len(rec.items),
                 record["_id"],
                 rec.lost,

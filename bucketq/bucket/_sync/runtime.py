@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._guard import LoopGuard
+from ..._validate import printable
 from .. import deadline as deadlines
 from ..concurrency import Notifier, Worker
 from .wake import WakeWatcher
@@ -40,7 +41,7 @@ class Runtime:
     _health: deadlines.Health = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._health = deadlines.Health(f"{self.kind} {self.name}")
+        self._health = deadlines.Health(f"{self.kind} {printable(self.name)}")
 
     def health(self) -> dict[str, Any]:
         """Whether MongoDB answers this object's operations, from what they met (no
@@ -58,7 +59,7 @@ class Runtime:
     def worker(self, role: str, fn: Any, stopped: Callable[[], bool] | None = None) -> Worker:
         """A background loop that survives what it does not handle (see
         ``bucketq._guard``); it ends once ``stopped()`` (by default: once closed)."""
-        guard = LoopGuard(f"{self.kind} {self.name}: the {role}", self.stats, self.log)
+        guard = LoopGuard(f"{self.kind} {printable(self.name)}: the {role}", self.stats, self.log)
         name = f"bucketq-{self.kind}-{role}-{self.name}"
         return Worker(name, fn, guard, stopped or self.is_closed)
 
@@ -81,7 +82,7 @@ class Runtime:
             col=col,
             pipeline=pipeline,
             wake=wake,
-            what=what or f"{self.kind} {self.name}",
+            what=what or f"{self.kind} {printable(self.name)}",
             stats=self.stats,
             logger=self.log,
             bounded=self.bounded,

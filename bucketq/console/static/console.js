@@ -42,7 +42,12 @@ function startTail() {
         lv.appendChild(el("span", { class: "level" }, r.level));
         tr.appendChild(lv);
         tr.appendChild(el("td", {}, r.service));
-        tr.appendChild(el("td", { class: "msg" }, r.message));
+        const msg = el("td", { class: "msg" }, r.message);
+        if (r.cut) {  // the server cut it: the record's page has the whole message
+          msg.appendChild(el("a", { class: "more", href: table.dataset.detail + encodeURIComponent(r.id) },
+                             "… " + r.message_chars.toLocaleString("en") + " characters"));
+        }
+        tr.appendChild(msg);
         const empty = body.querySelector("tr.empty");
         if (empty) empty.remove();
         body.insertBefore(tr, body.firstChild);

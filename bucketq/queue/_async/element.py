@@ -86,7 +86,7 @@ class AsyncElementQueue(AsyncQueueApi):
         try:
             await self._col.create_index(bucket.CLAIM_SORT, name="mature_id")
         except WriteConcernError as exc:  # built; the write concern was not confirmed
-            log.warning("queue %s: claim index: %s", self.name, exc)
+            log.warning("queue %s: claim index: %s", v.printable(self.name), exc)
 
     def _push_timeout(self) -> float:
         return max(self.options.retry_budget, deadlines.MIN_ATTEMPT_TIMEOUT)

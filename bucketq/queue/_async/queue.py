@@ -20,6 +20,7 @@ from pymongo.errors import (
 
 from ... import bucket
 from ..._driver import boundary
+from ..._validate import printable
 from ...bucket import AsyncProducer, AsyncQuarantine, AsyncRuntime
 from ...bucket import deadline as deadlines
 from ...bucket.codec import encode_item
@@ -110,7 +111,9 @@ class AsyncQueue(AsyncQueueApi):
             self._setup_done = True
         except (PyMongoError, deadlines.StartupBusy) as exc:
             log.warning(
-                "queue %s: creating the claim index failed (%s); will retry", self.name, exc
+                "queue %s: creating the claim index failed (%s); will retry",
+                printable(self.name),
+                exc,
             )
 
     async def _number(self, timeout: float) -> None:
@@ -141,7 +144,7 @@ class AsyncQueue(AsyncQueueApi):
             log.warning(
                 "queue %s: numbering this queue object failed (%s); its pushes without a "
                 "key go to partition %d, a hash of its id",
-                self.name, why, self._producer.partition,
+                printable(self.name), why, self._producer.partition,
             )  # fmt: skip
         else:
             self._producer.partition = part
@@ -162,7 +165,7 @@ class AsyncQueue(AsyncQueueApi):
             upd = {"$set": {"part": new}} if new is not None else {"$unset": {"part": ""}}
             res = await self._col.update_many({"part": old}, upd)
             log.info("queue %s: moved %d buckets of partition %d (of %d now) to partition %d",
-                     self.name, res.modified_count, old, parts, new or 0)  # fmt: skip
+                     printable(self.name), res.modified_count, old, parts, new or 0)  # fmt: skip
 
     def _open_dead_letter_queue(self) -> AsyncQueue:
         # Buckets as large as MongoDB allows: any item of this queue fits there with

@@ -312,7 +312,7 @@ class Consumer:
                 got = self._claim()
             except PyMongoError as exc:
                 idle_attempt += 1
-                log.warning("queue %s: claim failed (%s); retrying", self.name, exc)
+                log.warning("queue %s: claim failed (%s); retrying", v.printable(self.name), exc)
                 self._fetch_wake.wait(
                     gen,
                     backoff(idle_attempt, 0.1, self.options.poll_interval, full_jitter=True) + 0.05,
@@ -502,10 +502,10 @@ class Consumer:
         self._stats["quarantined"] += 1
         log.error(
             "queue %s: bucket %s is damaged (%s); moved it to %s",
-            self.name,
+            v.printable(self.name),
             doc["_id"],
             exc.reason,
-            self._quarantine.name,
+            v.printable(self._quarantine.name),
         )
 
     def _reclaim(self, doc: dict[str, Any], token: ObjectId, sent: float) -> bool:
@@ -519,7 +519,11 @@ class Consumer:
                     return False
                 if old.reclaim(doc, token, sent, self.options.lease):
                     self._stats["reclaims"] += 1
-                    log.info("queue %s: renewed the lapsed lease of bucket %s", self.name, old.id)
+                    log.info(
+                        "queue %s: renewed the lapsed lease of bucket %s",
+                        v.printable(self.name),
+                        old.id,
+                    )
                     self._consumers.notify()
                     return True
                 self._lose(old)
@@ -531,7 +535,9 @@ class Consumer:
         if not b.lost:
             b.lost = True
             self._stats["lease_losses"] += 1
-            log.warning("queue %s: lost the lease of bucket %s; dropping it", self.name, b.id)
+            log.warning(
+                "queue %s: lost the lease of bucket %s; dropping it", v.printable(self.name), b.id
+            )
         self._drop(b)
 
     def _drop(self, b: core.HeldBucket) -> None:
@@ -556,7 +562,9 @@ class Consumer:
             try:
                 self.flush_state()
             except PyMongoError as exc:
-                log.warning("queue %s: state flush failed (%s); will retry", self.name, exc)
+                log.warning(
+                    "queue %s: state flush failed (%s); will retry", v.printable(self.name), exc
+                )
 
     def flush_state(self, *, release_all: bool = False) -> None:
         """Persist every changed held bucket with one fenced write each (one command),
@@ -566,7 +574,9 @@ class Consumer:
                 self._dead_letter()
             except Exception:
                 self._stats["dead_letter_failed"] += 1
-                log.exception("queue %s: moving items to the dead-letter queue failed", self.name)
+                log.exception(
+                    "queue %s: moving items to the dead-letter queue failed", v.printable(self.name)
+                )
             now = _now()
             lease = self.options.lease
             with self._mutex:
@@ -580,7 +590,12 @@ class Consumer:
                 for b, exc in unwritable:
                     # One bucket's state cannot be written: the others' still is.
                     self._stats["state_flush_errors"] += 1
-                    log.error("queue %s: bucket %s: state not written: %s", self.name, b.id, exc)
+                    log.error(
+                        "queue %s: bucket %s: state not written: %s",
+                        v.printable(self.name),
+                        b.id,
+                        exc,
+                    )
             writes = [w for _, _, w in plan]
             targets = [(b, kind) for b, kind, _ in plan]
             if not writes:
@@ -601,7 +616,7 @@ class Consumer:
                         b = targets[k][0]
                         b.dirty = True
                         self._stats["state_flush_errors"] += 1
-                        log.error("queue %s: bucket %s: state write failed: %s", self.name, b.id,
+                        log.error("queue %s: bucket %s: state write failed: %s", v.printable(self.name), b.id,
                                   bucket.bulk_error_of(exc, k))  # fmt: skip
                 targets = [t for k, t in enumerate(targets) if k not in bad]
                 writes = [w for k, w in enumerate(writes) if k not in bad]
@@ -665,7 +680,7 @@ class Consumer:
             self._stats["rolled_back"] += 1
             log.warning(
                 "queue %s: item %s was reserved and never committed; rolled back",
-                self.name,
+                v.printable(self.name),
                 bucket.item_id(b.id, i),
             )
         if stalled:
@@ -720,7 +735,7 @@ class Consumer:
                 log.error(
                     "queue %s: item %s could not be moved to the dead-letter queue (%s); it "
                     "stays here and is tried again later",
-                    self.name, bucket.item_id(b.id, i), why,
+                    v.printable(self.name), bucket.item_id(b.id, i), why,
                 )  # fmt: skip
                 if b.state[i] == core.RESERVED and not b.lost:
                     b.rollback(i, now + core.retry_delay(b.tries.get(i, 0), self.options), now)

@@ -1,4 +1,8 @@
-"""HTTP metrics: a request count and a latency histogram by route, method and status."""
+"""HTTP metrics: a request count and a latency histogram by route, method and status.
+
+A request whose client went away before its body was read whole (the app raised
+Starlette's ``ClientDisconnect``) is counted with the status :data:`CLIENT_CLOSED` and
+logged at debug level: nothing is answered, and nothing failed in the service."""
 
 from __future__ import annotations
 
@@ -6,6 +10,9 @@ import logging
 import time
 from typing import Any
 
+from starlette.requests import ClientDisconnect
+
+from ..._validate import printable
 from ._base import Middleware
 
 log = logging.getLogger("bucketq.server")
@@ -13,6 +20,9 @@ log = logging.getLogger("bucketq.server")
 #: The ``method`` label's values; any other method a client sends is counted as ``other``
 #: (label values come from a fixed set: invented methods must not grow ``/metrics``).
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+#: The ``status`` label of a request whose client closed the connection before its body
+#: was read whole (nginx's code for a client that closed the request; never sent).
+CLIENT_CLOSED = 499
 
 
 class HttpMetrics:
@@ -44,8 +54,8 @@ class HttpMetrics:
 
 
 class Observe(Middleware):
-    """Counts each request once it is answered (500 when nothing answered it), timed
-    from when it reached the app."""
+    """Counts each request once it is answered (500 when nothing answered it,
+    :data:`CLIENT_CLOSED` when its client went away), timed from when it reached the app."""
 
     def __init__(self, app: Any, *, metrics: HttpMetrics) -> None:
         super().__init__(app)
@@ -63,6 +73,10 @@ class Observe(Middleware):
         t0 = time.perf_counter()
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            status = CLIENT_CLOSED
+            log.debug("request %s %s: the client went away before its body was read whole",
+                      scope.get("method"), printable(scope.get("path")))  # fmt: skip
         finally:
             route = getattr(scope.get("route"), "path", None) or "<unmatched>"
             self.metrics.observe(route, scope.get("method", ""), status, time.perf_counter() - t0)

@@ -16,6 +16,7 @@ from .._auth import Project
 from .._config import DEFAULT_QUERY_MAX_LIMIT
 from .._http_errors import ApiError, documented
 from .._models import Level, LogsPage, UtcTime
+from .._params import KnownQuery
 from .._service import Svc
 
 log = logging.getLogger("bucketq.server")
@@ -24,7 +25,7 @@ router = APIRouter(tags=["query"])
 
 
 @router.get("/api/v1/logs", response_model=LogsPage, summary="Read log records",
-            responses=documented(400, 401, 422, 429, 503))  # fmt: skip
+            responses=documented(400, 401, 422, 429, 503), dependencies=[KnownQuery])  # fmt: skip
 async def read_logs(
     svc: Svc,
     project: Project,

@@ -201,7 +201,7 @@ class AsyncStreamQueue(AsyncClosing):
                 del seqs[taken[seq].id]
                 self._stats["renumbered"] += 1
                 log.warning("stream %s: seq %d was closed as a hole before its bucket landed; renumbering",
-                            self.name, seq)  # fmt: skip
+                            v.printable(self.name), seq)  # fmt: skip
             return lost
 
         return await self._producer.insert_buckets(
@@ -232,15 +232,22 @@ class AsyncStreamQueue(AsyncClosing):
         with self._bounded(self.options.op_timeout, f"consumer() of stream {self.name!r}"):
             meta = await self.open_epoch()
             start = core.check_resume(self.name, after, meta)
-            c = AsyncStreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start)
+            c = AsyncStreamConsumer(self, int(meta["epoch"]), int(meta.get("acked", 0)), start,
+                                    str(meta["incarnation"]))  # fmt: skip
             if start > c.acked:
                 await c._write_ack(start)
         return c
 
     async def open_epoch(self) -> dict[str, Any]:
         """Bump the consumer epoch (fencing every older consumer) and return the stream's
-        metadata after it; :meth:`consumer` does this."""
-        return await self._update_meta(core.open_update(), "open a consumer epoch")
+        metadata after it, its ``incarnation`` included (a stream made before incarnation
+        ids gets one here); :meth:`consumer` does this."""
+        meta = await self._update_meta(core.open_update(), "open a consumer epoch")
+        if "incarnation" not in meta:
+            flt, upd = core.incarnation_request()
+            await self._meta.update_one(flt, upd)
+            meta = await self._meta.find_one(core.meta_filter()) or meta
+        return meta
 
     @boundary("position()")
     async def position(self) -> dict[str, int]:
@@ -329,9 +336,13 @@ class AsyncStreamConsumer(AsyncClosing):
     :meth:`ack` / :meth:`ack_through` acknowledge them (and delete them) in order.
     Every call fails with :class:`~bucketq.errors.Fenced` once a newer consumer opened."""
 
-    def __init__(self, stream: AsyncStreamQueue, epoch: int, acked: int, start: int) -> None:
+    def __init__(self, stream: AsyncStreamQueue, epoch: int, acked: int, start: int,
+                 incarnation: str) -> None:  # fmt: skip
         self.stream = stream
         self.epoch = epoch
+        #: The stream's incarnation (``core``): a position stored with its seq (a sink's,
+        #: a Spark checkpoint's) means something only in the incarnation it was read from.
+        self.incarnation = incarnation
         self.acked = acked
         self.cursor = start  # last seq read (delivered or skipped)
         self._buffer: deque[core.StreamBatch] = deque()
@@ -353,7 +364,7 @@ class AsyncStreamConsumer(AsyncClosing):
                 stream._arrivals,
                 opts.op_timeout,
                 expected=opts.change_streams is True,
-                what=f"stream {stream.name}: consumer epoch {epoch}",
+                what=f"stream {v.printable(stream.name)}: consumer epoch {epoch}",
                 stopped=lambda: self._closed or self._fenced or stream._forked,
             )
 
@@ -499,7 +510,7 @@ class AsyncStreamConsumer(AsyncClosing):
             if not res.matched_count:
                 return False  # published (or closed) meanwhile
         self.holes_closed += 1
-        log.warning("stream %s: closed %s seq %d after its grace period", self.stream.name,
+        log.warning("stream %s: closed %s seq %d after its grace period", v.printable(self.stream.name),
                     "hole" if kind == "missing" else "stale staged bucket", seq)  # fmt: skip
         return True
 
@@ -567,7 +578,7 @@ class AsyncStreamConsumer(AsyncClosing):
         self.stream._stats["quarantined"] += 1
         self._damaged = None
         log.error("stream %s: moved the damaged bucket at seq %d to %s (%s)",
-                  self.stream.name, seq, self.stream._quarantine.name, reason)  # fmt: skip
+                  v.printable(self.stream.name), seq, v.printable(self.stream._quarantine.name), reason)  # fmt: skip
         return True
 
     @boundary("ack()")
@@ -614,7 +625,9 @@ class AsyncStreamConsumer(AsyncClosing):
             )
         except PyMongoError as exc:  # acked is what counts; the next ack deletes them
             log.warning(
-                "stream %s: deleting acknowledged buckets failed (%s)", self.stream.name, exc
+                "stream %s: deleting acknowledged buckets failed (%s)",
+                v.printable(self.stream.name),
+                exc,
             )
 
     async def close(self) -> None:
