@@ -164,9 +164,12 @@ class CommonOptions:
                 f"({self.bucket_max_bytes})."
             )
 
-    def get_write_concern(self) -> WriteConcern | None:
-        wc = self.write_concern
-        return WriteConcern(**wc) if isinstance(wc, dict) else wc
+    def write_concern_for(self, db: Any) -> WriteConcern:
+        """The write concern of this queue's writes in ``db``: the option as given, else
+        ``db``'s with ``j: true`` (``writes.durable_write_concern``: on disk by default)."""
+        from .writes import durable_write_concern
+
+        return durable_write_concern(self.write_concern, getattr(db, "write_concern", None))
 
     @classmethod
     def build(cls, **options: Any) -> Self:

@@ -1,14 +1,47 @@
-"""The outcome of a write and whether to try it again: bulk write errors, an
-unconfirmed write concern, transient errors (the back-off between tries is
-``bucketq._guard.backoff``); and the
-change-stream watcher's (``_async/wake.py``): a server without change streams, and its
-timings.
+"""The write concern every acknowledged write uses (:func:`durable_write_concern`), the
+outcome of a write and whether to try it again: bulk write errors, an unconfirmed write
+concern, transient errors (the back-off between tries is ``bucketq._guard.backoff``); and
+the change-stream watcher's (``_async/wake.py``): a server without change streams, and
+its timings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+
+def durable_write_concern(chosen: Any, inherited: Any = None) -> Any:
+    """The write concern of every write whose success bucketq reports to a caller: a push
+    receipt, a durable push, a stream bucket, a state flush, a dead-letter move, the
+    reservoir's storage write, the ingest service's idempotency claim, Spark's writes.
+
+    ``chosen`` (a ``write_concern`` option: a pymongo ``WriteConcern`` or a dict of its
+    keywords, already checked) is used as given: the user chose. None (the default) means
+    on disk: ``inherited`` (the database's write concern: the URI's ``w``, ``wtimeoutMS``,
+    ``journal``; empty for the server's default) with ``j: True`` added, unless it says
+    ``j`` or ``fsync`` itself. Without ``j`` a server may acknowledge a write its journal
+    does not have yet, and a kill (or a power cut) then loses it; ``w: "majority"`` alone
+    is not enough where majority writes are not journaled (the embedded server), while a
+    replica set that journals them pays nothing more for the ``j``. An unacknowledged
+    database write concern (``w=0``) is refused: nothing could be reported stored.
+    """
+    from pymongo.write_concern import WriteConcern
+
+    from ..errors import ConfigurationError
+
+    if chosen is not None:
+        return WriteConcern(**chosen) if isinstance(chosen, dict) else chosen
+    doc = dict(getattr(inherited, "document", None) or {})
+    if doc.get("w") == 0:
+        raise ConfigurationError(
+            f"The database's write concern {doc} is unacknowledged (w=0, from its URI or "
+            "client): bucketq could not say whether anything was stored. Remove w=0 from the "
+            "URI, or pass write_concern={'w': 1, 'j': True}."
+        )
+    if "j" in doc or "fsync" in doc:
+        return inherited
+    return WriteConcern(**{**doc, "j": True})
 
 
 def bulk_failed_indexes(exc: Any) -> set[int]:

@@ -27,6 +27,7 @@ from pymongo.errors import BulkWriteError, PyMongoError
 
 from ..bucket.deadline import Health, bounded
 from ..bucket.options import DEFAULT_OP_TIMEOUT
+from ..bucket.writes import durable_write_concern
 from . import _logbuckets as lb
 from ._logbuckets import LogAggregate, LogCount, LogFilter, LogPage, Packed, PageBudget
 
@@ -88,8 +89,9 @@ class LogStore:
     :meth:`expire`. A store written by an earlier release (one document per record in
     ``legacy``) is converted by :meth:`convert_legacy`.
 
-    ``write_concern`` is every bucket insert's (default ``{"j": True}``: acknowledged
-    once in the journal). ``retention_days`` is how long a project's records are kept
+    ``write_concern`` is every bucket insert's (default: the database's with ``j: true``
+    added, ``bucketq.bucket.writes.durable_write_concern``: acknowledged once in the
+    journal). ``retention_days`` is how long a project's records are kept
     (a number for every project, or a function of the project; None: kept forever).
     """
 
@@ -106,7 +108,10 @@ class LogStore:
         max_records: int = lb.DEFAULT_BUCKET_RECORDS,
         max_bytes: int = lb.DEFAULT_BUCKET_BYTES,
     ) -> None:
-        wc = WriteConcern(**dict({"j": True} if write_concern is None else write_concern))
+        wc = durable_write_concern(
+            None if write_concern is None else dict(write_concern),
+            getattr(db, "write_concern", None),
+        )
         self.buckets = db.get_collection(name, codec_options=lb.CODEC, write_concern=wc)
         self.legacy = db.get_collection(legacy, codec_options=lb.CODEC, write_concern=wc)
         self.db = db

@@ -15,6 +15,7 @@ from pymongo.errors import BulkWriteError, PyMongoError
 from ..bucket.concurrency import STARTUP_DONE, AsyncStartup, startup_key
 from ..bucket.deadline import Health, StartupBusy, bounded
 from ..bucket.options import DEFAULT_OP_TIMEOUT
+from ..bucket.writes import durable_write_concern
 from ..errors import ConfigurationError
 from . import _logbuckets as lb
 from ._logbuckets import LogFilter
@@ -156,9 +157,11 @@ class MongoReservoir(Reservoir):
     stable id, and a record whose ``_id`` is already stored counts as stored, so writing
     the same records again (a retry, a redelivery, however regrouped) stores nothing twice.
 
-    ``write_concern`` is the log bucket inserts' (default ``{"j": True}``: a bucket is
-    acknowledged once it is in the journal); ``retention_days`` how long log records are
-    kept (a number, a function of the project, or None: forever).
+    ``write_concern`` is every write's (log buckets, spans, metrics); by default the
+    database's with ``j: true`` added unless it says ``j``, so a record counts as stored
+    once it is on disk (``bucketq.bucket.writes.durable_write_concern``, the queues'
+    rule); ``retention_days`` how long log records are kept (a number, a function of the
+    project, or None: forever).
 
     Every MongoDB call waits at most ``op_timeout`` seconds for its answer (an insert
     not answered in time fails its records; a query raises OperationTimeout).
@@ -182,8 +185,10 @@ class MongoReservoir(Reservoir):
                 "MongoReservoir needs a pymongo AsyncDatabase (AsyncMongoClient()[name])."
             )
         self.db = db
-        self.spans = db.get_collection(prefix + "spans")
-        self.metrics = db.get_collection(prefix + "metrics")
+        # A record is reported stored once it is on disk: the queues' rule.
+        wc = durable_write_concern(write_concern, getattr(db, "write_concern", None))
+        self.spans = db.get_collection(prefix + "spans", write_concern=wc)
+        self.metrics = db.get_collection(prefix + "metrics", write_concern=wc)
         self._indexes_done = not create_indexes
         self.op_timeout = op_timeout
         self._health = Health("reservoir storage")
@@ -195,7 +200,7 @@ class MongoReservoir(Reservoir):
         #: releases stored them (the benchmark's baseline; reads do not see them).
         self.log_layout = log_layout
         self.logstore = LogStore(db, name=prefix + "log_buckets", legacy=prefix + "logs",
-                                 write_concern=write_concern, op_timeout=op_timeout,
+                                 write_concern=wc.document, op_timeout=op_timeout,
                                  health=self._health, retention_days=retention_days)  # fmt: skip
 
     def _bounded(self, what: str | None = None) -> Any:

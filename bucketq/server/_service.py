@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Request
 from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
 
+from ..bucket.writes import durable_write_concern
 from ..errors import BucketQError, Overloaded
 from ..reservoir import (
     STORAGE_METHOD,
@@ -41,8 +42,6 @@ DECODE_INLINE_BYTES = 64 * 1024
 DECODE_THREADS = 2
 T = TypeVar("T")
 
-#: The log bucket inserts' write concern: acknowledged once in the journal.
-STORAGE_WRITE_CONCERN: dict[str, Any] = {"j": True}
 #: Seconds between two retention sweeps (expired log buckets deleted whole).
 EXPIRE_EVERY_S = 60.0
 
@@ -102,13 +101,14 @@ class Service:
             tz_aware=True,
             appname="bucketq-serve",
         )
-        self.db = (
+        db = (
             self.client[cfg.database]
             if cfg.database
             else self.client.get_default_database(DEFAULT_DATABASE)
         )
-        self.storage = MongoReservoir(self.db, write_concern=STORAGE_WRITE_CONCERN,
-                                      retention_days=cfg.retention_days or None,
+        # Every write a 200 reports (records, the idempotency claim, the tee) on disk.
+        self.db = db.with_options(write_concern=durable_write_concern(None, db.write_concern))
+        self.storage = MongoReservoir(self.db, retention_days=cfg.retention_days or None,
                                       log_layout=cfg.log_layout)  # fmt: skip
         self.reservoir = wrap_reservoir(
             self.storage, self.buffer_config, db=self.db, registry=self.registry

@@ -34,6 +34,7 @@ from .. import _validate as v
 from .. import bucket
 from ..bucket.codec import CODEC_OPTIONS, decode_items, encode_item, may_have_headers
 from ..bucket.deadline import client_timeouts
+from ..bucket.writes import durable_write_concern
 from ..embedded import URI_ENV
 from ..errors import ConfigurationError, PayloadTooLarge
 from ..stream import StreamConsumer, StreamQueue
@@ -207,13 +208,19 @@ def stream(o: Options) -> StreamQueue:
 
 
 def col(o: Options):
-    return client(o.uri)[o.database].get_collection(o.queue, codec_options=CODEC_OPTIONS)
+    return _collection(o, o.queue)
 
 
 def meta_col(o: Options):
-    return client(o.uri)[o.database].get_collection(
-        score.meta_name(o.queue), codec_options=CODEC_OPTIONS
-    )
+    return _collection(o, score.meta_name(o.queue))
+
+
+def _collection(o: Options, name: str):
+    """``name`` in the options' database; its writes (a task's buckets, a query's offsets
+    and acks) on disk unless the URI's write concern says ``j`` (as a queue's)."""
+    c = client(o.uri)
+    wc = durable_write_concern(None, c.write_concern)
+    return c[o.database].get_collection(name, codec_options=CODEC_OPTIONS, write_concern=wc)
 
 
 # -- rows out of buckets ----------------------------------------------------------------

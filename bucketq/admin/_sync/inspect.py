@@ -23,6 +23,7 @@ from ...bucket.damage import quarantine_name
 from ...bucket.document import parse_item_id
 from ...bucket.options import DLQ_SUFFIX, check_name
 from ...bucket.times import to_datetime
+from ...bucket.writes import durable_write_concern
 from ...errors import ConfigurationError
 from ...queue import Queue
 from ...queue._core.held import HeldBucket, state_write
@@ -45,7 +46,8 @@ class Inspector:
         self.db = db
 
     def _col(self, name: str) -> Any:
-        return collection(self.db, name)
+        # A dead letter's move (requeue, purge) writes on disk, as the queues do.
+        return collection(self.db, name, durable_write_concern(None, self.db.write_concern))
 
     def names(self) -> tuple[list[str], list[str]]:
         """(bucket queues, streams) in the database, by name."""

@@ -41,7 +41,7 @@ class AsyncQueueApi(AsyncSizes, AsyncClosing):
         opts, name = bucket.open_options(name, options)
         self.options, self.name = opts, name
         self.db = check_async_database(db)
-        self._col = collection(db, name, opts.get_write_concern())
+        self._col = collection(db, name, opts.write_concern_for(db))
         self._stats = core.new_stats()
         self._closed = False
         self._setup_done = False

@@ -58,7 +58,7 @@ class AsyncElementQueue(AsyncQueueApi):
                 "(it is the baseline of one document per item). Use Queue(db, name, "
                 "partitions=K)."
             )
-        self._dlq_col = collection(db, opts.dead_letter_name(name), opts.get_write_concern())
+        self._dlq_col = collection(db, opts.dead_letter_name(name), self._col.write_concern)
         self._wake = AsyncNotifier()
         self._paused = False
         async_register_exit(self)

@@ -54,7 +54,7 @@ class AsyncQueue(AsyncQueueApi):
         super().__init__(db, name, options)
         opts, name = self.options, self.name
         self._drain_report: dict[str, int] | None = None
-        self._quarantine = AsyncQuarantine(db, name, opts.get_write_concern())
+        self._quarantine = AsyncQuarantine(db, name, self._col.write_concern)
         self._runtime = AsyncRuntime("queue", name, self._stats, lambda: self._closed, log)
         self._bounded = self._runtime.bounded
         mutex = AsyncMutex()

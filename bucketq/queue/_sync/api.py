@@ -43,7 +43,7 @@ class QueueApi(Sizes, Closing):
         opts, name = bucket.open_options(name, options)
         self.options, self.name = opts, name
         self.db = check_database(db)
-        self._col = collection(db, name, opts.get_write_concern())
+        self._col = collection(db, name, opts.write_concern_for(db))
         self._stats = core.new_stats()
         self._closed = False
         self._setup_done = False

@@ -60,7 +60,7 @@ class ElementQueue(QueueApi):
                 "(it is the baseline of one document per item). Use Queue(db, name, "
                 "partitions=K)."
             )
-        self._dlq_col = collection(db, opts.dead_letter_name(name), opts.get_write_concern())
+        self._dlq_col = collection(db, opts.dead_letter_name(name), self._col.write_concern)
         self._wake = Notifier()
         self._paused = False
         register_exit(self)

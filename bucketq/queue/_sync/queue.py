@@ -56,7 +56,7 @@ class Queue(QueueApi):
         super().__init__(db, name, options)
         opts, name = self.options, self.name
         self._drain_report: dict[str, int] | None = None
-        self._quarantine = Quarantine(db, name, opts.get_write_concern())
+        self._quarantine = Quarantine(db, name, self._col.write_concern)
         self._runtime = Runtime("queue", name, self._stats, lambda: self._closed, log)
         self._bounded = self._runtime.bounded
         mutex = Mutex()

@@ -69,7 +69,7 @@ class AsyncStreamQueue(AsyncClosing):
         self.options = opts = core.StreamOptions.build(**options)
         self.name = bucket.check_name(name)
         self.db = check_async_database(db)
-        wc = opts.get_write_concern()
+        wc = opts.write_concern_for(self.db)
         self._col = collection(db, name, wc)
         self._meta = collection(db, core.meta_name(name), wc)
         self._closed = False

@@ -71,7 +71,7 @@ class StreamQueue(Closing):
         self.options = opts = core.StreamOptions.build(**options)
         self.name = bucket.check_name(name)
         self.db = check_database(db)
-        wc = opts.get_write_concern()
+        wc = opts.write_concern_for(self.db)
         self._col = collection(db, name, wc)
         self._meta = collection(db, core.meta_name(name), wc)
         self._closed = False
