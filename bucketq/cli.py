@@ -91,6 +91,7 @@ def _bench(args: argparse.Namespace) -> int:
             repeat=args.repeat,
             partitions=args.partitions,
             claim=args.claim,
+            write_concern=args.write_concern,
             json_path=args.json,
             plots_dir=plots_dir(args, DEFAULT_PLOTS_DIR),
         ),
@@ -162,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="the bucketq queues' claim form (option claim; runs only Queue/AsyncQueue "
         "contenders unless auto)",
+    )
+    b.add_argument(
+        "--write-concern",
+        choices=("compare", "durable"),
+        default="compare",
+        help="compare (default): also run bucketq's Queue and per-element queue at w:1 "
+        "without j (the old default) beside their durable rows, and print what the journal "
+        "costs each; durable: only the durable rows",
     )
     b.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     b.add_argument("--plots", metavar="DIR", help="PNG plots go here (default: bench-results/)")

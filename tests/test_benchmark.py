@@ -38,6 +38,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: least once per run (bucketq packs ~1,000 items into one bucket document).
 PER_ITEM = {
     "per-element ElementQueue": ("insert", "delete"),
+    "per-element ElementQueue (w:1)": ("insert", "delete"),
     "per-element AsyncElementQueue": ("insert", "delete"),
     "mongo-taskqueue TaskQueue": ("insert", "update"),
     "kombu MongoDB transport": ("insert", "find"),
@@ -254,8 +255,10 @@ def test_the_table_shows_bucketq_per_item_then_many_calls_then_per_element_and_p
         "bucketq AsyncQueue",
         "bucketq Queue (_many calls)",
         "bucketq AsyncQueue (_many calls)",
+        "bucketq Queue (w:1)",
         "per-element ElementQueue",
         "per-element AsyncElementQueue",
+        "per-element ElementQueue (w:1)",
         "mongo-taskqueue TaskQueue",
         "kombu MongoDB transport",
     ]
@@ -263,6 +266,57 @@ def test_the_table_shows_bucketq_per_item_then_many_calls_then_per_element_and_p
     assert len(many_notes) == 1  # one note for both _many-calls contenders
     for verb in ("push_many", "reserve_many", "commit_many"):
         assert verb in many_notes[0]
+
+
+def test_durable_and_w1_rows_stand_side_by_side_with_the_journal_s_cost(bench):
+    _, data, text, _ = bench
+    # What each contender's write commands carried: the durable ones j: true (the peers
+    # through journal=true in their URI), the (w:1) rows w: 1 alone.
+    for r in data["runs"]:
+        sent = set(r["write_concerns_sent"])
+        if r["write_concern"] == "w:1":
+            assert r["contender"].endswith("(w:1)") and sent == {'{"w": 1}'}, r["contender"]
+        else:
+            assert sent and all('"j": true' in wc for wc in sent), (r["contender"], sent)
+    costs = data["write_concern_cost"]
+    assert {(c["queue"], c["procs"]) for c in costs} == {
+        (q, p) for q in ("bucketq Queue", "per-element ElementQueue") for p in PROCS
+    }
+    for c in costs:
+        for key in ("push_per_s", "end_to_end_per_s", "cpu_us_per_item"):
+            fig = c[key]
+            assert fig["durable"] > 0 and fig["w1"] > 0, (c["queue"], key)
+            assert fig["durable_vs_w1"] == pytest.approx(fig["durable"] / fig["w1"])
+    assert "What the journal costs" in text
+    # a durable row is compared with durable per-element rows, a w:1 row with w:1 ones
+    for r in data["runs"]:
+        others = r["end_to_end_vs_per_element"]
+        assert r["end_to_end_vs_fastest_per_element"] > 0, r["contender"]
+        assert others, r["contender"]
+
+
+def test_cli_passes_the_write_concern_choice(monkeypatch):
+    import bucketq.benchmark as bench_pkg
+
+    seen = {}
+    monkeypatch.delenv("BUCKETQ_MONGODB_URI", raising=False)
+    monkeypatch.setattr(bench_pkg, "run", lambda *a, **kw: seen.update(kw))
+    assert main(["bench", "--write-concern", "durable", "--no-plots"]) == 0
+    assert seen["write_concern"] == "durable"
+    with pytest.raises(SystemExit):
+        main(["bench", "--write-concern", "w0"])
+
+
+def test_durable_only_leaves_the_w1_rows_out():
+    from bucketq.benchmark._runner import default_contenders
+
+    twins = {c for c, x in CONTENDERS.items() if x.twin_of}
+    assert twins == {"bucketq Queue (w:1)", "per-element ElementQueue (w:1)"}
+    assert set(default_contenders(False, "compare")) == set(CONTENDERS)
+    assert set(default_contenders(False, "durable")) == set(CONTENDERS) - twins
+    assert "bucketq Queue (w:1)" in default_contenders(True, "compare")  # takes partitions
+    with pytest.raises(ConfigurationError, match="write_concern"):
+        run("mongodb://unused", write_concern="w0")
 
 
 # -- the queue is empty at the end ---------------------------------------------------------

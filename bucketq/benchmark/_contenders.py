@@ -6,13 +6,25 @@ store one document per message:
 mongo-taskqueue (``mongotq.TaskQueue``) and kombu's MongoDB transport (a
 ``SimpleQueue`` on ``kombu.Connection(..., transport="mongodb")``). The peers come
 from PyPI (the ``bench`` extra) and are imported only in the process that drives them.
+
+Every contender's writes wait for the journal: bucketq's by its default write concern,
+the peers' by ``journal=true`` added to their URI (:func:`journaled`). Two more rows,
+``bucketq Queue (w:1)`` and ``per-element ElementQueue (w:1)``, are bucketq's two queues
+at the old default, ``w: 1`` without ``j`` (:data:`WEAK_WRITE_CONCERN`): beside their
+durable twins they show what the journal costs each (``twin_of``).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+#: The write concern of the comparison rows: bucketq's default before writes waited for
+#: the journal (acknowledged in memory; a killed server can lose the last ~100 ms).
+WEAK_WRITE_CONCERN = {"w": 1}
+#: How the report names each write concern.
+DURABLE_LABEL, WEAK_LABEL = "durable", "w:1"
 
 #: The collection (bucketq, mongo-taskqueue) or kombu queue every contender uses.
 QUEUE_NAME = "bench"
@@ -69,6 +81,13 @@ class Contender:
     note: str = ""
     #: Whether it takes queue options (``bucketq bench --partitions``).
     takes_options: bool = False
+    #: The contender it is at :data:`WEAK_WRITE_CONCERN` ("" for a durable contender).
+    twin_of: str = ""
+
+    @property
+    def write_concern(self) -> str:
+        """:data:`DURABLE_LABEL` or :data:`WEAK_LABEL`: how its writes are acknowledged."""
+        return WEAK_LABEL if self.twin_of else DURABLE_LABEL
 
     def prepare(self, uri: str, db_name: str) -> None:
         pass
@@ -136,7 +155,14 @@ PER_CALL = 1000
 
 class BucketqContender(Contender):
     def __init__(
-        self, name: str, cls_name: str, *, per_element: bool, is_async: bool, per_call: int = 0
+        self,
+        name: str,
+        cls_name: str,
+        *,
+        per_element: bool,
+        is_async: bool,
+        per_call: int = 0,
+        twin_of: str = "",
     ) -> None:
         self.name, self.cls_name, self.per_element, self.is_async, self.per_call = (
             name,
@@ -145,6 +171,7 @@ class BucketqContender(Contender):
             is_async,
             per_call,
         )
+        self.twin_of = twin_of
         self.distributions = ("bucketq", "pymongo")
         self.takes_options = not per_element
         if per_call:
@@ -160,19 +187,24 @@ class BucketqContender(Contender):
 
         return getattr(queue, self.cls_name)
 
+    def _options(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {**options, "write_concern": WEAK_WRITE_CONCERN} if self.twin_of else options
+
     def open(self, uri: str, db_name: str, **options: Any) -> Handle:
         from pymongo import MongoClient
 
         client: MongoClient = MongoClient(uri)
         client.admin.command("ping")  # connect before the clock starts
-        return _BucketqHandle(self._cls()(client[db_name], QUEUE_NAME, **options), client)
+        q = self._cls()(client[db_name], QUEUE_NAME, **self._options(options))
+        return _BucketqHandle(q, client)
 
     async def open_async(self, uri: str, db_name: str, **options: Any) -> Handle:
         from pymongo import AsyncMongoClient
 
         client: AsyncMongoClient = AsyncMongoClient(uri)
         await client.admin.command("ping")
-        return _AsyncBucketqHandle(self._cls()(client[db_name], QUEUE_NAME, **options), client)
+        q = self._cls()(client[db_name], QUEUE_NAME, **self._options(options))
+        return _AsyncBucketqHandle(q, client)
 
     def remaining(self, uri: str, db_name: str) -> int:
         """Items in the queue and its dead-letter queue: the ``live`` count of every bucket
@@ -186,6 +218,16 @@ class BucketqContender(Contender):
 
 
 # -- the peers ------------------------------------------------------------------------------
+
+
+def journaled(uri: str) -> str:
+    """``uri`` with ``journal=true`` unless it says ``journal`` itself: a peer's writes then
+    wait for the journal, as bucketq's do by default (like with like)."""
+    parts = urlsplit(uri)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(k.lower() == "journal" for k, _ in query):
+        return uri
+    return urlunsplit(parts._replace(query=urlencode([*query, ("journal", "true")])))
 
 
 class _Peer(Contender):
@@ -237,7 +279,9 @@ class TaskQueueContender(
     def _queue(self, uri: str, db_name: str) -> Any:
         from mongotq import get_task_queue
 
-        return get_task_queue(database_name=db_name, collection_name=QUEUE_NAME, host=uri, ttl=-1)
+        return get_task_queue(
+            database_name=db_name, collection_name=QUEUE_NAME, host=journaled(uri), ttl=-1
+        )
 
     def prepare(self, uri: str, db_name: str) -> None:
         self._queue(uri, db_name).close()  # creates the collection and indexes once, not racing
@@ -297,7 +341,7 @@ class KombuContender(_Peer, name="kombu MongoDB transport", distribution="kombu"
     def _open(self, uri: str, db_name: str) -> tuple[Any, Any]:
         from kombu import Connection
 
-        conn = Connection(with_database(uri, db_name), transport="mongodb")
+        conn = Connection(with_database(journaled(uri), db_name), transport="mongodb")
         return conn, conn.SimpleQueue(QUEUE_NAME)
 
     def prepare(self, uri: str, db_name: str) -> None:
@@ -335,10 +379,24 @@ CONTENDERS: dict[str, Contender] = {
             per_call=PER_CALL,
         ),
         BucketqContender(
+            "bucketq Queue (w:1)",
+            "Queue",
+            per_element=False,
+            is_async=False,
+            twin_of="bucketq Queue",
+        ),
+        BucketqContender(
             "per-element ElementQueue", "ElementQueue", per_element=True, is_async=False
         ),
         BucketqContender(
             "per-element AsyncElementQueue", "AsyncElementQueue", per_element=True, is_async=True
+        ),
+        BucketqContender(
+            "per-element ElementQueue (w:1)",
+            "ElementQueue",
+            per_element=True,
+            is_async=False,
+            twin_of="per-element ElementQueue",
         ),
         TaskQueueContender(),
         KombuContender(),

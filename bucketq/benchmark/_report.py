@@ -21,10 +21,13 @@ from ._stats import (
     scaling,
     summarize,
     vs_fastest_per_element,
+    write_concern_costs,
 )
 from ._workload import payload
 
-SCHEMA = "bucketq-bench/3"
+SCHEMA = "bucketq-bench/4"
+#: Each contender run at the old write concern -> its durable twin.
+TWINS = {name: c.twin_of for name, c in CONTENDERS.items() if c.twin_of}
 
 
 def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str, Any]) -> list[str]:
@@ -74,7 +77,18 @@ def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str,
         )
     out.append(
         "vs per-element = end-to-end items/s over the fastest per-element contender's at the same P "
-        "in the same repetition ('-' where none ran at that P)."
+        "in the same repetition under the same write concern ('-' where none ran at that P)."
+    )
+    out.append(
+        "Write concern: every contender's writes wait for the journal (bucketq's default: the "
+        "database's write concern with j: true; the peers' URIs get journal=true), so an item "
+        "counted as pushed survives a killed server. The rows marked (w:1) are bucketq's Queue "
+        "and per-element queue at the old default, w: 1 without j (acknowledged from memory: "
+        "a killed server loses the last ~100 ms); 'durable / w:1' is the durable rate over "
+        "that one, from the same run on the same server."
+        if any(r.write_concern != "durable" for r in results)
+        else "Write concern: every contender's writes wait for the journal (bucketq's default: "
+        "the database's write concern with j: true; the peers' URIs get journal=true)."
     )
     out.append(
         "Client CPU = process CPU time (all threads) of every producer and consumer process of the "
@@ -155,6 +169,7 @@ def document(
         "runs": runs,
         "medians": [m.as_dict(floor_us) for m in summaries],
         "scaling": scaling(summaries),
+        "write_concern_cost": write_concern_costs(summaries, TWINS),
         "partition_targets": partition_targets(summaries, settings.get("partitions") or 1),
         "flat_within": FLAT_WITHIN,
         "notes": notes(results, env, settings),
@@ -196,6 +211,11 @@ def _fmt_ratio(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x:,.0f}x" if x >= 10 else f"{x:,.1f}x"
+
+
+def _fmt_share(x: float | None) -> str:
+    """A ratio near 1 (durable over w:1) with two decimals: 0.93x."""
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def _fmt_spread(s: float | None) -> str:
@@ -304,6 +324,26 @@ def print_report(console: Any, results: Sequence[RunSummary], doc: dict[str, Any
                 f"{_fmt_num(cmd['min'])} – {_fmt_num(cmd['max'])}", _fmt_spread(cmd["spread"]),
             )  # fmt: skip
         console.print(s)
+
+    costs = doc.get("write_concern_cost") or []
+    if costs:
+        w = Table(
+            title="What the journal costs: durable (j: true, the default) beside w:1 without j "
+            "(the old default), same run"
+        )
+        for col in ("queue", "N", "P", "push/s durable", "push/s w:1", "durable / w:1",
+                    "end-to-end/s durable", "end-to-end/s w:1", "durable / w:1",
+                    "cmds/1k durable"):  # fmt: skip
+            w.add_column(col, justify="left" if col == "queue" else "right")
+        for row in costs:
+            push, e2e = row["push_per_s"], row["end_to_end_per_s"]
+            w.add_row(
+                row["queue"], f"{row['n']:,}", str(row["procs"]),
+                f"{push['durable']:,.0f}", f"{push['w1']:,.0f}", _fmt_share(push["durable_vs_w1"]),
+                f"{e2e['durable']:,.0f}", f"{e2e['w1']:,.0f}", _fmt_share(e2e["durable_vs_w1"]),
+                _fmt_num(row["commands_per_1000_items"]["durable"]),
+            )  # fmt: skip
+        console.print(w)
 
     for t in doc.get("partition_targets") or []:
         console.print(

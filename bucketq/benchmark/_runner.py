@@ -33,6 +33,9 @@ log = logging.getLogger("bucketq.benchmark")
 
 #: Seconds without an item pushed or committed after which a run is declared stuck.
 DEFAULT_STALL_TIMEOUT = 180.0
+#: ``--write-concern``: ``compare`` runs the durable contenders and the w:1 twins of
+#: bucketq's Queue and per-element queue side by side; ``durable`` only the former.
+WRITE_CONCERN_CHOICES = ("compare", "durable")
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,7 @@ def run_spec(
         spec.group_n,
         remaining,
         spec.repeat,
+        contender.write_concern,
     )
 
 
@@ -242,6 +246,8 @@ def environment(uri: str, started_embedded: bool, contenders: Sequence[str]) -> 
         wc = f"server default {server_wc}"
     else:
         wc = "server default (w:1 on a single node)"
+    if "j" not in client_wc and "fsync" not in client_wc:
+        wc += "; bucketq adds j: true (its default: writes wait for the journal)"
     dists = {"bucketq", "pymongo", "rich", "matplotlib", "SecantusDB"}
     for name in contenders:
         dists.update(CONTENDERS[name].distributions)
@@ -286,7 +292,7 @@ QUICK = Preset(
         (name, n, p)
         for n, p in ((10_000, 1), (100_000, 2))
         for name, c in CONTENDERS.items()
-        if not c.per_element
+        if not c.per_element and not c.twin_of
     ),
 )
 #: The full matrix: 10k / 100k / 1M items × 1 / 2 / 4 processes; per-element contenders at
@@ -340,6 +346,18 @@ class _Servers:
             self.embedded.stop()
 
 
+def default_contenders(optioned: bool, write_concern: str) -> list[str]:
+    """The contenders a run without ``--contender`` runs: those that take queue options
+    when ``optioned`` (``--partitions``, ``--claim``), and the w:1 twins only when
+    ``write_concern`` is ``compare``."""
+    v.choice("write_concern", write_concern, WRITE_CONCERN_CHOICES)
+    return [
+        c
+        for c, x in CONTENDERS.items()
+        if (not optioned or x.takes_options) and (write_concern == "compare" or not x.twin_of)
+    ]
+
+
 def _require(modules: Sequence[str]) -> None:
     from .._deps import require_all
 
@@ -362,6 +380,7 @@ def run(
     repeat: int = 1,
     partitions: int = 1,
     claim: str = "auto",
+    write_concern: str = "compare",
 ) -> dict[str, Any]:
     """Run the benchmark, print its tables, write the JSON (``json_path``) and the plots
     (``plots_dir``; None for none). Returns the JSON document.
@@ -373,6 +392,10 @@ def run(
     ``partitions`` K > 1 opens the bucketq queues with ``partitions=K`` (and runs only
     the contenders that take it unless ``contenders`` names others, which is an error);
     ``claim`` other than ``auto`` names their claim form the same way.
+    ``write_concern`` ``compare`` (the default) also runs bucketq's Queue and its
+    per-element queue at the old default write concern (``w: 1`` without ``j``) beside
+    their durable rows and reports what the journal costs each; ``durable`` leaves those
+    rows out (unless ``contenders`` names them).
     """
     import json
     import sys
@@ -382,9 +405,7 @@ def run(
     v.count("partitions", partitions, lo=1, hi=bucket.MAX_PARTITIONS, unit="partitions")
     v.choice("claim", claim, ("auto", "find_and_modify", "find_then_update"))
     optioned = partitions > 1 or claim != "auto"
-    names = list(
-        contenders or (c for c in CONTENDERS if not optioned or CONTENDERS[c].takes_options)
-    )
+    names = list(contenders or default_contenders(optioned, write_concern))
     unknown = [c for c in names if c not in CONTENDERS]
     if unknown:
         raise ConfigurationError(f"Unknown contender(s) {unknown}; choose from {list(CONTENDERS)}.")
@@ -423,6 +444,7 @@ def run(
         "element_n": element_n,
         "partitions": partitions,
         "claim": claim,
+        "write_concern": write_concern,
         "contenders": names,
         "plan": [asdict(s) for s in plan],
         "fresh_server_after_items": FRESH_SERVER_AFTER,

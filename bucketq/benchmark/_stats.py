@@ -146,6 +146,8 @@ class WorkerReport:
     # The embedded server's CPU seconds in each phase (None: no server pid was given).
     push_server_cpu_s: float | None = None
     consume_server_cpu_s: float | None = None
+    #: The write concerns its write commands carried (JSON text, or "none"), counted.
+    write_concerns: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WorkerReport:
@@ -170,6 +172,8 @@ class RunResult:
     remaining: int = 0
     #: Which repetition of its group this run was (0 .. K - 1).
     repeat: int = 0
+    #: "durable" (writes wait for the journal) or "w:1" (the old default, without it).
+    write_concern: str = "durable"
 
     # -- times (the phase runs from the first worker's start to the last worker's end)
     @property
@@ -293,6 +297,8 @@ class RunResult:
             "items_consumed": self.consumed[0],
             "items_remaining": self.remaining,
             "items_ok": self.items_ok,
+            "write_concern": self.write_concern,
+            "write_concerns_sent": merge_counts(w.write_concerns for w in self.workers),
             "workers": [asdict(w) for w in self.workers],
         }
 
@@ -354,6 +360,7 @@ class RunSummary:
     n = _same_in_all("n")
     procs = _same_in_all("procs")
     group_n = _same_in_all("group_n")
+    write_concern = _same_in_all("write_concern")
 
     def values(self, attr: str) -> list[float]:
         return [getattr(r, attr) for r in self.runs]
@@ -411,6 +418,7 @@ class RunSummary:
             "producers": self.procs,
             "consumers": self.procs,
             "repeats": self.repeats,
+            "write_concern": self.write_concern,
         }
         out.update({key: self.median(attr) for key, attr in FIGURES.items()})
         out["cpu_vs_floor"] = ratio(self.cpu_us_per_item, floor_us)
@@ -443,16 +451,26 @@ def floor(results: Iterable[RunResult | RunSummary]) -> float:
     return min((r.floor_us for r in results), default=0.0)
 
 
-def fastest_per_element(results: Iterable[RunResult], procs: int) -> RunResult | None:
-    """The per-element run with the highest end-to-end rate at ``procs`` processes."""
-    peers = [r for r in results if r.per_element and r.procs == procs]
+def fastest_per_element(
+    results: Iterable[RunResult], procs: int, write_concern: str = "durable"
+) -> RunResult | None:
+    """The per-element run with the highest end-to-end rate at ``procs`` processes under
+    ``write_concern``."""
+    peers = [
+        r
+        for r in results
+        if r.per_element and r.procs == procs and r.write_concern == write_concern
+    ]
     return max(peers, key=lambda r: r.e2e_rate, default=None)
 
 
 def vs_fastest_per_element(result: RunResult, results: Iterable[RunResult]) -> float | None:
     """End-to-end rate of ``result`` over the fastest per-element run's of the same
-    repetition at the same processes (side by side on the same server)."""
-    best = fastest_per_element((r for r in results if r.repeat == result.repeat), result.procs)
+    repetition at the same processes under the same write concern (side by side on the
+    same server, like with like)."""
+    best = fastest_per_element(
+        (r for r in results if r.repeat == result.repeat), result.procs, result.write_concern
+    )
     return ratio(result.e2e_rate, best.e2e_rate) if best else None
 
 
@@ -469,6 +487,37 @@ def ratios_vs_per_element(
         and r.repeat == result.repeat
         and r is not result
     }
+
+
+#: The figures the write-concern comparison sets side by side: JSON name -> attribute.
+WRITE_CONCERN_FIGURES = {
+    "push_per_s": "push_rate",
+    "consume_per_s": "consume_rate",
+    "end_to_end_per_s": "e2e_rate",
+    "cpu_us_per_item": "cpu_us_per_item",
+    "commands_per_1000_items": "commands_per_1000",
+}
+
+
+def write_concern_costs(
+    summaries: Sequence[RunSummary], twins: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """For each contender run at the old write concern (``twins``: its name -> its durable
+    twin's) and its durable twin at the same N and processes: both figures side by side
+    and durable over w:1 (``0.8``: the journal costs a fifth of the rate), medians where
+    repeated."""
+    by = {(s.contender, s.n, s.procs): s for s in summaries}
+    out = []
+    for s in summaries:
+        durable = by.get((twins.get(s.contender, ""), s.n, s.procs))
+        if durable is None:
+            continue
+        row: dict[str, Any] = {"queue": durable.contender, "n": s.n, "procs": s.procs}
+        for key, attr in WRITE_CONCERN_FIGURES.items():
+            d, w = getattr(durable, attr), getattr(s, attr)
+            row[key] = {"durable": d, "w1": w, "durable_vs_w1": ratio(d, w)}
+        out.append(row)
+    return out
 
 
 def scaling(results: Iterable[RunSummary]) -> dict[str, dict[str, Any]]:

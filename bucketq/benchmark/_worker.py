@@ -28,6 +28,7 @@ imports neither loop.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 import time
@@ -59,16 +60,25 @@ def process_cpu_s(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+#: The commands whose write concern the report states.
+WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify"})
+
+
 class CommandCounter(monitoring.CommandListener):
-    """Counts the commands this process sends, by name."""
+    """Counts the commands this process sends, by name, and the write concerns its write
+    commands carried (``{"j": true}``, ``{"w": 1}``, ``none`` for the server's default)."""
 
     def __init__(self) -> None:
         self._counts: Counter[str] = Counter()
+        self.write_concerns: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         with self._lock:
             self._counts[event.command_name] += 1
+            if event.command_name in WRITE_COMMANDS:
+                wc = event.command.get("writeConcern")
+                self.write_concerns[json.dumps(wc, sort_keys=True) if wc else "none"] += 1
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -163,6 +173,7 @@ class Worker:
 
     def report(self, consumed: tuple[int, int, int], close_s: float) -> dict[str, Any]:
         self.r.update(
-            pushed=self.pushed_sum, consumed=consumed, close_s=close_s, floor_us=self.floor_us
-        )
+            pushed=self.pushed_sum, consumed=consumed, close_s=close_s, floor_us=self.floor_us,
+            write_concerns=dict(self.counter.write_concerns),
+        )  # fmt: skip
         return self.r

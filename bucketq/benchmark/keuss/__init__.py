@@ -149,11 +149,11 @@ def _keuss_round(uri: str, where: Path, n: int, pid: int | None = None) -> dict[
     from pymongo import MongoClient
     from pymongo.errors import PyMongoError
 
-    from .._contenders import with_database
+    from .._contenders import journaled, with_database
     from .._stats import checksum
 
     db_name = f"bucketq_bench_keuss_{uuid.uuid4().hex[:10]}"
-    db_uri = with_database(uri, db_name)
+    db_uri = with_database(journaled(uri), db_name)  # keuss waits for the journal as bucketq
     procs = [_Node("produce", where, db_uri, n), _Node("consume", where, db_uri, n)]
     client: MongoClient = MongoClient(uri, serverSelectionTimeoutMS=10_000)
     try:
