@@ -12,6 +12,7 @@ server, with both process ids) and, for a server started with ``auth=True``,
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import fcntl
@@ -78,19 +79,20 @@ def find_server_command() -> str:
     )
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def _die_with_parent(tied: bool | None = None) -> Callable[[], None] | None:
     """A ``preexec_fn`` that has the kernel send the server SIGTERM when its parent dies,
     SIGKILL included (Linux ``PR_SET_PDEATHSIG``; SIGTERM lets it close its store).
 
     Chosen over a watchdog process or pipe because it costs nothing at start and needs
     nothing from the parent to fire. The kernel sends it when the *thread* that started
-    the server exits, so it is set only from the main thread; elsewhere (and off Linux)
-    the server is not tied, and the next start on its data directory stops it (see
+    the server exits, so by default (``tied`` None) it is set only from the main thread;
+    ``tied=True`` sets it from any thread (a caller whose thread outlives the server: the
+    supervisor's), ``False`` never. Untied (and off Linux) the server outlives a killed
+    owner, and the next start on its data directory stops it (see
     :meth:`EmbeddedServer.start`)."""
-    if (
-        not sys.platform.startswith("linux")
-        or threading.current_thread() is not threading.main_thread()
-    ):
+    if tied is None:
+        tied = threading.current_thread() is threading.main_thread()
+    if not sys.platform.startswith("linux") or not tied:
         return None
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -145,9 +147,12 @@ def write_private(path: Path, text: str) -> None:
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (and missing parents) and make it 0700: readable by its owner only."""
+    """Create ``path`` (and missing parents) and make it 0700: readable by its owner only.
+    A directory that is 0700 already is left alone (a read-only file system refuses even
+    a chmod that changes nothing)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.chmod(0o700)
+    if path.stat().st_mode & 0o7777 != 0o700:
+        path.chmod(0o700)
     return path
 
 
@@ -232,6 +237,10 @@ class _DataLock:
         self.path = directory / LOCK_FILE
         self._fd: int | None = None
 
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
     def acquire(self) -> dict[str, Any]:
         """Lock; return what the previous owner wrote (``{}`` if nothing)."""
         if self._fd is not None:
@@ -263,10 +272,15 @@ class _DataLock:
         return data if isinstance(data, dict) else {}
 
     def record(self, **info: Any) -> None:
+        """Write who runs the server (advisory: the lock is the flock; a full or read-only
+        disk must not stop a server that starts)."""
         if self._fd is not None:
             data = json.dumps({"owner": os.getpid(), **info}).encode()
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, data, 0)
+            try:
+                os.ftruncate(self._fd, 0)
+                os.pwrite(self._fd, data, 0)
+            except OSError as exc:
+                log.warning("could not write %s (%s); going on", self.path, exc)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -274,6 +288,121 @@ class _DataLock:
                 os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the only descriptor releases the flock
             self._fd = None
+
+
+class _ServerLog:
+    """The embedded server's log file, written line by line, and its last lines in memory;
+    one per :class:`EmbeddedServer`, across its restarts.
+
+    A line the file cannot take (a full or read-only disk, a file that cannot be opened)
+    is dropped and counted (:attr:`dropped`), and writing is tried again at the next line
+    at least :data:`RETRY_S` later: whoever feeds it (:class:`_LogPump`) never stops
+    reading the server's output. Both changes are logged once: when lines start being
+    dropped, and when the file takes them again (how many were dropped is said, and
+    noted in the file where they are missing)."""
+
+    #: Seconds between tries of a log file that failed.
+    RETRY_S = 1.0
+    #: Lines kept in memory.
+    TAIL = 200
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._tail: collections.deque[bytes] = collections.deque(maxlen=self.TAIL)
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+        #: Lines dropped in all, and since the file last took one.
+        self.dropped = 0
+        self._dropping = 0
+        self._failing = False
+        self._next_try = 0.0
+
+    def last_lines(self, n: int) -> list[str]:
+        return [raw.decode(errors="replace") for raw in list(self._tail)[-n:]]
+
+    def write(self, raw: bytes) -> None:
+        with self._lock:
+            self._tail.append(raw)
+            now = time.monotonic()
+            if self._failing and now < self._next_try:
+                self._drop()
+                return
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                if self._failing:
+                    _write_all(self._fd, f"[bucketq: {self._dropping} lines of the server's "
+                                         "output are missing here: this file could not be "
+                                         "written]\n".encode())  # fmt: skip
+                _write_all(self._fd, raw)
+            except OSError as exc:
+                self._drop()
+                self._next_try = now + self.RETRY_S
+                self._close()
+                if not self._failing:
+                    self._failing = True
+                    log.warning(
+                        "the embedded server's log %s cannot be written (%s): its lines are "
+                        "dropped and counted until it can; the server goes on",
+                        self.path, exc,
+                    )  # fmt: skip
+                return
+            if self._failing:
+                log.warning("the embedded server's log %s is written again; %d lines were "
+                            "dropped", self.path, self._dropping)  # fmt: skip
+                self._failing, self._dropping = False, 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def _drop(self) -> None:
+        self.dropped += 1
+        self._dropping += 1
+
+
+class _LogPump(threading.Thread):
+    """Reads one server process's output (stdout and stderr, one pipe) until it closes,
+    into the server's :class:`_ServerLog`. It never stops reading while the pipe is open:
+    a server whose pipe is not read blocks on its next line, for good. ``on_line`` sees
+    every line; ``done`` is called when the pipe closes (the process exited)."""
+
+    def __init__(
+        self,
+        pipe: IO[bytes],
+        sink: _ServerLog,
+        *,
+        on_line: Callable[[bytes], None] | None = None,
+        done: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(name="bucketq-embedded-log", daemon=True)
+        self._pipe, self._sink, self._on_line, self._done = pipe, sink, on_line, done
+
+    def run(self) -> None:
+        try:
+            for raw in iter(self._pipe.readline, b""):
+                try:
+                    self._sink.write(raw)
+                    if self._on_line is not None:
+                        self._on_line(raw)
+                except Exception:  # the pipe is read whatever happens
+                    log.exception("embedded server log: handling a line failed; reading on")
+        finally:
+            self._sink.close()
+            if self._done is not None:
+                self._done()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class EmbeddedServer:
@@ -321,6 +450,10 @@ class EmbeddedServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = _DataLock(self.storage_path)
         self._password: str | None = None
+        self._tied: bool | None = None
+        self._log = _ServerLog(self.log_path)
+        self._pump: _LogPump | None = None
+        self._last_returncode = 0
 
     @property
     def uri(self) -> str:
@@ -346,9 +479,25 @@ class EmbeddedServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self) -> EmbeddedServer:
+    def returncode(self) -> int | None:
+        """None while the server runs; else how its last process ended (negative: killed
+        by that signal), the process reaped (no zombie is left)."""
+        if self._proc is not None:
+            code = self._proc.poll()
+            if code is None:
+                return None
+            self._last_returncode = code
+        return self._last_returncode
+
+    def start(self, *, tied: bool | None = None) -> EmbeddedServer:
+        """Start the server (nothing if it runs). ``tied``: whether it gets SIGTERM when
+        the calling thread ends (the process too): by default when called from the main
+        thread; ``True`` from a thread that lives as long as the server (see
+        ``_die_with_parent``)."""
         if self.running():
             return self
+        self._tied = tied
+        held = self._lock.held  # a restart keeps the directory locked, failed or not
         private_dir(self.storage_path)
         previous = self._lock.acquire()
         try:
@@ -367,7 +516,8 @@ class EmbeddedServer:
         except BaseException:
             if self.running():
                 self.kill()
-            self._lock.release()
+            if not held:
+                self._lock.release()
             raise
         log.info("embedded server pid %s listening on %s", self.pid, self.address)
         return self
@@ -493,47 +643,56 @@ class EmbeddedServer:
             cmd.append("--enable-test-commands")
         if auth:
             cmd.append("--auth")
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        logf = os.fdopen(fd, "ab")  # handed to the reader thread
+        # The server's output (stdout and stderr, one pipe) reaches its log file through
+        # the pump, which never stops reading: a server never blocks on its output, and
+        # never sees a write to its log fail (a full or read-only disk).
         self._proc = subprocess.Popen(
             cmd,
             env={**_MALLOC_ENV, **os.environ},
-            stdout=logf,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C in the terminal is ours to handle
             umask=0o077,  # its files readable by their owner only
-            preexec_fn=_die_with_parent(),  # prctl only: see there
+            preexec_fn=_die_with_parent(self._tied),  # prctl only: see there
         )
-        self.port = self._wait_listening(logf)
+        self.port = self._wait_listening()
         self._lock.record(server=self._proc.pid, port=self.port)
         self._wait_ping()
 
-    def _wait_listening(self, logf: IO[bytes]) -> int:
-        assert self._proc is not None and self._proc.stderr is not None
+    def last_lines(self, n: int = 10) -> list[str]:
+        """The last ``n`` lines the server wrote (kept in memory, so also when its log
+        file could not be written)."""
+        return self._log.last_lines(n)
+
+    @property
+    def log_dropped(self) -> int:
+        """Lines of the server's output its log file could not take (a full or read-only
+        disk): dropped and counted, while its output was read on."""
+        return self._log.dropped
+
+    def _wait_listening(self) -> int:
+        assert self._proc is not None and self._proc.stdout is not None
         found: list[int] = []
         ready = threading.Event()
-        stderr = self._proc.stderr
 
-        def pump() -> None:
-            for raw in iter(stderr.readline, b""):
-                logf.write(raw)
-                logf.flush()
-                if not found:
-                    m = _LISTENING.search(raw.decode(errors="replace"))
-                    if m:
-                        found.append(int(m.group(2)))
-                        ready.set()
-            logf.close()
-            ready.set()
+        def listening(raw: bytes) -> None:
+            if not found:
+                m = _LISTENING.search(raw.decode(errors="replace"))
+                if m:
+                    found.append(int(m.group(2)))
+                    ready.set()
 
-        threading.Thread(target=pump, name="bucketq-embedded-log", daemon=True).start()
+        self._pump = _LogPump(self._proc.stdout, self._log, on_line=listening, done=ready.set)
+        self._pump.start()
         if not ready.wait(self.startup_timeout) or not found:
+            if ready.is_set():  # its output ended: it exits (or did)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(STOP_TIMEOUT)
             exited = self._proc.poll() is not None
             self.kill()
-            tail = (
-                self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
-            )
+            self._pump.join(5)  # the lines still in the pipe
+            tail = "".join(self.last_lines(40))[-2000:]
             if re.search(r"address already in use|errno 98|eaddrinuse", tail, re.IGNORECASE):
                 raise EmbeddedServerError(
                     f"The embedded server cannot listen on {self.host}:{self.port}: the address "
@@ -619,9 +778,10 @@ class EmbeddedServer:
 
     def kill(self) -> None:
         """SIGKILL the server (its data directory stays, for a restart)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._last_returncode = self._proc.wait()
         self._proc = None
 
     def restart(self, *, hard: bool = False) -> None:
