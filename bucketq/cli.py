@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 from . import _validate as v
 from .embedded import URI_ENV
 from .errors import BucketQError
+from .supervisor import DEFAULT_RESTART_BACKOFF_S, DEFAULT_RESTARTS
 
 #: How long a command waits for an unreachable MongoDB before it says so.
 CLI_SERVER_TIMEOUT_MS = 3000
@@ -100,27 +101,36 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _server(args: argparse.Namespace) -> int:
+    """The embedded server in the foreground, supervised: restarted on the same port and
+    data when it dies; exit 1 when it cannot be restarted (``--restarts``)."""
+    import logging
+
     from .embedded import EmbeddedServer
+    from .supervisor import StoreSupervisor
 
     if args.port:
         _check_port_free("127.0.0.1", args.port)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     server = EmbeddedServer(args.data, port=args.port, standalone=args.standalone, auth=True)
     server.start()
     print(server.uri, flush=True)
     print(
         f"embedded server pid {server.pid}, data in {server.storage_path}; the URI above "
-        "carries its generated password; Ctrl-C stops it",
+        "carries its generated password; restarted if it dies; Ctrl-C stops it",
         file=sys.stderr,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    supervisor = StoreSupervisor(
+        server, restarts=args.restarts, backoff_s=args.restart_backoff, on_give_up=stop.set
+    ).start()
     while not stop.wait(1.0):
-        if not server.running():
-            print("the embedded server exited", file=sys.stderr)
-            return 1
-    server.stop(keep_data=args.data is not None)
-    return 0
+        pass
+    supervisor.close(keep_data=args.data is not None)
+    return 1 if supervisor.gave_up else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,6 +225,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=v.cli_count(0, 65535), default=27017)
     s.add_argument("--data", help="data directory (default: a temporary one, removed on exit)")
     s.add_argument("--standalone", action="store_true", help="faster writes, no change streams")
+    s.add_argument(
+        "--restarts",
+        type=v.cli_count(0),
+        default=DEFAULT_RESTARTS,
+        metavar="N",
+        help=f"a server that died is restarted; after N failed restarts in a row the "
+        f"command exits 1 (default {DEFAULT_RESTARTS})",
+    )
+    s.add_argument(
+        "--restart-backoff",
+        type=v.cli_number(0.01, 3600.0),
+        default=DEFAULT_RESTART_BACKOFF_S,
+        metavar="SECONDS",
+        help=f"the first wait before a restart, doubled per failed attempt up to 30 s "
+        f"(default {DEFAULT_RESTART_BACKOFF_S:g})",
+    )
     s.set_defaults(func=_server)
 
     from .reservoir.cli import add_dlq_parser

@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, ...]] = [
     # what every layer shares
     (
         "bucketq.embedded",
+        "bucketq.supervisor",
         "bucketq.errors",
         "bucketq._deps",
         "bucketq._driver",

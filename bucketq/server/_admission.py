@@ -9,7 +9,8 @@ Three layers, outermost first:
   connection past ``BUCKETQ_MAX_CONNECTIONS`` is answered 503 + ``Retry-After`` and closed;
   and a head two parsers could read two ways (``_framing``) is answered 400 and closed.
 - :class:`Admission`, an ASGI middleware: ingest and read requests past
-  ``BUCKETQ_MAX_REQUESTS_IN_FLIGHT`` are answered 503 + ``Retry-After`` at once (the
+  ``BUCKETQ_MAX_REQUESTS_IN_FLIGHT``, and every one while the embedded store is down
+  (its supervisor restarts it), are answered 503 + ``Retry-After`` at once (the
   operations routes are never refused, so ``/health`` answers throughout); each request
   gets a deadline (:func:`remaining`) every store call it makes is bounded by (started
   when it arrives, started again once its body is in); a body not
@@ -103,19 +104,32 @@ class BodyTimeout(HTTPException):
 
 
 class Admission(Middleware):
-    """The ASGI middleware (see the module's text). ``on_refused(reason)`` counts refusals."""
+    """The ASGI middleware (see the module's text). ``on_refused(reason)`` counts refusals;
+    ``store()`` says what the embedded store is doing (a ``bucketq.supervisor.StoreState``,
+    None without one)."""
 
-    def __init__(self, app: Any, *, config: ServerConfig, on_refused: Any = None) -> None:
+    def __init__(
+        self, app: Any, *, config: ServerConfig, on_refused: Any = None, store: Any = None
+    ) -> None:
         super().__init__(app)
         self.config = config
         self.in_flight = 0
         self.on_refused = on_refused or (lambda _reason: None)
+        self.store = store
 
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         cfg = self.config
         path = scope.get("path", "")
         bounded = path not in EXEMPT
         loop = asyncio.get_running_loop()
+        state = self.store() if bounded and self.store is not None else None
+        if state is not None and not state.up:
+            self.on_refused("store")
+            await _send_refusal(send, 503, "Service unavailable",
+                                f"The embedded store is {state.describe()}; nothing of this "
+                                "request was stored. Retry after the Retry-After delay.",
+                                cfg.retry_after_s)  # fmt: skip
+            return
         if bounded and self.in_flight >= cfg.max_requests_in_flight:
             self.on_refused("requests")
             await _send_refusal(send, 503, "Service unavailable",
@@ -216,7 +230,7 @@ class AdmissionMetrics:
             "bucketq_admission_refused",
             "Requests refused by admission control, by reason: requests, records (in "
             "flight), body_timeout, deadline (it passed before the records were handed to "
-            "storage).",
+            "storage), store (the embedded store is restarting).",
             ("reason",),
             registry=registry,
         )

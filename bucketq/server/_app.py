@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -65,10 +66,14 @@ def create_app(
     *,
     buffer_config: BufferConfig | None = None,
     registry: Any = None,
+    store: Callable[[], Any] | None = None,
 ) -> FastAPI:
     """The ingest service as an ASGI app. ``config`` defaults to :func:`from_env` (it
     needs ``mongodb_uri``); ``buffer_config`` to ``RESERVOIR_BUFFER_*``. Storage opens
-    in the app's lifespan (uvicorn runs it) and closes with the buffer's graceful stop."""
+    in the app's lifespan (uvicorn runs it) and closes with the buffer's graceful stop.
+    ``store()``: the embedded store's ``bucketq.supervisor.StoreState`` (``bucketq serve``
+    with its embedded store): while it is not up, requests get 503 at once and ``/ready``
+    names the state."""
     import prometheus_client as prom
 
     cfg = config or from_env()
@@ -115,7 +120,8 @@ def create_app(
     app.add_middleware(BodyLimit, max_body=cfg.max_body_bytes)
     # Admission control (_admission): inside Observe and RequestId, so its refusals are
     # counted and carry a request id.
-    app.add_middleware(Admission, config=cfg, on_refused=admission.refused)
+    app.state.store = store
+    app.add_middleware(Admission, config=cfg, on_refused=admission.refused, store=store)
     app.add_middleware(LastResort)
     # The head's limits and HEAD: inside Observe, so refusals are counted.
     app.add_middleware(RequestHead)

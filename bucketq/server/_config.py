@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import _validate as v
 from ..errors import ConfigurationError
+from ..supervisor import DEFAULT_RESTART_BACKOFF_S, DEFAULT_RESTARTS
 
 #: Where ``bucketq serve`` listens unless told (``--host``, ``--port``; 0: any free port).
 DEFAULT_HOST = "127.0.0.1"
@@ -152,6 +153,12 @@ class ServerConfig:
              "`bucketq keys create --operator` keys.")
     log_level: str = v.option("info", v.choice, options=LOG_LEVELS, env="BUCKETQ_LOG_LEVEL",
         help="Log level of `bucketq serve` on stderr: `debug`, `info`, `warning` or `error` (`--log-level` wins).")
+    store_restarts: int = v.option(DEFAULT_RESTARTS, v.count, lo=0, env="BUCKETQ_STORE_RESTARTS",
+        help="The embedded store (no `BUCKETQ_MONGODB_URI`) is restarted when it dies or its storage fails; "
+             "after this many failed restarts in a row `bucketq serve` exits 1.")
+    store_restart_backoff_ms: int = v.option(int(DEFAULT_RESTART_BACKOFF_S * 1000), v.count, lo=10,
+        env="BUCKETQ_STORE_RESTART_BACKOFF_MS",
+        help="The first wait before a restart of the embedded store, doubled per failed attempt up to 30 s.")
     # fmt: on
 
     def __post_init__(self) -> None:

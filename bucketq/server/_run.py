@@ -7,7 +7,12 @@ buffer within ``RESERVOIR_BUFFER_GRACEFUL_SHUTDOWN_MS`` and logs its report.
 builds its app with :func:`worker_app` from the environment the parent set (the storage
 URI, the database). Metrics are kept in prometheus_client's multiprocess mode (a
 directory of the parent's, removed at the end), so ``/metrics`` from any worker counts
-every worker's requests. SIGTERM reaches the parent, which stops each worker gracefully."""
+every worker's requests. SIGTERM reaches the parent, which stops each worker gracefully.
+
+The embedded store runs under a :class:`~bucketq.supervisor.StoreSupervisor` in this
+(the parent) process: when it dies it is restarted, requests get 503 at once meanwhile and
+``/ready`` names the state (the workers read it from a file the parent writes); when it
+cannot be restarted, ``bucketq serve`` stops and exits 1."""
 
 from __future__ import annotations
 
@@ -18,11 +23,13 @@ import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..embedded import URI_FILE, EmbeddedServer, private_dir, state_dir, write_private
 from ..reservoir import from_env as buffer_from_env
+from ..supervisor import StateFile, StoreSupervisor
 from ._config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, from_env
 from ._middleware._base import Middleware
 
@@ -33,8 +40,13 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: What a worker logs at, and the URL it logs (set by the parent).
 _WORKER_LOG_LEVEL_ENV = "BUCKETQ_SERVE_WORKER_LOG_LEVEL"
+#: The file where the parent keeps the embedded store's state for the workers.
+_STORE_STATE_ENV = "BUCKETQ_SERVE_STORE_STATE"
 #: Listen backlog: connections the kernel holds until a worker accepts them.
 BACKLOG = 2048
+#: Seconds a ``--workers`` process may take to answer uvicorn's health ping (its start
+#: included) before uvicorn replaces it.
+WORKER_HEALTHCHECK_S = 60
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -70,8 +82,10 @@ def serve(
 
     cfg = config or from_env()
     bcfg = buffer_from_env()
-    embedded: EmbeddedServer | None = None
+    store: StoreSupervisor | None = None
     uri_file: Path | None = None
+    #: What stops the service when the store cannot be restarted (set once it runs).
+    stoppers: list[Callable[[], None]] = []
     sock = bind(host, port)  # fail on a busy port before starting anything
     # Listening at once: a client that connects while storage and the app start waits in
     # the backlog and is answered when they are up, instead of being refused (a script's
@@ -91,18 +105,23 @@ def serve(
             cfg = cfg.with_(mongodb_uri=embedded.uri)
             if bcfg.transport == "bucketq" and not bcfg.mongodb_uri:
                 bcfg = bcfg.with_(mongodb_uri=embedded.uri)
-        if embedded is not None:
+            store = _supervise(embedded, cfg, workers, stoppers)
+        if store is not None:
             from ._app import AT_FORCED_EXIT
 
-            def cleanup(server: EmbeddedServer = embedded, path: Path | None = uri_file) -> None:
-                server.stop(keep_data=True)
+            def cleanup(supervisor: StoreSupervisor = store, path: Path | None = uri_file) -> None:
+                supervisor.close(keep_data=True)
                 if path is not None:
                     path.unlink(missing_ok=True)
 
             AT_FORCED_EXIT.append(cleanup)
         if workers > 1:
-            return _serve_workers(cfg, bcfg.graceful_shutdown_ms, sock, host, workers, log_level)
-        app = create_app(cfg, buffer_config=bcfg)
+            code = _serve_workers(cfg, bcfg.graceful_shutdown_ms, sock, host, workers, log_level,
+                                  stoppers)  # fmt: skip
+            return 1 if store is not None and store.gave_up else code
+        app = create_app(
+            cfg, buffer_config=bcfg, store=(lambda: store.state) if store is not None else None
+        )
         # Everything loaded so far (the HTTP stack, the driver, the app) lives as long as
         # the process: frozen, a full collection no longer walks it on the event loop,
         # where every answer in flight waits for it. Measured (bucketq bench ingest, the
@@ -122,6 +141,7 @@ def serve(
             http=configure_protocol(cfg),
         )
         server = uvicorn.Server(uv)
+        stoppers.append(lambda: setattr(server, "should_exit", True))
         # uvicorn restores these handlers after its graceful shutdown and re-raises the
         # signal it caught: with the defaults the process would die there, before the
         # embedded server is stopped below. These only note it.
@@ -137,18 +157,45 @@ def serve(
         svc = getattr(app.state, "svc", None)
         if svc is not None and svc.stop_incomplete:
             return 1  # records were kept by the transport or lost: say so to the supervisor
+        if store is not None and store.gave_up:
+            return 1  # the store could not be restarted: a supervisor of ours must act
         return 0 if server.started else 1
     finally:
         sock.close()
-        if embedded is not None:
-            embedded.stop(keep_data=True)
+        if store is not None:
+            store.close(keep_data=True)
+            if store.state_path is not None:
+                shutil.rmtree(store.state_path.parent, ignore_errors=True)
             if uri_file is not None:
                 uri_file.unlink(missing_ok=True)
 
 
+def _supervise(
+    embedded: EmbeddedServer, cfg: ServerConfig, workers: int, stoppers: list[Callable[[], None]]
+) -> StoreSupervisor:
+    """The embedded store's supervisor (started). With workers its state goes to a file
+    (their environment names it); the service stops when the supervisor gives up."""
+    path: Path | None = None
+    if workers > 1:
+        path = Path(tempfile.mkdtemp(prefix="bucketq-store-")) / "state.json"
+        os.environ[_STORE_STATE_ENV] = str(path)
+
+    def give_up() -> None:
+        for stop in stoppers:
+            stop()
+
+    return StoreSupervisor(
+        embedded,
+        restarts=cfg.store_restarts,
+        backoff_s=cfg.store_restart_backoff_ms / 1000,
+        on_give_up=give_up,
+        state_path=path,
+    ).start()
+
+
 def _serve_workers(
     cfg: ServerConfig, graceful_ms: int, sock: socket.socket, host: str, workers: int,
-    log_level: str,
+    log_level: str, stoppers: list[Callable[[], None]],
 ) -> int:  # fmt: skip
     """``workers`` processes on ``sock`` until SIGTERM/SIGINT; 0 when every one ended so."""
     import uvicorn
@@ -171,10 +218,15 @@ def _serve_workers(
             access_log=False,
             log_level=log_level,
             timeout_graceful_shutdown=max(1, graceful_ms // 1000),
+            # A worker answers uvicorn's health ping only once its imports are done; on a
+            # loaded machine a spawned worker took longer than uvicorn's 5 s, and each
+            # was killed before it served, over and over.
+            timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
             lifespan="on",
             http=configure_protocol(cfg),
         )
         supervisor = Multiprocess(uv, sockets=[sock])
+        stoppers.append(supervisor.should_exit.set)
         log.info("bucketq serve listening on http://%s:%d (%d workers)",
                  host, sock.getsockname()[1], workers)  # fmt: skip
         supervisor.run()
@@ -197,7 +249,9 @@ def worker_app() -> Any:
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")  # fmt: skip
     cfg = from_env()
     configure_protocol(cfg)
-    app = create_app(cfg, buffer_config=buffer_from_env())
+    state = os.environ.get(_STORE_STATE_ENV)
+    store = StateFile(state).current if state else None
+    app = create_app(cfg, buffer_config=buffer_from_env(), store=store)
     gc.collect()
     gc.freeze()  # as in serve(): the long-lived objects out of every collection
     return _ExitIncomplete(app)

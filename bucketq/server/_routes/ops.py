@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .._models import Health
@@ -25,19 +25,28 @@ async def health() -> Health:
 
 @router.get("/ready", response_model=Health, summary="Ready to accept records",
             responses={503: {"model": Health, "description": "Storage unreachable or the buffer stalled."}})  # fmt: skip
-async def ready(svc: Svc) -> Response:
+async def ready(svc: Svc, request: Request) -> Response:
     from pymongo import timeout as mongo_timeout
 
     detail: dict[str, Any] = {}
     ok = True
-    try:
-        # pymongo's deadline, not the event loop's: see the read route.
-        with mongo_timeout(DEFAULT_READY_TIMEOUT):
-            await svc.db.command("ping")
-        detail["storage"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
+    store = getattr(request.app.state, "store", None)
+    state = store() if store is not None else None
+    if state is not None:
+        # The embedded store's supervisor says what it does: down is not ready, at once.
+        detail["store"] = state.describe()
+    if state is not None and not state.up:
         ok = False
-        detail["storage"] = f"unreachable: {type(exc).__name__}"
+        detail["storage"] = f"unreachable: the embedded store is {state.phase}"
+    else:
+        try:
+            # pymongo's deadline, not the event loop's: see the read route.
+            with mongo_timeout(DEFAULT_READY_TIMEOUT):
+                await svc.db.command("ping")
+            detail["storage"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
+            ok = False
+            detail["storage"] = f"unreachable: {type(exc).__name__}"
     if svc.buffered:
         bh = svc.reservoir.buffer_health()
         detail["buffer"] = bh
