@@ -578,11 +578,16 @@ def settings_table(
 # -- command-line arguments (argparse ``type=`` functions) --------------------------------
 
 
-def one_line(exc: BaseException) -> str:
-    """An error's message on one line for a command's stderr (the driver's topology
-    dumps and configured timeouts are cut off)."""
+def one_line(exc: BaseException | str) -> str:
+    """An error's message on one line for a command's stderr or a log line (the driver's
+    topology dumps, configured timeouts and a server's whole error document are cut off)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    for cut in (" (configured timeouts", ", Timeout: ", ", Topology Description:"):
+    for cut in (
+        " (configured timeouts",
+        ", Timeout: ",
+        ", Topology Description:",
+        ", full error: ",
+    ):
         text = text.split(cut, 1)[0]
     return text[:400]
 

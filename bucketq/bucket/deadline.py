@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .._validate import one_line
 from ..errors import OperationTimeout
 
 log = logging.getLogger("bucketq.queue")
@@ -95,6 +96,13 @@ def is_unanswered(exc: BaseException) -> bool:
     return bool(getattr(exc, "timeout", False))
 
 
+def failure_level(exc: BaseException) -> int:
+    """The log level of one failed call retried by a background loop: debug when the
+    server is unreachable or silent (its :class:`Health` says so once per outage, so an
+    outage is not a line per try), warning for an answer that reports an error."""
+    return logging.DEBUG if is_unanswered(exc) else logging.WARNING
+
+
 #: Socket-level bounds of the clients bucketq builds itself (the CLI, the Spark source,
 #: the reservoir's factory), in milliseconds: no single network read waits longer,
 #: whatever the call (a cursor's whole lifetime is not bounded, only each round trip).
@@ -139,7 +147,10 @@ class Health:
         self.last_error_at = now
         if self.unreachable_since is None:
             self.unreachable_since = now
-            log.warning("%s: MongoDB is unreachable or not answering: %s", self._what, exc)
+            # One line per outage (the driver's topology dump cut off); the failures
+            # during it are the callers' to log at debug level.
+            log.warning("%s: MongoDB is unreachable or not answering: %s (one line when it "
+                        "answers again)", self._what, one_line(exc))  # fmt: skip
 
     def report(self, now: float) -> dict[str, Any]:
         """``ok``; ``unreachable_since`` (epoch seconds, None while the server answers) and

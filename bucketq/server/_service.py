@@ -8,6 +8,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Request
 from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
 
+from .._validate import one_line
 from ..bucket.writes import durable_write_concern
 from ..errors import BucketQError, Overloaded
 from ..reservoir import (
@@ -85,6 +87,8 @@ class Service:
         #: console's watch reads): with ``--workers``, ``/metrics`` adds this worker's.
         self.shared_collectors: list[Any] = []
         self._lag_watch: asyncio.Task[None] | None = None
+        #: Whether storage takes records: one log line per change, not one per request.
+        self.storage_state = StorageState()
 
     async def open(self) -> Service:
         from pymongo import AsyncMongoClient
@@ -284,8 +288,8 @@ class Service:
             raise
         except TimeoutError as exc:
             self.admission.unsettled_answer("timeout")
-            log.warning("%d %s records handed to the reservoir: no outcome within %.1f s",
-                        len(records), kind, budget + grace)  # fmt: skip
+            self.storage_state.failed(f"no outcome within {budget + grace:.1f} s "
+                                      "(BUCKETQ_INGEST_TIMEOUT_MS and its grace)")  # fmt: skip
             raise self.unavailable(
                 f"Storage did not answer within {budget + grace:g} s (BUCKETQ_INGEST_TIMEOUT_MS "
                 "and its grace for records handed over).",
@@ -293,9 +297,7 @@ class Service:
             ) from exc
         except Exception as exc:
             self.admission.unsettled_answer("error")
-            log.warning(
-                "%d %s records not accepted: %s: %s", len(records), kind, type(exc).__name__, exc
-            )
+            self.storage_state.failed(f"{type(exc).__name__}: {one_line(exc)}")
             raise self.unavailable(
                 f"Storage is unavailable ({type(exc).__name__}).", handed_over=True
             ) from exc
@@ -303,7 +305,11 @@ class Service:
         if failed:
             first = (res.get("errors") or [{}])[0]
             why = first.get("error", "") if isinstance(first, dict) else str(first)
-            log.warning("%d of %d %s records not accepted: %s", failed, len(records), kind, why)
+            if failed == len(records):  # storage refused the request: an outage's line
+                self.storage_state.failed(one_line(why))
+            else:
+                log.warning("%d of %d %s records not accepted: %s", failed, len(records), kind,
+                            one_line(why))  # fmt: skip
             self.admission.unsettled_answer("partial")
             raise self.unavailable(
                 f"{failed} of {len(records)} records were not accepted ({why}).", handed_over=True
@@ -325,6 +331,7 @@ class Service:
                 raise self.unavailable(
                     "The records were accepted; the tee stream is unavailable.", handed_over=True
                 ) from exc
+        self.storage_state.answered()
         return len(records)
 
     async def claim_idempotency_key(self, route: str, project: str, key: str, digest: str) -> None:
@@ -355,7 +362,8 @@ class Service:
                 except DuplicateKeyError:
                     first = await coll.find_one({"_id": kid})
         except (TimeoutError, PyMongoError) as exc:
-            log.warning("idempotency key store: %s: %s", type(exc).__name__, exc)
+            self.storage_state.failed(f"idempotency key store: {type(exc).__name__}: "
+                                      f"{one_line(exc)}")  # fmt: skip
             raise self.unavailable("The idempotency key store is unavailable.") from exc
         if first is not None and first.get("digest") != digest:
             raise ApiError(
@@ -365,6 +373,34 @@ class Service:
                 "a retry must send the same body. Use a new key for new content. "
                 "Nothing of this request was stored.",
             )
+
+
+class StorageState:
+    """Whether storage takes records, logged once per change: one warning when requests
+    start failing (the first failure's reason, on one line), one when a request is stored
+    again (how long it lasted, how many requests failed meanwhile); each failure in
+    between at debug level. An outage under load is two lines, not one per request."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        #: Since when requests fail (None: they are stored), and how many failed since.
+        self.failing_since: float | None = None
+        self.failures = 0
+
+    def failed(self, why: str) -> None:
+        self.failures += 1
+        if self.failing_since is None:
+            self.failing_since = self.clock()
+            log.warning("storage is not taking records (%s): requests are answered 503 until "
+                        "it does; one line when it does", why)  # fmt: skip
+        else:
+            log.debug("storage is not taking records: %s", why)
+
+    def answered(self) -> None:
+        if self.failing_since is not None:
+            log.warning("storage takes records again after %.1f s; %d requests failed there "
+                        "meanwhile", self.clock() - self.failing_since, self.failures)  # fmt: skip
+            self.failing_since, self.failures = None, 0
 
 
 #: Once a request's records are handed to the reservoir it waits for their outcome up to
@@ -382,8 +418,8 @@ async def _outcome(aw: Awaitable[T], budget: float, grace: float, n: int, kind: 
     try:
         await asyncio.wait((task,), timeout=budget)
         if not task.done():
-            log.info("%d %s records handed to the reservoir: no outcome within %.1f s, "
-                     "waiting %.1f s more", n, kind, budget, grace)  # fmt: skip
+            log.debug("%d %s records handed to the reservoir: no outcome within %.1f s, "
+                      "waiting %.1f s more", n, kind, budget, grace)  # fmt: skip
             await asyncio.wait((task,), timeout=grace)
     except asyncio.CancelledError:
         task.cancel()

@@ -390,8 +390,8 @@ class Producer:
         if not self._retry_ok(exc, deadline):
             return False
         self._stats["insert_retries"] += 1
-        log.warning("%s %s: bucket insert failed (%s); retry %d",
-                    self._kind, v.printable(self.name), exc, attempt)  # fmt: skip
+        log.log(deadlines.failure_level(exc), "%s %s: bucket insert failed (%s); retry %d",
+                self._kind, v.printable(self.name), exc, attempt)  # fmt: skip
         self._backoff(attempt, deadline)
         return True
 

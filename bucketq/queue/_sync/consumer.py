@@ -312,7 +312,8 @@ class Consumer:
                 got = self._claim()
             except PyMongoError as exc:
                 idle_attempt += 1
-                log.warning("queue %s: claim failed (%s); retrying", v.printable(self.name), exc)
+                log.log(deadlines.failure_level(exc), "queue %s: claim failed (%s); retrying",
+                        v.printable(self.name), exc)  # fmt: skip
                 self._fetch_wake.wait(
                     gen,
                     backoff(idle_attempt, 0.1, self.options.poll_interval, full_jitter=True) + 0.05,
@@ -562,9 +563,8 @@ class Consumer:
             try:
                 self.flush_state()
             except PyMongoError as exc:
-                log.warning(
-                    "queue %s: state flush failed (%s); will retry", v.printable(self.name), exc
-                )
+                log.log(deadlines.failure_level(exc), "queue %s: state flush failed (%s); will retry",
+                        v.printable(self.name), exc)  # fmt: skip
 
     def flush_state(self, *, release_all: bool = False) -> None:
         """Persist every changed held bucket with one fenced write each (one command),
