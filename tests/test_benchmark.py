@@ -471,6 +471,16 @@ def test_the_plan_repeats_each_group_in_a_row():
         build_plan(names, [1_000], [1], 50, repeat=0)
 
 
+def test_a_contender_and_its_w1_twin_trade_places_every_other_repetition():
+    names = ["bucketq Queue", "bucketq Queue (w:1)", "bucketq AsyncQueue"]
+    plan = build_plan(names, [1_000], [1], 50, repeat=3)
+    assert [(s.contender, s.repeat) for s in plan] == [
+        ("bucketq Queue", 0), ("bucketq Queue (w:1)", 0), ("bucketq AsyncQueue", 0),
+        ("bucketq Queue (w:1)", 1), ("bucketq Queue", 1), ("bucketq AsyncQueue", 1),
+        ("bucketq Queue", 2), ("bucketq Queue (w:1)", 2), ("bucketq AsyncQueue", 2),
+    ]  # fmt: skip
+
+
 def _result(repeat: int, e2e_s: float, cpu_s: float, remaining: int = 0) -> RunResult:
     w = WorkerReport(0.0, e2e_s / 2, cpu_s / 2, e2e_s / 2, e2e_s, cpu_s / 2, 0.0, 2.0,
                      checksum(range(100)), checksum(range(100)))  # fmt: skip

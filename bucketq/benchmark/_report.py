@@ -85,7 +85,9 @@ def notes(results: Sequence[RunResult], env: dict[str, Any], settings: dict[str,
         "counted as pushed survives a killed server. The rows marked (w:1) are bucketq's Queue "
         "and per-element queue at the old default, w: 1 without j (acknowledged from memory: "
         "a killed server loses the last ~100 ms); 'durable / w:1' is the durable rate over "
-        "that one, from the same run on the same server."
+        "that one, from the same run on the same server. The embedded server slows down as runs "
+        "go by, so with --repeat the two trade places every other repetition; a single "
+        "repetition lets the durable row run first, on the fresher server."
         if any(r.write_concern != "durable" for r in results)
         else "Write concern: every contender's writes wait for the journal (bucketq's default: "
         "the database's write concern with j: true; the peers' URIs get journal=true)."

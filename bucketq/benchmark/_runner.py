@@ -72,7 +72,9 @@ def build_plan(
     in each, the per-element contenders first (at their smaller N, see
     :func:`element_sizes`; they are the ones a server slowed by big runs would wrong),
     then bucketq's, in the order given. No run twice; with ``repeat`` K, each group K times
-    in a row, the same runs in the same order each time."""
+    in a row, the same runs in the same order each time, except that a contender and its
+    w:1 twin trade places in every other repetition (the embedded server slows down as
+    runs go by: the pair's comparison must not always favour the one that ran first)."""
     if repeat < 1:
         raise ConfigurationError(f"repeat must be at least 1, not {repeat}.")
     small = element_sizes(sizes, element_n)
@@ -94,8 +96,21 @@ def build_plan(
             spec = RunSpec(name, size, p, n)
             if all((s.contender, s.n, s.procs) != (name, size, p) for s in plan + once):
                 once.append(spec)
-        plan.extend(replace(s, repeat=k) for k in range(repeat) for s in once)
+        for k in range(repeat):
+            runs = _twins_swapped(once) if k % 2 else once
+            plan.extend(replace(s, repeat=k) for s in runs)
     return plan
+
+
+def _twins_swapped(runs: list[RunSpec]) -> list[RunSpec]:
+    """``runs`` with each w:1 twin and its durable contender in each other's place."""
+    out = list(runs)
+    at = {s.contender: i for i, s in enumerate(out)}
+    for i, s in enumerate(runs):
+        j = at.get(CONTENDERS[s.contender].twin_of)
+        if j is not None:
+            out[i], out[j] = out[j], out[i]
+    return out
 
 
 #: ``progress(pushed, committed)`` while a run goes; called from the parent only.
