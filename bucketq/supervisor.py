@@ -198,6 +198,8 @@ class StoreSupervisor:
             self._watch()
         except Exception:
             log.exception("the embedded server's supervisor failed; it no longer restarts it")
+        try:
+            self._stop.wait()  # a server it restarted lives as long as this thread
         finally:
             self.server.stop(keep_data=self._keep_data)
 

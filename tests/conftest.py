@@ -104,6 +104,7 @@ LONGEST_FIRST = (
     "readme_walk",
     "tests/server/test_lifecycle.py",
     "tests/faults/test_server_restart.py",
+    "tests/faults/test_store_faults.py",
     "tests/faults/test_frozen.py",
     "tests/stream/test_stream.py",
     "tests/misuse/test_cli_and_config.py",

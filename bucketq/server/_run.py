@@ -95,6 +95,7 @@ def serve(
         if not cfg.mongodb_uri:
             data_dir = Path(data) if data else private_dir(state_dir()) / "serve-data"
             embedded = EmbeddedServer(data_dir, auth=True).start()
+            store = _supervise(embedded, cfg, workers, stoppers)
             uri_file = private_dir(state_dir()) / URI_FILE
             write_private(uri_file, embedded.uri + "\n")
             log.warning(
@@ -105,7 +106,6 @@ def serve(
             cfg = cfg.with_(mongodb_uri=embedded.uri)
             if bcfg.transport == "bucketq" and not bcfg.mongodb_uri:
                 bcfg = bcfg.with_(mongodb_uri=embedded.uri)
-            store = _supervise(embedded, cfg, workers, stoppers)
         if store is not None:
             from ._app import AT_FORCED_EXIT
 
