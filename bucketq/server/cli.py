@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _keys_db(args: argparse.Namespace) -> tuple[Any, Any]:
     from pymongo import MongoClient
 
+    from ..bucket.writes import durable_write_concern
     from ..embedded import embedded_uri
     from ._config import from_env
 
@@ -66,7 +67,8 @@ def _keys_db(args: argparse.Namespace) -> tuple[Any, Any]:
         )
     client: Any = MongoClient(uri, serverSelectionTimeoutMS=cfg.mongodb_timeout_ms, tz_aware=True)
     db = client[cfg.database] if cfg.database else client.get_default_database(DEFAULT_DATABASE)
-    return client, db
+    # A key reported created (or revoked) is on disk, as every write bucketq reports.
+    return client, db.with_options(write_concern=durable_write_concern(None, db.write_concern))
 
 
 def _keys(args: argparse.Namespace) -> int:

@@ -109,6 +109,8 @@ class Load:
     def __init__(self, url: str, key: str, *, clients: int = 3, records: int = 50) -> None:
         self.url, self.key, self.records = url, key, records
         self.answers: dict[int, int | str] = {}
+        #: Answers that break the contract (a 503 without Retry-After).
+        self.problems: list[str] = []
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
@@ -148,8 +150,11 @@ class Load:
                     continue
                 self.answers[req] = r.status_code
                 if r.status_code == 503:
-                    assert r.headers.get("retry-after"), r.text
+                    if not r.headers.get("retry-after"):
+                        self.problems.append(f"a 503 without Retry-After: {r.text}")
                     self._stop.wait(0.2)
+                elif r.status_code != 200:
+                    self.problems.append(f"{r.status_code}: {r.text}")
 
 
 def stored_messages(serve: Serve, key: str) -> Counter[str]:
@@ -221,6 +226,7 @@ def test_serve_restarts_a_killed_store_by_itself_and_loses_no_record_it_answered
               f"missing={len(missing)}")  # fmt: skip
         assert not missing, f"{len(missing)} records of requests answered 200 are gone"
         assert max(stored.values()) == 1, "a record was stored twice"
+        assert not load.problems, load.problems[:5]
         out = serve.output()
         assert out.count("is down: died by SIGKILL") == 2, out[-3000:]
         assert out.count("the embedded server is back") == 2, out[-3000:]
@@ -474,6 +480,7 @@ def _disk_fault(tmp_path: Path, data: Path, break_disk: Any, mend_disk: Any) -> 
         print(f"\ndisk fault: {load.ok()} requests answered 200; records acknowledged="
               f"{len(accepted)} missing={len(missing)}; /ready said {down['detail']}")  # fmt: skip
         assert not missing, f"{len(missing)} records of requests answered 200 are gone"
+        assert not load.problems, load.problems[:5]
         out = serve.output()
         assert out.count("cannot be written") >= 1 and "is written again" in out, out[-4000:]
         assert "Topology Description" not in out
