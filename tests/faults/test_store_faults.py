@@ -175,8 +175,12 @@ def stored_messages(serve: Serve, key: str) -> Counter[str]:
                 return seen
 
 
-def store_pid(data: Path) -> int:
-    return int(json.loads((data / LOCK_FILE).read_text())["server"])
+def store_pid(data: Path) -> int | None:
+    """The store's pid its lock file names (None while the file is rewritten)."""
+    try:
+        return int(json.loads((data / LOCK_FILE).read_text())["server"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def ready(serve: Serve) -> dict[str, Any] | None:
@@ -209,12 +213,12 @@ def test_serve_restarts_a_killed_store_by_itself_and_loses_no_record_it_answered
             for k in range(2):
                 eventually(lambda k=k: load.ok() >= 10 * (k + 1), timeout=120,
                            what="requests answered 200")  # fmt: skip
-                pid = store_pid(data)
+                pid = running_store(data)
                 os.kill(pid, signal.SIGKILL)
                 eventually(lambda pid=pid: reaped(pid), timeout=30, what="the store reaped")
                 body = eventually(lambda: ready(serve), timeout=120, what="serve ready again")
                 assert body["detail"]["store"].startswith("up (pid "), body
-                assert store_pid(data) != pid
+                assert running_store(data) != pid
             after = load.ok()
             eventually(lambda: load.ok() >= after + 10, timeout=120, what="200s after the kills")
         accepted = load.accepted()
@@ -250,7 +254,7 @@ def test_serve_answers_503_while_its_store_restarts_and_exits_1_when_it_cannot(
     env = {"BUCKETQ_STORE_RESTARTS": "3", "BUCKETQ_STORE_RESTART_BACKOFF_MS": "1000"}
     with embedded_serve(tmp_path, data, "--workers", str(workers), **env) as serve:
         key = create_key(serve, "shop")
-        pid, port = store_pid(data), store_port(data)
+        pid, port = running_store(data), store_port(data)
         squatter = socket.socket()
         try:
             squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -285,11 +289,13 @@ def store_port(data: Path) -> int:
 
 
 def alive_store(data: Path) -> bool:
-    try:
-        pid = store_pid(data)
-    except (OSError, ValueError, KeyError):
-        return False
-    return state(f"/proc/{pid}/stat") not in (None, "Z")
+    pid = store_pid(data)
+    return pid is not None and state(f"/proc/{pid}/stat") not in (None, "Z")
+
+
+def running_store(data: Path) -> int:
+    """The pid of the store serving ``data`` (waits out a lock file being rewritten)."""
+    return eventually(lambda: store_pid(data), what="the store's pid in its lock file")
 
 
 def _bind(sock: Any, port: int) -> bool:
@@ -320,12 +326,12 @@ def test_bucketq_server_restarts_its_store_and_exits_1_when_it_keeps_dying(tmp_p
         with MongoClient(uri, serverSelectionTimeoutMS=30_000) as client:
             # journaled, as bucketq's writes: a w:1 write without j may die with the store
             client.get_database("t", write_concern=WriteConcern(j=True))["x"].insert_one({"i": 1})
-            first = store_pid(data)
+            first = running_store(data)
             os.kill(first, signal.SIGKILL)
-            eventually(lambda: reaped(first) and store_pid(data) != first, timeout=60,
+            eventually(lambda: reaped(first) and store_pid(data) not in (None, first), timeout=60,
                        what="the store restarted")  # fmt: skip
             assert client["t"]["x"].count_documents({}) == 1  # same port, same data
-            second = store_pid(data)
+            second = running_store(data)
             os.kill(second, signal.SIGKILL)
             code = proc.wait(120)
     finally:

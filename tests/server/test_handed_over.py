@@ -26,8 +26,9 @@ from waiting import eventually
 from .helpers import Serve, log_batch
 from .test_admission import metric
 
+# At debug level: a request waiting for its outcome past its deadline says so there.
 ENV = {"BUCKETQ_INGEST_TIMEOUT_MS": "3000", "BUCKETQ_MAX_RECORDS_IN_FLIGHT": "10",
-       "BUCKETQ_RETRY_AFTER_S": "1"}  # fmt: skip
+       "BUCKETQ_RETRY_AFTER_S": "1", "BUCKETQ_LOG_LEVEL": "debug"}  # fmt: skip
 NOTHING = "Nothing of this request was stored"
 MAYBE = "Some records of this request may be stored"
 
