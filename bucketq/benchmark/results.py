@@ -147,10 +147,24 @@ def _queue(doc: Mapping[str, Any]) -> list[str]:
     out += [
         "",
         "vs per-element: end-to-end items/s over the fastest one-document-per-item "
-        "contender's at the same P in the same run. Client CPU: every producer's and "
-        "consumer's process CPU over N. Items back once: every item pushed came back "
-        "exactly once and the queue was left empty.",
+        "contender's at the same P in the same run (under the same write concern). Client "
+        "CPU: every producer's and consumer's process CPU over N. Items back once: every "
+        "item pushed came back exactly once and the queue was left empty.",
     ]
+    costs = doc.get("write_concern_cost") or []
+    if costs:
+        out += ["", "What the journal costs: each queue durable (the default, `j: true`) beside "
+                "`w: 1` without `j` (the old default), in the same run:", ""]  # fmt: skip
+        out += _table(
+            ["queue", "N", "P", "push/s durable", "push/s w:1", "durable / w:1",
+             "end-to-end/s durable", "end-to-end/s w:1", "durable / w:1"],
+            [[c["queue"], _n(c["n"]), str(c["procs"]),
+              _n(c["push_per_s"]["durable"]), _n(c["push_per_s"]["w1"]),
+              _ratio(c["push_per_s"]["durable_vs_w1"]),
+              _n(c["end_to_end_per_s"]["durable"]), _n(c["end_to_end_per_s"]["w1"]),
+              _ratio(c["end_to_end_per_s"]["durable_vs_w1"])] for c in costs],
+            [False] + [True] * 8,
+        )  # fmt: skip
     notes = doc.get("notes") or []
     if notes:
         out += ["", *[f"- {n}" for n in notes]]

@@ -145,9 +145,11 @@ class CommonOptions:
         "(claims, state flushes, index creation, `size()`, `remove()`, ...)",
     )  # fmt: skip
     write_concern: WriteConcern | dict[str, Any] | None = v.option(
-        None, v.write_concern, shown="the database's",
-        help="e.g. `{\"w\": \"majority\"}`; an unacknowledged one (`w=0`) is refused: a "
-        "receipt could not say whether its item was stored",
+        None, v.write_concern, shown="on disk: the database's with `j: true`",
+        help="`None`: the database's write concern (the URI's `w`, ...) with `j: true` added "
+        "unless it says `j`, so a receipt resolves once the item is in the journal; given: "
+        "used as is, e.g. `{\"w\": 1}` (faster; a server killed a moment later may lose "
+        "what receipts called stored); an unacknowledged one (`w=0`) is refused",
     )  # fmt: skip
     change_streams: bool | None = v.option(
         None, v.flag, optional=True,
