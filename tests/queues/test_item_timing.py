@@ -70,10 +70,14 @@ def test_stream_close_reports_and_its_insert_retries_count_and_log(db, monkeypat
         return real(doc, *a, **k)
 
     monkeypatch.setattr(s._col, "insert_one", flaky)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG, logger="bucketq"):
         assert s.push("x", durable=True).wait(30)
     assert s.stats()["insert_retries"] == 1
     assert any("retry 1" in r.getMessage() for r in caplog.records)
+    # an unanswered insert is a retry at debug level; the outage itself is said once at
+    # warning level, and its end once
+    said = [r for r in caplog.records if "bucket inserts" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.INFO], said
     s.push_many(list(range(7)))
     report = s.close()
     assert report == {"buckets_written": 2, "push_failed": 0}

@@ -79,6 +79,9 @@ class Producer:
         self._writer_wake = Notifier()
         self._space = Notifier()
         self._writer: Worker | None = None
+        #: Says once that the server stopped answering the inserts (a retry of an unanswered
+        #: insert is logged at debug level), and once when it answers again.
+        self._health = deadlines.Health(f"{self._kind} {v.printable(self.name)}: bucket inserts")
         #: The owner's own id; its pushes without a ``key`` go to its partition, so one
         #: producer's items keep their order within it: the hash of its id until the
         #: owner sets its member number's (``document.member_request``), before its
@@ -319,6 +322,7 @@ class Producer:
                 with self._attempt(deadline):
                     docs = documents(todo)
                     self._insert(col, docs)
+                self._health.answered(_now())
                 return set(), None
             except (PyMongoError, deadlines.StartupBusy, OperationFailed) as exc:
                 error: BaseException = exc
@@ -390,6 +394,8 @@ class Producer:
         if not self._retry_ok(exc, deadline):
             return False
         self._stats["insert_retries"] += 1
+        if deadlines.is_unanswered(exc):
+            self._health.failed(exc, _now())
         log.log(deadlines.failure_level(exc), "%s %s: bucket insert failed (%s); retry %d",
                 self._kind, v.printable(self.name), exc, attempt)  # fmt: skip
         self._backoff(attempt, deadline)
