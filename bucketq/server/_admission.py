@@ -291,9 +291,11 @@ class AdmissionMetrics:
 
 class ProjectReads:
     """Log reads of each project: at most ``limit`` served at once, and no more than
-    ``share`` of the time (each read's seconds are a debt that drains at ``share`` per
-    second; past ``burst`` seconds of debt the project's reads are refused until it has
-    drained). One more read waits for a place up to ``wait`` seconds (a console page and
+    ``share`` of the time while another project is served (each read's seconds are a
+    debt that drains at ``share`` per second; past ``burst`` seconds of debt the
+    project's reads are refused until it has drained, if another project read or
+    ingested within the last ``window`` seconds: alone, a project may use the whole
+    store). One more read waits for a place up to ``wait`` seconds (a console page and
     its tail overlapping), behind at most ``waiting`` others; past either bound it is
     refused (429 + ``Retry-After``), never queued without bound: a project's readers,
     however many and however fast, leave the store to the others most of the time."""
@@ -307,6 +309,7 @@ class ProjectReads:
         waiting: int = 8,
         share: float = 0.25,
         burst: float = 5.0,
+        window: float = 10.0,
         clock: Any = None,
     ) -> None:
         import time
@@ -317,12 +320,26 @@ class ProjectReads:
         self.waiting = waiting
         self.share = share
         self.burst = burst
+        self.window = window
         self.clock = clock or time.monotonic
+        #: The two projects served last (distinct, newest first) and when: the newest
+        #: activity of any project other than a given one is in it.
+        self._recent: list[tuple[str, float]] = []
         self._sems: dict[str, asyncio.Semaphore] = {}
         self._queued: dict[str, int] = {}
         self._active: dict[str, int] = {}
         #: Read seconds owed per project, and when that was last worked out.
         self._debt: dict[str, tuple[float, float]] = {}
+
+    def note(self, project: str) -> None:
+        """``project`` is being served (an ingest, a read): its neighbours' reads are held
+        to their share of the time while it is."""
+        now = self.clock()
+        rest = [(p, t) for p, t in self._recent if p != project]
+        self._recent = [(project, now), *rest[:1]]
+
+    def _others_active(self, project: str, now: float) -> bool:
+        return any(p != project and now - t <= self.window for p, t in self._recent)
 
     def _owed(self, project: str, now: float) -> float:
         debt, at = self._debt.get(project, (0.0, now))
@@ -338,8 +355,9 @@ class ProjectReads:
 
     @asynccontextmanager
     async def admit(self, project: str, budget: float | None = None) -> AsyncIterator[None]:
-        owed = self._owed(project, self.clock())
-        if owed > self.burst:
+        now = self.clock()
+        owed = self._owed(project, now)
+        if owed > self.burst and self._others_active(project, now):
             raise Overloaded(
                 f"this project's reads took {owed:.1f} s of the store lately (more than "
                 f"{self.share:.0%} of the time)",
@@ -362,6 +380,7 @@ class ProjectReads:
         else:
             await sem.acquire()
         self._active[project] = self._active.get(project, 0) + 1
+        self.note(project)
         started = self.clock()
         try:
             yield

@@ -257,6 +257,7 @@ class Service:
         timeout longer, so that a 503 is not given for records storage then stores. Only
         a reservoir that gives no outcome by then (or fails) makes a 503 whose records may
         be stored; that answer says so (``bucketq_ingest_unsettled``)."""
+        self.reads.note(project)  # other projects' reads keep to their share meanwhile
         if idempotency_key:
             ids = keyed_record_ids(
                 request_digest(project, route or kind, idempotency_key), len(records)
