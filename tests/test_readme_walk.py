@@ -131,7 +131,7 @@ def test_the_readme_ingest_path_works_as_written(tmp_path):
     assert "{'to': 'a@example.com'}" in stdout, said  # the queue example's first item
     for shown in answers:
         assert shown.search(stdout), f"the pages show {shown.pattern!r}; the walk said:\n{said}"
-    assert re.search(r"^bq_[0-9a-f]{64}$", stdout, re.M), said  # the console's operator key
+    assert re.search(r"^bq_[0-9a-f]{72}$", stdout, re.M), said  # the console's operator key
     assert stdout.count('"received":1') == 2, said  # the first ingest and the tee's
     assert "payment declined" in stdout, said  # GET /api/v1/logs found it
     assert '"service":"checkout"' in stdout and "cart abandoned" in stdout, said
