@@ -50,6 +50,7 @@ from ._logbuckets import (
 )
 from ._logbuckets import keyed_ids as keyed_record_ids
 from ._logbuckets import new_ids as new_record_ids
+from ._logbuckets import sort_key as log_sort_key
 from ._logbuckets import unpack as unpack_bucket
 from ._logstore import LogStore
 from ._metrics import render_metrics
@@ -83,6 +84,7 @@ __all__ = [
     "from_env",
     "install_signal_handlers",
     "keyed_record_ids",
+    "log_sort_key",
     "new_record_ids",
     "render_metrics",
     "unpack_bucket",

@@ -137,7 +137,8 @@ class Admission(Middleware):
                                 "(BUCKETQ_MAX_REQUESTS_IN_FLIGHT); nothing of this request was stored. "
                                 "Retry after the Retry-After delay.", cfg.retry_after_s)  # fmt: skip
             return
-        budget = (cfg.read_timeout_ms if path == READ_PATH else cfg.ingest_timeout_ms) / 1000
+        reading = path == READ_PATH or path.startswith(READ_PATH + "/")
+        budget = (cfg.read_timeout_ms if reading else cfg.ingest_timeout_ms) / 1000
         token = _deadline.set(loop.time() + budget) if bounded else None
         body_whole = not _has_body(scope)
         body_by: float | None = None

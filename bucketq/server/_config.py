@@ -19,8 +19,9 @@ from ..supervisor import DEFAULT_RESTART_BACKOFF_S, DEFAULT_RESTARTS
 #: Where ``bucketq serve`` listens unless told (``--host``, ``--port``; 0: any free port).
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-#: Largest request body, in bytes (after gzip decompression for OTLP).
-DEFAULT_MAX_BODY_BYTES = 5 * 1024 * 1024
+#: Largest request body, in bytes (after gzip decompression for OTLP): LogTide's SDK's
+#: largest default batch (100 records of up to 100 KB each) with room for its JSON.
+DEFAULT_MAX_BODY_BYTES = 12 * 1024 * 1024
 #: Most records one request may carry.
 DEFAULT_MAX_RECORDS = 1000
 #: Most levels of objects and arrays in a record's free-form fields (``metadata``,

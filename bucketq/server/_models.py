@@ -13,6 +13,11 @@ LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "fatal", "critic
 Level = Literal["trace", "debug", "info", "warn", "warning", "error", "fatal", "critical"]
 
 _HEX_ID = r"^[0-9a-fA-F]{1,64}$"
+#: A log record's trace, span or session id: any text of up to 128 characters without
+#: control characters (LogTide takes any string: ``with_trace_id('request-123')``). Hex
+#: ids are stored in lower case, so the W3C and OTLP forms of one id are one id.
+TEXT_ID_CHARS = 128
+_TEXT_ID = rf"^[^\x00-\x1f\x7f]{{1,{TEXT_ID_CHARS}}}$"
 #: Object keys MongoDB can store (a NUL byte cannot be; nested keys are checked at encoding).
 _KEYS: dict[str, Any] = {"propertyNames": {"pattern": "^[^\\u0000]*$"}}
 
@@ -56,8 +61,8 @@ class LogIn(BaseModel):
     level: Level
     message: str = Field(min_length=1, max_length=1_000_000)
     metadata: dict[str, Any] | None = Field(default=None, json_schema_extra=_KEYS)
-    trace_id: str | None = Field(default=None, pattern=_HEX_ID)
-    span_id: str | None = Field(default=None, pattern=_HEX_ID)
+    trace_id: str | None = Field(default=None, pattern=_TEXT_ID)
+    span_id: str | None = Field(default=None, pattern=_TEXT_ID)
     session_id: str | None = Field(default=None, max_length=200)
     hostname: str | None = Field(default=None, max_length=255)
 
@@ -139,11 +144,24 @@ class LogOut(BaseModel):
     metadata: dict[str, Any] | None = None
     trace_id: str | None = None
     span_id: str | None = None
+    session_id: str | None = None
+    hostname: str | None = None
+    traceId: str | None = Field(None, description="LogTide's name of `trace_id`.")
+    spanId: str | None = Field(None, description="LogTide's name of `span_id`.")
+    sessionId: str | None = Field(None, description="LogTide's name of `session_id`.")
+    projectId: str | None = Field(None, description="The key's project (LogTide's field).")
 
 
 class LogsPage(BaseModel):
     logs: list[LogOut]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page.")
+    total: int = Field(description="Records the filter keeps (from bucket summaries).")
+    total_exact: bool = Field(
+        description="False: `total` is a lower bound (the count stopped at its read budget)."
+    )
+    limit: int
+    offset: int
+    nextCursor: str | None = Field(None, description="LogTide's name of `next_cursor`.")
 
 
 class Health(BaseModel):

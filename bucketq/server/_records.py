@@ -3,6 +3,7 @@ before it hands records to the reservoir: the count limit and BSON encodability.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -84,6 +85,15 @@ def check_storable(name: str, records: list[dict[str, Any]], decoded: int) -> No
     check_amplification(size, decoded, len(records))
 
 
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+
+
+def text_id(v: str) -> str:
+    """A trace or span id as stored: hex in lower case (one id whatever its case), any
+    other text as given."""
+    return v.lower() if _HEX.match(v) else v
+
+
 def log_record(project: str, r: LogIn) -> dict[str, Any]:
     # Times stay datetimes (aware, UTC: the model made them so): storage keeps them as
     # they are, instead of parsing back the ISO text they would be made into here.
@@ -92,9 +102,9 @@ def log_record(project: str, r: LogIn) -> dict[str, Any]:
     if r.metadata is not None:
         rec["metadata"] = r.metadata
     if r.trace_id is not None:
-        rec["trace_id"] = r.trace_id.lower()
+        rec["trace_id"] = text_id(r.trace_id)
     if r.span_id is not None:
-        rec["span_id"] = r.span_id.lower()
+        rec["span_id"] = text_id(r.span_id)
     if r.session_id is not None:
         rec["session_id"] = r.session_id
     if r.hostname is not None:

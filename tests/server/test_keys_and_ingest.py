@@ -118,7 +118,8 @@ def test_validation_names_the_field_and_index_and_stores_nothing(
         ("message", "", 422),
         ("message", 12, 422),
         ("metadata", [1, 2], 422),
-        ("span_id", "not-hex", 422),
+        ("span_id", "x" * 129, 422),
+        ("trace_id", "a\x01b", 422),
         ("metadata", {"a\x00b": 1}, 422),  # BSON cannot store it: caught before queueing
         ("metadata", {"big": 2**70}, 422),
     ]
@@ -171,13 +172,13 @@ def test_malformed_bodies_are_400_with_a_request_id(
 def test_size_limits_are_413(serve: Serve, keys, mongo_client: MongoClient) -> None:
     project = _project()
     with serve.client(keys(project)) as c:
-        big = log_batch(1, prefix="x" * (6 * 1024 * 1024))
+        big = log_batch(1, prefix="x" * (13 * 1024 * 1024))
         r = c.post("/api/v1/ingest", json=big)
         assert r.status_code == 413 and "BUCKETQ_MAX_BODY_BYTES" in r.json()["message"]
 
         def chunks():  # no Content-Length: the limit holds while streaming
             yield b'{"logs": [{"time": "2024-05-01T10:00:00Z", "service": "a", "level": "info", "message": "'
-            for _ in range(6):
+            for _ in range(13):
                 yield b"y" * (1024 * 1024)
             yield b'"}]}'
 

@@ -37,7 +37,9 @@ def test_docs_configuration_table_is_the_rendered_one() -> None:
 def test_config_from_env_names_the_bad_variable() -> None:
     cfg = from_env({"BUCKETQ_MAX_RECORDS": "50", "BUCKETQ_TEE_STREAM": "logs"})
     assert (
-        cfg.max_records == 50 and cfg.tee_stream == "logs" and cfg.max_body_bytes == 5 * 1024 * 1024
+        cfg.max_records == 50
+        and cfg.tee_stream == "logs"
+        and cfg.max_body_bytes == 12 * 1024 * 1024
     )
     for env, value in (("BUCKETQ_MAX_BODY_BYTES", "lots"), ("BUCKETQ_KEY_CACHE_MS", "5000"),
                        ("BUCKETQ_MAX_RECORDS", "0"), ("BUCKETQ_TEE_STREAM", "a$b"),

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-#: The service's default body limit (BUCKETQ_MAX_BODY_BYTES).
+#: The size of the hostile bodies (5 MiB): under the service's default body limit.
 BODY_LIMIT = 5 * 1024 * 1024
 OTLP_RECORDS = 2_600_000
 DEPTH = 100_000

@@ -1,4 +1,6 @@
-"""OTLP/HTTP ``POST /v1/logs`` and ``/v1/traces`` (protobuf or JSON, gzip or not).
+"""OTLP/HTTP ``POST /v1/logs`` and ``/v1/traces`` (protobuf or JSON, gzip or not), and
+LogTide's paths for them, ``/v1/otlp/logs`` and ``/v1/otlp/traces`` (its SDK's exporters
+post there).
 
 Answers are in the request's content type: ``Export*ServiceResponse`` (with
 ``partial_success`` when records were rejected) or a ``google.rpc.Status``.
@@ -102,6 +104,8 @@ def _records(kind: str, body: bytes, mtype: str, project: str,
 
 
 @router.post(OTLP_PREFIX + "logs", name="otlp_logs", summary="OTLP/HTTP logs export", **_ROUTE)
+@router.post(OTLP_PREFIX + "otlp/logs", name="otlp_logs_logtide",
+             summary="OTLP/HTTP logs export (LogTide's path)", **_ROUTE)  # fmt: skip
 async def otlp_logs(request: Request, svc: Svc, project: Project,
                     idempotency_key: IdempotencyKey = None) -> Response:  # fmt: skip
     return await _export("logs", svc, request, project, idempotency_key)
@@ -109,6 +113,8 @@ async def otlp_logs(request: Request, svc: Svc, project: Project,
 
 @router.post(OTLP_PREFIX + "traces", name="otlp_traces", summary="OTLP/HTTP traces export",
              **_ROUTE)  # fmt: skip
+@router.post(OTLP_PREFIX + "otlp/traces", name="otlp_traces_logtide",
+             summary="OTLP/HTTP traces export (LogTide's path)", **_ROUTE)  # fmt: skip
 async def otlp_traces(request: Request, svc: Svc, project: Project,
                       idempotency_key: IdempotencyKey = None) -> Response:  # fmt: skip
     return await _export("traces", svc, request, project, idempotency_key)

@@ -1,8 +1,8 @@
-"""``GET /api/v1/logs``: one page of the key's project's log records, newest first."""
+"""``GET /api/v1/logs``: one page of the key's project's log records, newest first, by
+cursor (``next_cursor``) or by ``offset`` (LogTide's paging), with their ``total``."""
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Annotated
 
@@ -35,8 +35,15 @@ async def read_logs(
     to: Annotated[UtcTime | None, Query(description="Newest time (exclusive).")] = None,
     q: Annotated[str | None, Query(max_length=200, description="Substring of the message (any case).")] = None,
     limit: Annotated[int, Query(ge=1, le=DEFAULT_QUERY_MAX_LIMIT)] = 100,
+    offset: Annotated[int, Query(ge=0, le=_query.MAX_OFFSET, description=(
+        "Records to skip (LogTide's paging); `offset + limit` at most "
+        f"{_query.MAX_OFFSET}: past it, go on with `cursor`."))] = 0,
     cursor: Annotated[str | None, Query(max_length=500, description="next_cursor of the previous page.")] = None,
 ) -> Response:  # fmt: skip
+    if offset + limit > _query.MAX_OFFSET:
+        raise ApiError(400, "Bad request", f"offset + limit is {offset + limit}; offset paging "
+                       f"reaches {_query.MAX_OFFSET} records at most: go on with the page's "
+                       "next_cursor as `cursor` (offset 0).")  # fmt: skip
     try:
         after = _query.decode_cursor(cursor) if cursor else None
     except _query.CursorError as exc:
@@ -47,7 +54,9 @@ async def read_logs(
         # pymongo's deadline (the server gives up on the query too), not the event loop's:
         # cancelling the driver mid-reply (asyncio.wait_for) left its connections wedged,
         # and every later read, ingest and /ready failed until a restart.
-        page = await _query.read_page(svc, project, flt, limit, budget)
+        records, next_before, total = await _query.read_offset_page(
+            svc, project, flt, limit, offset, budget
+        )
     except Overloaded:
         raise
     except Exception as exc:
@@ -55,15 +64,10 @@ async def read_logs(
         raise svc.unavailable(
             f"Storage did not answer the read within {budget:g} s (BUCKETQ_READ_TIMEOUT_MS)."
         ) from exc
-    nxt = _query.encode_cursor(page.next_before) if page.next_before else None
-    logs = [_query.log_out(d) for d in page.records]
+    nxt = _query.encode_cursor(next_before) if next_before else None
     # Rendered here, not by the response model: stored data (written by any client of
     # the database) must not make a read fail; log_out made every value JSON.
-    for rec in logs:
-        rec["time"] = rec["time"].isoformat() if rec["time"] is not None else None
-    body = {"logs": logs, "next_cursor": nxt}
-    try:
-        text = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:  # a lone surrogate stored by another writer
-        text = json.dumps(body, separators=(",", ":")).encode()
-    return Response(text, media_type="application/json")
+    body = {"logs": [_query.shown(d, project) for d in records], "next_cursor": nxt,
+            "total": total.count, "total_exact": total.exact, "limit": limit,
+            "offset": offset, "nextCursor": nxt}  # fmt: skip
+    return Response(_query.render(body), media_type="application/json")
