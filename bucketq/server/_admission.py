@@ -40,8 +40,11 @@ from ._framing import StrictConnection
 from ._middleware._base import Middleware
 from ._middleware.answer_headers import NOSNIFF
 
-#: Routes never refused nor given a deadline: liveness, readiness, metrics, the docs.
-EXEMPT = frozenset({"/health", "/ready", "/metrics", "/docs", "/openapi.json"})
+#: Routes never refused nor given a deadline: liveness, readiness, metrics, the docs, and
+#: the live log stream (open for as long as its reader stays; it has its own limits:
+#: ``BUCKETQ_MAX_STREAMS``, ``BUCKETQ_STREAMS_PER_PROJECT``).
+EXEMPT = frozenset({"/health", "/ready", "/metrics", "/docs", "/openapi.json",
+                    "/api/v1/logs/stream"})  # fmt: skip
 READ_PATH = "/api/v1/logs"
 _CLOSE = (b"connection", b"close")
 

@@ -37,7 +37,7 @@ from ._middleware import (
     RequestHead,
     RequestId,
 )
-from ._routes import ingest, ops, otlp, query
+from ._routes import ingest, logtide, ops, otlp, query
 from ._service import AT_FORCED_EXIT, Service
 
 __all__ = ["AT_FORCED_EXIT", "create_app"]
@@ -130,7 +130,7 @@ def create_app(
     app.add_middleware(AnswerHeaders)
     from ..console import router as console
 
-    for r in (ingest.router, otlp.router, query.router, ops.router, console):
+    for r in (ingest.router, otlp.router, query.router, logtide.router, ops.router, console):
         app.include_router(r)
     _document_bodies(app)
     return app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, Security
+from fastapi import Depends, Header, Query, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from ..errors import Overloaded
@@ -47,6 +47,28 @@ async def project_of(
         key = one_key(api_key, bearer.credentials if bearer is not None else None)
     except KeyConflict as exc:
         raise ApiError(400, "Bad request", str(exc)) from None
+    return await _project_of_key(svc, key)
+
+
+async def stream_project_of(
+    svc: Svc,
+    token: Annotated[str | None, Query(max_length=200, description=(
+        "The API key, for clients that cannot send a header (a browser's EventSource): "
+        "taken on this route only, as LogTide does, and never logged."))] = None,
+    api_key: Annotated[str | None, Security(_api_key)] = None,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
+) -> str:  # fmt: skip
+    """:func:`project_of`, the key also taken from the ``token`` query parameter."""
+    try:
+        key = one_key(api_key, bearer.credentials if bearer is not None else None)
+        key = one_key(key, token)
+    except KeyConflict as exc:
+        raise ApiError(400, "Bad request", str(exc).replace(
+            "X-API-Key and Authorization: Bearer", "The headers and `token`")) from None  # fmt: skip
+    return await _project_of_key(svc, key)
+
+
+async def _project_of_key(svc: Svc, key: str | None) -> str:
     if not key:
         raise ApiError(
             401, "Unauthorized", "Send an API key in X-API-Key or Authorization: Bearer."
@@ -70,6 +92,8 @@ async def project_of(
 
 #: A route's parameter for the authenticated project.
 Project = Annotated[str, Depends(project_of)]
+#: The same, the key also taken from ``token`` (the live stream's route only).
+StreamProject = Annotated[str, Depends(stream_project_of)]
 IdempotencyKey = Annotated[
     str | None,
     Header(

@@ -220,7 +220,7 @@ def test_a_query_parameter_the_route_does_not_take_is_refused(serve: Serve, keys
         r = c.get("/api/v1/logs", params={"trace_id": "ab" * 16})
         message = r.json()["message"]
         assert "'trace_id'" in message
-        assert "cursor, from, level, limit, q, service, to" in message
+        assert "cursor, from, level, limit, offset, q, service, to" in message
         # Every parameter the route takes still works, under its own name (from, not from_).
         r = c.get("/api/v1/logs", params={"from": "2024-01-01T00:00:00Z", "to": "2030-01-01T00:00:00Z",
                                           "level": "info", "service": "api", "q": "qp", "limit": 2})  # fmt: skip
