@@ -416,3 +416,26 @@ def revoke_key(db: Any, given: str) -> dict[str, Any]:
         doc["revoked_at"] = datetime.now(UTC)
         col.update_one({"_id": doc["_id"]}, {"$set": {"revoked_at": doc["revoked_at"]}})
     return {k: doc.get(k) for k in ("prefix", "project", "name", "revoked_at")}
+
+
+#: Each project's settings (``{_id: project, retention_days}``): kept beside its keys.
+PROJECTS_COLLECTION = "api_keys.projects"
+
+
+def set_retention(db: Any, project: str, days: int) -> None:
+    """Keep ``project``'s log records ``days`` days (0: forever); ``bucketq serve`` takes
+    it within a minute, for the buckets it writes and the ones stored."""
+    if not isinstance(days, int) or isinstance(days, bool) or days < 0:
+        raise ConfigurationError(f"days must be a whole number, 0 or more; got {days!r}.")
+    db.get_collection(PROJECTS_COLLECTION).update_one(
+        {"_id": check_project(project)}, {"$set": {"retention_days": days}}, upsert=True
+    )
+
+
+def retention_settings(db: Any) -> dict[str, int]:
+    """Each project's retention in days, where one was set (0: forever)."""
+    return {
+        str(d["_id"]): int(d["retention_days"])
+        for d in db.get_collection(PROJECTS_COLLECTION).find({}, {"retention_days": 1})
+        if isinstance(d.get("retention_days"), int)
+    }

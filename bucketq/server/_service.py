@@ -87,6 +87,8 @@ class Service:
         #: console's watch reads): with ``--workers``, ``/metrics`` adds this worker's.
         self.shared_collectors: list[Any] = []
         self._lag_watch: asyncio.Task[None] | None = None
+        #: Projects' own retention in days (``bucketq keys retention``), read every sweep.
+        self.retentions: dict[str, int] = {}
         #: Whether storage takes records: one log line per change, not one per request.
         self.storage_state = StorageState()
 
@@ -112,7 +114,7 @@ class Service:
         )
         # Every write a 200 reports (records, the idempotency claim, the tee) on disk.
         self.db = db.with_options(write_concern=durable_write_concern(None, db.write_concern))
-        self.storage = MongoReservoir(self.db, retention_days=cfg.retention_days or None,
+        self.storage = MongoReservoir(self.db, retention_days=self.retention_of,
                                       log_layout=cfg.log_layout)  # fmt: skip
         self.reservoir = wrap_reservoir(
             self.storage, self.buffer_config, db=self.db, registry=self.registry
@@ -140,6 +142,12 @@ class Service:
         )
         return self
 
+    def retention_of(self, project: str) -> float | None:
+        """Days ``project``'s records are kept (None: forever): its own setting, else
+        ``BUCKETQ_RETENTION_DAYS``."""
+        days = self.retentions.get(project, self.config.retention_days)
+        return days or None
+
     async def _expire_loop(self) -> None:
         """Delete expired log buckets every :data:`EXPIRE_EVERY_S` (MongoDB's TTL monitor
         does too where there is one); say once at start what the old layout still holds."""
@@ -153,9 +161,15 @@ class Service:
                             "moves them into buckets", left, store.legacy.name)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a check at start, not worth failing for
             log.info("counting old-layout log records failed: %s", exc)
+        from ._keys import PROJECTS_COLLECTION
+
         while True:
             try:
-                n = await store.expire()
+                docs = await self.db.get_collection(PROJECTS_COLLECTION).find({}).to_list(10_000)
+                self.retentions = {str(d["_id"]): int(d["retention_days"]) for d in docs
+                                   if isinstance(d.get("retention_days"), int)}  # fmt: skip
+                # A project's shortened setting applies to the buckets stored already.
+                n = await store.expire(projects=list(self.retentions))
                 if n:
                     log.info("retention: %d expired log buckets deleted", n)
             except Exception as exc:  # noqa: BLE001 - the next sweep tries again

@@ -93,13 +93,29 @@ def _keys(args: argparse.Namespace) -> int:
                 print(key, flush=True)
             elif args.keys_command == "list":
                 rows = keys.list_keys(db, args.project)
-                print(f"{'KEY':<14} {'PROJECT':<20} {'CREATED':<20} {'REVOKED':<20} NAME")
+                kept = keys.retention_settings(db)
+                from ._config import from_env
+
+                default = from_env().retention_days  # BUCKETQ_RETENTION_DAYS
+                print(
+                    f"{'KEY':<14} {'PROJECT':<20} {'RETENTION':<10} {'CREATED':<20} {'REVOKED':<20} NAME"
+                )
                 for r in rows:
                     created = f"{r['created_at']:%Y-%m-%d %H:%M:%S}" if r.get("created_at") else ""
                     revoked = f"{r['revoked_at']:%Y-%m-%d %H:%M:%S}" if r.get("revoked_at") else "-"
-                    print(
-                        f"{r['prefix'] + '...':<14} {r['project']:<20} {created:<20} {revoked:<20} {r.get('name', '')}"
+                    days = kept.get(r["project"], default)
+                    ret = (
+                        "-"
+                        if r["project"] == keys.OPERATOR
+                        else (f"{days}d" if days else "forever")
                     )
+                    print(
+                        f"{r['prefix'] + '...':<14} {r['project']:<20} {ret:<10} {created:<20} {revoked:<20} {r.get('name', '')}"
+                    )
+            elif args.keys_command == "retention":
+                keys.set_retention(db, args.project, args.days)
+                how = f"{args.days} days" if args.days else "forever"
+                print(f"project {args.project!r} keeps its log records {how}")
             else:
                 r = keys.revoke_key(db, args.key_prefix)
                 print(f"revoked {r['prefix']}... of project {r['project']!r}")
@@ -196,7 +212,9 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=_serve)
 
     k = sub.add_parser("keys", help="create, list or revoke ingest API keys")
-    ks = k.add_subparsers(dest="keys_command", required=True, metavar="{create,list,revoke}")
+    ks = k.add_subparsers(
+        dest="keys_command", required=True, metavar="{create,list,retention,revoke}"
+    )
     c = ks.add_parser("create", help="create a key for a project; prints it alone on the last line")
     c.add_argument("--project", help="the project the key reads and writes")
     c.add_argument("--operator", action="store_true",
@@ -208,6 +226,12 @@ def add_parsers(sub: Any) -> None:
     ls.add_argument("--project", help="only this project's keys")
     _db_options(ls)
     ls.set_defaults(func=_keys)
+    rt = ks.add_parser("retention", help="how long a project's log records are kept")
+    rt.add_argument("--project", required=True)
+    rt.add_argument("--days", type=int, required=True,
+                    help="days (0: forever); default for a project without one: BUCKETQ_RETENTION_DAYS")  # fmt: skip
+    _db_options(rt)
+    rt.set_defaults(func=_keys)
     r = ks.add_parser("revoke", help="revoke a key; it fails within a second")
     r.add_argument(
         "key_prefix", metavar="KEY_PREFIX", help="the key, or its start as `keys list` shows it"
