@@ -297,9 +297,10 @@ class ProjectReads:
     """Log reads of each project: at most ``limit`` served at once, and no more than
     ``share`` of the time while another project is served (each read's seconds are a
     debt that drains at ``share`` per second; past ``burst`` seconds of debt the
-    project's reads are refused until it has drained, if another project read or
-    ingested within the last ``window`` seconds: alone, a project may use the whole
-    store). One more read waits for a place up to ``wait`` seconds (a console page and
+    project's reads are refused until it has drained). Only reads while another project
+    is served (it read or ingested within the last ``window`` seconds) are owed and only
+    then are reads refused: alone, a project may use the whole store, and what it read
+    alone is not held against it when a neighbour arrives. One more read waits for a place up to ``wait`` seconds (a console page and
     its tail overlapping), behind at most ``waiting`` others; past either bound it is
     refused (429 + ``Retry-After``), never queued without bound: a project's readers,
     however many and however fast, leave the store to the others most of the time."""
@@ -313,7 +314,7 @@ class ProjectReads:
         waiting: int = 8,
         share: float = 0.25,
         burst: float = 5.0,
-        window: float = 10.0,
+        window: float = 3.0,
         clock: Any = None,
     ) -> None:
         import time
@@ -391,7 +392,8 @@ class ProjectReads:
         finally:
             sem.release()
             now = self.clock()
-            self._debt[project] = (self._owed(project, now) + (now - started), now)
+            read = now - started if self._others_active(project, now) else 0.0
+            self._debt[project] = (self._owed(project, now) + read, now)
             if len(self._debt) > 10_000:  # drained debts first: a bounded map
                 for p in [p for p in self._debt if not self._owed(p, now)]:
                     del self._debt[p]
