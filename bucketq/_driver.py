@@ -79,8 +79,8 @@ def boundary(what: str) -> Callable[[F], F]:
 
             return cast(F, awrapper)
 
-        # try/except, not ``translating()``: a context manager costs ~1 µs a call, and
-        # commit() of one item is a call per item.
+        # try/except, not ``translating()``: a context manager adds its cost to every
+        # call, and commit() of one item is a call per item.
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:

@@ -46,9 +46,8 @@ _COMMAND = "secantusd-py"
 #: glibc malloc settings for the server process, unless the caller's environment sets
 #: them. The server decodes every document a scan touches into fresh memory; with
 #: glibc's default 128 KiB trim threshold the heap is given back to the kernel after
-#: each scan and the next one page-faults it in again, which was half the time of a
-#: claim over 100 buckets of ~110 KB (20 ms -> 9 ms measured here). It keeps up to
-#: this much freed memory mapped.
+#: each scan and the next one page-faults it in again, a large part of a claim's time.
+#: It keeps up to this much freed memory mapped.
 _MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 LOG_FILE = "secantusd.log"
 LOCK_FILE = "bucketq.lock"
@@ -411,7 +410,7 @@ class EmbeddedServer:
     ``port=0`` picks a free port; the port is kept across :meth:`restart` so
     clients reconnect by themselves. Without ``storage_path`` a temporary
     directory is created and removed by :meth:`stop` (``keep_data=False``).
-    ``standalone=True`` advertises a standalone topology: 5-8x faster writes,
+    ``standalone=True`` advertises a standalone topology: much faster writes,
     but no change streams and no retryable writes. ``test_commands=True`` enables
     mongod's test-only commands (``configureFailPoint``), which fault tests use.
 
@@ -803,8 +802,8 @@ def _wake_accept(host: str, port: int, deadline: float, gone: Callable[[], bool]
     """Wait until ``gone()`` or the deadline, connecting to the server now and then.
 
     secantusd-py's SIGTERM handler closes its listening socket and then waits up to 2 s
-    for its accept thread, which wakes only when a connection arrives: that was half of
-    ``bucketq serve``'s 4 s stop. A connection 0.1 s after the signal (the handler has
+    for its accept thread, which wakes only when a connection arrives, so every stop would
+    wait it out. A connection 0.1 s after the signal (the handler has
     run by then) lets it exit at once; once the socket is gone, connecting is refused
     and the waking stops."""
     wake = port > 0

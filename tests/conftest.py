@@ -39,13 +39,13 @@ from waiting import eventually, eventually_async
 
 # PYTHONDONTWRITEBYTECODE=1 (set in this machine's environment) also stops pytest from
 # caching the test modules it rewrites for its assertion messages, so every xdist worker
-# rewrote all of them again: about 1.3 s of CPU a worker (a collection took 3.5 s of CPU,
-# 2.2 s with the cache). Only this process writes again; __pycache__ is ignored by git.
+# rewrote all of them again, a CPU cost in every worker. Only this process writes again;
+# __pycache__ is ignored by git.
 sys.dont_write_bytecode = False
 
 # No per-example deadline: a property test checks what a function returns, not how fast
-# (speed is the benchmarks' business); under a loaded machine the default 200 ms deadline
-# failed pure-function properties (seen: stream's idle_nap at load 18).
+# (speed is the benchmarks' business), and on a loaded machine the default deadline fails
+# pure-function properties.
 settings.register_profile("bucketq", deadline=None)
 settings.load_profile("bucketq")
 
@@ -93,8 +93,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: The work units (xdist groups, else test files) that take longest, longest first: they
 #: start first, so none of them begins near the end of the run and becomes its tail.
 #: ``--no-loadscope-reorder`` (addopts) keeps this order; xdist's default would order the
-#: units by their number of tests, and the two-test Spark restart group started after 60%
-#: of the suite (its ~2.5 minutes were then the run's last). Other units follow, the
+#: units by their number of tests, so a long group of few tests (the Spark restarts)
+#: would start late and be the run's tail. Other units follow, the
 #: ones with more tests first (xdist's own default).
 LONGEST_FIRST = (
     "spark-cluster",

@@ -1,7 +1,7 @@
 """`bucketq bench celery` end to end at a tiny N, bucketq alone (its peers need Redis and
 RabbitMQ, which the bench only uses): the figures a user reads, and that neither a killed
 worker nor a killed server lost a task. No timing thresholds. It starts four Celery workers
-and kills and restarts an embedded server: about 40 s on a quiet machine."""
+and kills and restarts an embedded server, so it is one of the slow tests."""
 
 from __future__ import annotations
 

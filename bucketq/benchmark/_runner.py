@@ -317,10 +317,8 @@ FULL = Preset(sizes=(10_000, 100_000, 1_000_000), procs=(1, 2, 4), element_n=1_0
 
 #: An embedded server the benchmark started is started afresh for every (N, processes)
 #: group, and before any run once this many items went through it: its cost per
-#: operation grows with the history it keeps (measured: per-element pushes fell from
-#: ~850/s on a fresh server to 35-140/s after the earlier groups' 100,000-item runs, and it
-#: stayed at ~95% CPU after the 1,000,000-item runs were dropped), so the order of the
-#: runs would decide their figures.
+#: operation grows with the history it keeps, so the order of the runs would otherwise
+#: decide their figures.
 FRESH_SERVER_AFTER = 1_000_000
 
 

@@ -44,8 +44,8 @@ PAGE = 50
 TAIL_LIMIT = 100
 TAIL_SLACK = timedelta(seconds=10)
 #: Characters of a message a list of records (and the live tail) shows, and of a service
-#: name: a table cell holding a 200,000-character word kept the browser laying the page out
-#: for seconds. The record's own page shows the whole message.
+#: name: a table cell holding a very long word keeps the browser laying the page out for
+#: long. The record's own page shows the whole message.
 LIST_CHARS = 500
 SHOWN_SERVICE = 100
 #: Longest a console read may take before the page says storage is slow.

@@ -41,21 +41,18 @@ log = logging.getLogger("bucketq.reservoir.bucketq")
 T = TypeVar("T")
 
 #: Seconds between a busy shard queue's inserts (see ``CommitSlots``;
-#: ``RESERVOIR_BUFFER_BUCKETQ_COMMIT_WINDOW_MS``). Measured with ``bucketq bench ingest
-#: --quick --sweep --mode bucketq``, one run each (load 1-3; p50 / p95 ms at 100
-#: requests/s, MongoDB commands per request, the highest rate sustained): slots of 10 ms:
-#: 6.6 / 26.5, 1.09, 400 requests/s; every bucket 10 ms after it opened (before): 15.2 /
-#: 26.3, 0.63, 400; at once unless an insert was in flight (0): 6.0 / 27.3, 1.07, 200 (at
-#: 400 the server could not keep up with its 245 commands/s).
+#: ``RESERVOIR_BUFFER_BUCKETQ_COMMIT_WINDOW_MS``): short enough to stay a small part of
+#: an answer's latency, long enough that a busy queue's ingests share inserts and the
+#: server keeps up at rates where an insert per ingest would overwhelm it.
 DEFAULT_COMMIT_WINDOW = 0.01
 
 #: Queue options of the shard queues unless given: fine mature slots (retry delays of
 #: 100 ms stay short); the lease is the queue's 30 s unless given (``RESERVOIR_BUFFER_BUCKETQ_LEASE_MS``
 #: gives it through the factory). No change streams: every process that pushes to a shard also consumes it, and its own
 #: inserts wake its consumer in-process, so a watcher per shard queue only added reads
-#: (measured: getMores were 70% of the bucketq mode's MongoDB commands at 100 requests/s,
-#: ~2,800 per 1,000 records). What other processes leave behind (their buckets whose lease
-#: ran out, their delayed retries) is found by polling every ``poll_interval``.
+#: (its getMores would be most of the mode's MongoDB commands). What other processes
+#: leave behind (their buckets whose lease ran out, their delayed retries) is found by
+#: polling every ``poll_interval``.
 #: ``hold_pushed``: a shard queue holds the buckets it writes (inserted leased to it), so
 #: its consumer claims none of them: one command per bucket fewer.
 DEFAULT_QUEUE_OPTIONS: dict[str, Any] = {

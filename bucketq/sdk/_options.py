@@ -24,8 +24,8 @@ from ..errors import ConfigurationError
 DEFAULT_QUEUE_SIZE = 1000
 #: sender threads per configuration, each with its own HTTP connection pool
 DEFAULT_WORKERS = 2
-#: records per POST (the server's cost is mostly per request: 500 delivered ~3x what
-#: 100 did, with a fifth of the senders' requests competing with the application)
+#: records per POST (the server's cost is mostly per request, and fewer requests mean
+#: less of the senders' work competing with the application)
 DEFAULT_BATCH_SIZE = 500
 #: seconds a sender waits for a batch to fill before it sends what it has
 DEFAULT_BATCH_WAIT = 0.5

@@ -73,10 +73,9 @@ _SPILL_CHUNK = 500
 #: the spill buffer (records the full queue refused, on their way to the spill) holds up
 #: to this many times ``queue_size``. The monitor shares the interpreter lock with the
 #: application, so a hot loop of log calls outruns it for a while; a record that finds
-#: the buffer full is converted and written by the caller's own thread, 2-5x the cost of
-#: a call (at one times ``queue_size``, 300-1,500 of 100,000 calls in a hot loop did
-#: that, and they were a third to a half of the slowest 1%). A queued record is a tuple of
-#: about 250 bytes: 4,000 of them are about 1 MB.
+#: the buffer full is converted and written by the caller's own thread, several times the
+#: cost of a call, and such calls make up much of the slowest calls. A queued record is a
+#: tuple of about 250 bytes: 4,000 of them are about 1 MB.
 SPILL_BUFFER_QUEUES = 4
 #: a replay stops (to start again later) when the queue is this full with new records
 REPLAY_YIELD_PERCENT = 50.0

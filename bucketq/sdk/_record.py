@@ -96,8 +96,8 @@ def extra_of(record: logging.LogRecord) -> tuple[Any, ...] | None:
 
     A tuple, not a dict: a tuple holding only strings, numbers and such is untracked by
     the garbage collector at its first collection, so queued records are never promoted
-    to the old generation and never make a full collection (tens of ms over every
-    object of the program) come sooner; a tuple holding a dict stays tracked."""
+    to the old generation and never make a full collection (a walk over every object of
+    the program) come sooner; a tuple holding a dict stays tracked."""
     d = record.__dict__
     if len(d) <= _PLAIN:
         return None

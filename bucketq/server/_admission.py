@@ -412,9 +412,8 @@ class RecordGate:
     getting through ``rate`` records a second, a request's records wait about
     ``(in_flight + n) / rate`` seconds. Past half its remaining budget the request is
     refused at once, instead of being handed to storage, timing out, and being stored
-    anyway after its 503 (measured at twice the capacity, buffer off: 10 such requests
-    of 150 in 10 s before this bound). ``rate`` is measured over the time records were
-    in flight (busy time), so a quiet service does not look slow."""
+    anyway after its 503. ``rate`` is measured over the time records were in flight
+    (busy time), so a quiet service does not look slow."""
 
     #: Share of a request's remaining budget its records may be expected to wait.
     WAIT_SHARE = 0.5
@@ -423,8 +422,8 @@ class RecordGate:
     SAMPLE_S = 0.5
     ALPHA = 0.5
     #: Records in flight at most before the rate is measured: at the start of a burst
-    #: nothing is known, and admitting all of it is what timed out (measured: 45
-    #: requests' records stored after their 503 in the first seconds of an overload).
+    #: nothing is known, and admitting all of it would time out and store records after
+    #: their 503.
     COLD_RECORDS = 2000
 
     def __init__(self, limit: int, retry_after: float, clock: Any = None) -> None:

@@ -47,9 +47,8 @@ log = logging.getLogger("bucketq.server")
 #: How long a thread holds the interpreter lock before another that waits for it gets it
 #: (Python's default is 5 ms). A large body is decoded on a thread (Service.offload), and
 #: every answer on the event loop then waits up to this long for the lock, each time it
-#: needs it. Measured (bucketq bench ingest --limits --only hostile --mode memory, quiet
-#: machine, load 0.4-0.9): the good traffic's p99 beside the hostile bodies was x2.43 and
-#: x2.85 its p99 without them at 5 ms, x1.16 and x1.34 at 1 ms.
+#: needs it: a shorter interval keeps good traffic's latency beside hostile bodies close
+#: to its latency without them.
 SWITCH_INTERVAL_S = 0.001
 
 DESCRIPTION = """Log, span and metric ingestion over bucketq's reservoir (MongoDB storage with
@@ -91,8 +90,8 @@ def create_app(
             await svc.close()
             raise
         # What is loaded and built by now lives as long as the process: out of the
-        # collector's sight, a full collection no longer walks it (about 73,000 objects,
-        # 10 ms: a pause every request waits out, /health too).
+        # collector's sight, a full collection no longer walks it (a pause every request
+        # waits out, /health too).
         gc.freeze()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         listen = getattr(app.state, "listen_url", None)

@@ -147,9 +147,8 @@ class KeyCache:
     A lookup is shared: while one is in flight for a key, every other request with that
     key awaits it instead of sending its own. Without that, when the entry expires under
     load every concurrent request misses at once, each sends a ``find``, and on a slow
-    storage server the lookups outlive the ``ttl`` so that every request keeps missing
-    (measured with ``bucketq bench ingest``: ~0.7 key lookups per request at 100
-    requests/s on the embedded server). The entry is stamped with the lookup's start,
+    storage server the lookups outlive the ``ttl`` so that every request keeps missing.
+    The entry is stamped with the lookup's start,
     so a revoked key still stops working within ``ttl`` of its revocation being read.
 
     Every wait is bounded by the caller's ``timeout`` (its request's remaining budget):

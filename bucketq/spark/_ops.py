@@ -45,8 +45,8 @@ DEFAULT_NUM_PARTITIONS = 2
 log = logging.getLogger("bucketq.spark")
 
 #: Rows per micro-batch of a streaming read unless ``maxRowsPerTrigger`` says otherwise:
-#: large enough that a micro-batch's fixed cost (planning, tasks, the sink's commit,
-#: about 0.3 s on local[2]) is a small part of it, small enough that a backlog is read in
+#: large enough that a micro-batch's fixed cost (planning, tasks, the sink's commit) is
+#: a small part of it, small enough that a backlog is read in
 #: several micro-batches (a failed one is read again whole).
 DEFAULT_MAX_ROWS_PER_TRIGGER = 1_000_000
 #: Buckets a task inserts per command.
@@ -252,7 +252,7 @@ _std_json = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False, default=_json_default
 ).encode
 
-try:  # the spark extra installs it: 3-4x the standard library's encoder per payload
+try:  # the spark extra installs it: faster than the standard library's encoder
     from orjson import JSONEncodeError as _OrjsonError
     from orjson import dumps as _orjson_dumps
 except ImportError:  # pragma: no cover

@@ -11,9 +11,9 @@ Python workers: Spark starts its Python processes with ``$SPARK_HOME/python/lib/
 first on ``PYTHONPATH``, and Python compiles every module it imports from a zip anew in
 each process (the zip holds sources only). A streaming query's source runs in such a
 process, started when the query starts, and the JVM gives it 10 s to connect back
-(``PythonWorkerFactory``, not configurable): compiling pyspark took 0.7-0.8 s of CPU
-against 0.27 s for the installed, compiled package, and on a loaded machine it missed
-the 10 s ("Python worker failed to connect back"). When the zip is the installed
+(``PythonWorkerFactory``, not configurable): compiling pyspark costs far more CPU than
+importing the installed, compiled package, and on a loaded machine it can miss the 10 s
+("Python worker failed to connect back"). When the zip is the installed
 pyspark's own copy (a pip-installed pyspark, whose package directory is SPARK_HOME), a
 local session runs its workers through a small script that takes the zip off
 ``PYTHONPATH``, so they import the same pyspark, compiled.

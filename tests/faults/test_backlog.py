@@ -1,12 +1,11 @@
 """Two consumer processes working down a large backlog deliver every item once.
 
 Behind ``-m soak`` (not in CI): with 600,000 items already stored, the embedded server's
-claims scan ~60 MB each and take longer than a short lease. Before the fix (2026-11-22)
-a consumer counted its lease from when its claim returned, not from when it was sent, so
-a claim slower than the lease served a bucket whose lease had already run out, and the
-other consumer took it over: 2,048 items came twice here, and ``bucketq bench`` at
-N=1,000,000, P=2 failed its exactly-once check. tests/faults/test_slow_claim.py shows
-the same deterministically with a failpoint; this is the load that found it.
+claims scan the whole backlog and take longer than a short lease. A consumer counts its
+lease from when its claim was sent, not from when it returned: otherwise a claim slower
+than the lease would serve a bucket whose lease had already run out, and the other
+consumer would take it over and deliver its items twice. tests/faults/test_slow_claim.py
+shows the same deterministically with a failpoint; this is the load that shows it.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def _race(queues: list[Queue], want: int, deadline: float = 120.0) -> list[list[
 @pytest.mark.parametrize("claim", ["find_and_modify", "find_then_update"])
 def test_two_consumers_never_claim_a_bucket_twice(mongo_uri, db, claim, partitions):
     # Buckets are sealed by size only: a pause of the pushing thread on a busy machine
-    # must not seal one early (FAST's 50 ms bucket_max_wait did: 201 buckets).
+    # must not seal one early (as FAST's short bucket_max_wait would).
     producer = Queue(
         db,
         "q",

@@ -113,8 +113,8 @@ def test_consumer_keeps_its_commits_across_an_outage_longer_than_its_lease(local
                 "lease": 1.5,
                 "prefetch": 0,
                 "write_concern": JOURNALED,
-                # Not under test here: a slow server stop (15 s seen under load) must not
-                # make the held items look stalled and roll them back.
+                # Not under test here: a slow server stop (under load) must not make the
+                # held items look stalled and roll them back.
                 "reject_timeout_grace": 120,
             },
         )

@@ -109,7 +109,7 @@ def test_bench_on_a_dead_mongodb_says_so_in_one_line():
 
 def test_a_command_other_than_serve_does_not_need_the_server_extra():
     """Only ``bucketq serve`` imports FastAPI and uvicorn: every other command works
-    without the server extra (and does not pay its import, about 0.3 s a start)."""
+    without the server extra (and does not pay its import at every start)."""
     script = (
         "import runpy, sys\n"
         "sys.modules.update(fastapi=None, uvicorn=None)  # as if not installed\n"

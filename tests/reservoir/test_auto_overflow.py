@@ -1,4 +1,4 @@
-"""Automatic overflow (issue 13): a project whose writes keep failing while other
+"""Automatic overflow: a project whose writes keep failing while other
 projects' are stored moves to the overflow shard for a cool-down, so it neither blocks
 its shard-mates nor opens the breaker for everyone. The decision is pure
 (``ProjectOverflow``); end to end with real MongoDB storage that refuses one project."""

@@ -1,4 +1,4 @@
-"""Dispatch delay (issue 13): per kind, longer around the UTC date boundary, none for
+"""Dispatch delay: per kind, longer around the UTC date boundary, none for
 OTLP records. The decision is pure (``DelayPolicy``, clock injected); the transports
 hold delayed records durably at once and deliver them when due."""
 

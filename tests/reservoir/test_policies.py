@@ -1,5 +1,5 @@
 """Dispatch policies configured from the environment: retry presets and per-kind
-retries (issue 13)."""
+retries."""
 
 from __future__ import annotations
 

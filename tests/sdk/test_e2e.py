@@ -483,8 +483,8 @@ def test_a_spill_left_by_an_exited_program_is_sent_by_the_next_short_lived_one(
         late.start(int(url.rsplit(":", 1)[1]))
         # Another program (another service name) sending to the same server with the same
         # key, alive for less than a monitor tick, sends them on its way out. Its exit
-        # returns once nothing is pending: the long bound is for a busy machine, where
-        # 0.3 s spilled its own record (sent, but not confirmed in time).
+        # returns once nothing is pending: the long bound is for a busy machine, where a
+        # short one spills its own record (sent, but not confirmed in time).
         run(svc + "-b", 1, 60)
         assert messages(late, key, svc) == Counter(f"{svc}-{i}" for i in range(30))
         assert messages(late, key, svc + "-b") == Counter([f"{svc}-b-0"])

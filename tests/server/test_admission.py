@@ -1,5 +1,5 @@
 """Admission control, store-call deadlines, bounded metrics and the key cache of a real
-``bucketq serve`` (issue #24, items 4, 7, 8 and 12): what a client sees, never timing.
+``bucketq serve``: what a client sees, never timing.
 
 A client here waits up to 30 s for an answer: a request the service leaves hanging
 fails the test by the client's timeout, not by a measured time."""

@@ -165,7 +165,7 @@ def test_embedded_store_dies_with_serve_and_its_directory_is_guarded(home: Path)
         # A start on the directory the live second one holds: refused at once, named.
         log3 = home / "serve3.log"
         third = _serve(home, log3)
-        code = third.wait(30)  # the old failure took 60 s
+        code = third.wait(30)
         text = log3.read_text()
         assert code != 0 and "in use" in text and str(second.pid) in text, text
         assert second.poll() is None  # and the holder is untouched

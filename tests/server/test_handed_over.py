@@ -1,4 +1,4 @@
-"""What a 503 means for what is stored (issue #24): a real ``bucketq serve`` (buffer off)
+"""What a 503 means for what is stored: a real ``bucketq serve`` (buffer off)
 whose storage is frozen (SIGSTOP) while a request's records are handed to it.
 
 - a 503 given before the hand-over (the record gate, the deadline) stored nothing;

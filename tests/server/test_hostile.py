@@ -1,7 +1,7 @@
 """Hostile and careless requests against a real ``bucketq serve``: every limit holds while
 the body is decoded, the service keeps answering others meanwhile, nothing is stored
 that cannot be read back, compressed bodies are checked, idempotency keys are honest,
-and every route follows one error discipline (issue #24)."""
+and every route follows one error discipline."""
 
 from __future__ import annotations
 

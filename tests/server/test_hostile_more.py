@@ -1,4 +1,4 @@
-"""Hostile and careless requests beyond issue #24's list, against a real ``bucketq serve``:
+"""Hostile and careless requests beyond test_hostile.py's, against a real ``bucketq serve``:
 a read whose records are huge, request heads past their limits, repeated query
 parameters, HEAD on the read-only routes, and numbers a double cannot hold. Each gets
 the documented answer (docs/server.md, "Limits and overload")."""
@@ -42,8 +42,8 @@ def _raw(serve: Serve, head: bytes) -> bytes:
 
 
 def test_a_page_of_huge_records_holds_at_most_4_mib_and_the_rest_follow(serve: Serve, keys) -> None:
-    # 1,000 records of 1 MB messages, asked for in one page, were built whole in memory
-    # (a page of 200 such records raised the process's peak memory by 570 MB).
+    # 1,000 records of 1 MB messages, asked for in one page, must not be built whole in
+    # memory: the page is bounded by its stored bytes.
     big = "x" * 999_990
     with serve.client(keys(_project())) as c:
         for batch in range(2):

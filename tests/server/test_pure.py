@@ -145,7 +145,7 @@ async def test_an_exception_in_the_app_is_a_500_carrying_the_logged_request_id(c
 
 def test_bodies_are_decoded_within_their_limits() -> None:
     """The decoding limits without a server: compressed streams, value and record counts
-    before decoding, nesting named by field, the protobuf wire walk (issue #24)."""
+    before decoding, nesting named by field, the protobuf wire walk."""
     import gzip
     import json
     import zlib

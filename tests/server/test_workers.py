@@ -1,4 +1,4 @@
-"""``bucketq serve --workers 2`` (issue #24, item 13): one port served by two processes,
+"""``bucketq serve --workers 2``: one port served by two processes,
 ``/metrics`` counting both whichever answers it, and SIGTERM stopping both gracefully
 (their memory buffers flushed: every acknowledged record stored)."""
 

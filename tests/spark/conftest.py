@@ -40,10 +40,9 @@ except ImportError:
 
 #: The tests start several drivers (the session, each killed query's process) and run
 #: short jobs whose work is mostly in the Python workers: the client compiler alone and
-#: the serial collector start a driver in about 60% of the time, on two cores. Without
-#: verifying the bytecode of Spark's jars (the JDK's own classes are never verified) a
-#: driver's run took 5.4-5.5 s of CPU instead of 5.9-6.5 (a local session and two
-#: small jobs, 2026-11-25, load 3): the tests start about fifteen JVMs, and test Spark's use, not its jars.
+#: the serial collector start a driver faster on few cores. Spark's jars are not
+#: bytecode-verified (the JDK's own classes never are), which saves CPU in every one of
+#: the JVMs the tests start: they test Spark's use, not its jars.
 JVM_OPTIONS = (
     "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     " -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"

@@ -27,9 +27,8 @@ from spark_worker import committed_batches, kill_when
 from bucketq.stream import StreamQueue
 from waiting import eventually
 
-#: A driver's run here (its JVM, two executors' JVMs and Python workers, the query) took
-#: 216 s at load average 22 (two busy processes beside `-n 2`), 10% under the old
-#: bound: the bounds catch a run that hangs, never a slow one.
+#: A driver's run here (its JVM, two executors' JVMs and Python workers, the query) is
+#: slow on a loaded machine: the bounds catch a run that hangs, never a slow one.
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.xdist_group("spark-cluster"),
@@ -42,8 +41,8 @@ WORKER = str(Path(__file__).with_name("spark_worker.py"))
 RUN_TIMEOUT = 540
 #: The killed query and its restart ask for one core: one executor each, on either worker.
 #: What they test is the driver's death and its checkpoint, and the pipeline's run already
-#: spreads over both workers; two executors more (JVMs and Python workers) took about 9 s
-#: of CPU (2026-11-25).
+#: spreads over both workers; two executors more (JVMs and Python workers) would only
+#: cost CPU.
 ONE_EXECUTOR = ["--conf", "spark.cores.max=1"]
 
 

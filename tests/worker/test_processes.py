@@ -1,6 +1,6 @@
 """``bucketq worker --processes P``: worker processes killed, stuck and replaced, a
 supervisor killed and stopped; nothing is lost. Each test starts a supervisor and three
-worker processes and waits out a lease or a stuck handler: about 10 s each."""
+worker processes and waits out a lease or a stuck handler, so each takes seconds."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ RunOne = Callable[..., dict[str, Any]]
 def answers_sustained(load: dict[str, Any]) -> bool:
     """The part of :func:`sustained` the answers alone decide: a run that fails it is
     not sustained whatever is stored, so it is not waited for storage to catch up
-    (measured: that wait was most of a failed step's time in the buffer modes)."""
+    (that wait would be most of a failed step's time in the buffer modes)."""
     p95 = load["latency"]["p95_ms"]
     return (
         load["errors"] == 0 and p95 is not None and p95 < CAPACITY_P95_MS and load["kept_schedule"]

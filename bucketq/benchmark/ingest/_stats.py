@@ -24,8 +24,8 @@ DEFAULT_SWEEP_MAX_RATE = 6400.0
 #: A rate is sustained while p95 stays at or under this (seconds) with no errors.
 SWEEP_P95_LIMIT = 1.0
 #: The generator kept its schedule when its p99 lag (send start - scheduled time) stayed
-#: under this many seconds; otherwise the report says it fell behind. (On a shared
-#: 2-core machine its p99 lag is 10-20 ms at 100 requests/s: the scheduler's jitter.)
+#: under this many seconds; otherwise the report says it fell behind. (Above the
+#: scheduler's jitter on a shared machine.)
 LAG_LIMIT = 0.050
 
 #: The seed's published p95 (ms) at 100 requests/s x 10 logs for 3 minutes (k6), per

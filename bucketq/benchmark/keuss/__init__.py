@@ -38,7 +38,7 @@ QUICK_N = 5_000
 DEFAULT_ROUNDS = 3
 #: What npm installs: keuss's major version 2 (its bucket-mongo-safe backend).
 KEUSS_SPEC = "keuss@2"
-#: The goal (issue #27): bucketq this many times keuss's consume/s and end-to-end/s.
+#: The goal: bucketq this many times keuss's consume/s and end-to-end/s.
 GOAL = 15.0
 DRIVER = Path(__file__).with_name("driver.js")
 QUEUE = "bench"

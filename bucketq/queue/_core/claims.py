@@ -34,8 +34,6 @@ def part_filter(part: int | None) -> dict[str, Any]:
 #: Buckets a consumer claims in a row from one partition before it moves on to the next
 #: (fewer: more claims that find nothing when only some partitions have items, each
 #: move costing a read; more: a partition waits longer for a consumer busy elsewhere).
-#: At 8, one producer's 100 buckets took 138 claims with K=4; at 32, about 110 (when a
-#: move cost up to K-1 claims).
 ROTATION_STAY = 32
 
 
@@ -211,11 +209,10 @@ def claim_request(
 # claimable bucket in claim order and leases it, atomically. On mongod that is one
 # index walk. The embedded server (SecantusDB) plans ``findAndModify`` as a scan of
 # every stored bucket whatever the filter (each decoded, matched and sorted), and so it
-# plans any filter with a top-level ``$or`` (the ``not_leased`` term). Measured with 400
-# stored buckets of 100 KB: ``findAndModify`` on ``{_id}`` alone ~70 ms; ``update`` on
-# ``{_id, lease: null}`` ~5 ms, on ``{_id, $or: [...]}`` ~80 ms; a ``find`` of one
-# partition's head ~40-60 ms with the lease term written as ``unleased`` below, ~110 ms
-# with the ``$or``.
+# plans any filter with a top-level ``$or`` (the ``not_leased`` term) the same way.
+# An ``update`` on ``{_id, lease: null}`` is narrowed by the index, and a ``find`` of one
+# partition's head does less work with the lease term written as ``unleased`` below
+# than with the ``$or``.
 #
 # ``find_then_update``: a ``find`` of the first ``CANDIDATES`` claimable buckets of the
 # partition in claim order (newest first for a consumer that lost a race there:
