@@ -293,6 +293,34 @@ class AdmissionMetrics:
             pass
 
 
+class StreamSlots:
+    """Live streams open, per project and in all, within their limits (a service's own:
+    per process). :meth:`take` refuses one more (429 over a project's, 503 over all)."""
+
+    def __init__(self, limit: int, per_project: int, retry_after: float) -> None:
+        self.limit = limit
+        self.per_project = per_project
+        self.retry_after = retry_after
+        self.open: dict[str, int] = {}
+
+    def take(self, project: str) -> None:
+        if sum(self.open.values()) >= self.limit:
+            raise Overloaded(f"{self.limit} live streams are open, the most at once "
+                             "(BUCKETQ_MAX_STREAMS)", self.retry_after)  # fmt: skip
+        if self.open.get(project, 0) >= self.per_project:
+            raise Overloaded(f"this project has {self.per_project} live streams open, "
+                             "the most at once (BUCKETQ_STREAMS_PER_PROJECT)",
+                             self.retry_after, status=429)  # fmt: skip
+        self.open[project] = self.open.get(project, 0) + 1
+
+    def give_back(self, project: str) -> None:
+        n = self.open.get(project, 0) - 1
+        if n > 0:
+            self.open[project] = n
+        else:
+            self.open.pop(project, None)
+
+
 class ProjectReads:
     """Log reads of each project: at most ``limit`` served at once, and no more than
     ``share`` of the time while another project is served (each read's seconds are a
@@ -489,6 +517,11 @@ class RecordGate:
             self._busy, self._done = 0.0, 0
 
 
+#: The ASGI scope extension (``scope["extensions"]``) whose value drops the connection at
+#: once, unsent bytes and all.
+ABORT = "bucketq.abort"
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a request-head timeout, a connection cap, and request
     heads checked before h11 parses them (:class:`~._framing.StrictConnection`).
@@ -516,6 +549,11 @@ class GuardedH11Protocol(H11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
+        scope = getattr(self, "scope", None)
+        if scope is not None and ABORT not in scope.setdefault("extensions", {}):
+            # A response that must drop its connection now (a live stream's reader that
+            # takes nothing): uvicorn's close() waits for the unread bytes to go first.
+            scope["extensions"][ABORT] = self.transport.abort
         conn = self.conn
         if isinstance(conn, StrictConnection) and conn.refusal and not self.transport.is_closing():
             GuardedH11Protocol.refused_heads += 1

@@ -48,6 +48,7 @@ DEFAULT_STREAMS_PER_PROJECT = 4
 DEFAULT_MAX_STREAMS = 64
 #: A live stream's heartbeat comment, when no record went out for this long.
 DEFAULT_STREAM_HEARTBEAT_MS = 15000
+DEFAULT_STREAM_SEND_TIMEOUT_MS = 10000
 #: How log records are stored (``BUCKETQ_LOG_LAYOUT``).
 LOG_LAYOUTS = ("buckets", "documents")
 #: Days log records are kept (LogTide's default); 0 keeps them forever.
@@ -127,9 +128,11 @@ class ServerConfig:
     streams_per_project: int = v.option(DEFAULT_STREAMS_PER_PROJECT, v.count, lo=1, env="BUCKETQ_STREAMS_PER_PROJECT",
         help="Live log streams (`GET /api/v1/logs/stream`) of one project open at once; one more is answered 429 + `Retry-After`.")
     max_streams: int = v.option(DEFAULT_MAX_STREAMS, v.count, lo=1, env="BUCKETQ_MAX_STREAMS",
-        help="Live log streams open at once in all (per process); one more is answered 503 + `Retry-After`. A stream whose reader does not take what is sent within 10 s is closed.")
+        help="Live log streams open at once in all (per process); one more is answered 503 + `Retry-After`.")
     stream_heartbeat_ms: int = v.option(DEFAULT_STREAM_HEARTBEAT_MS, v.count, lo=100, env="BUCKETQ_STREAM_HEARTBEAT_MS",
         help="A live stream sends a heartbeat comment (`: heartbeat`) when nothing else went out for this long.")
+    stream_send_timeout_ms: int = v.option(DEFAULT_STREAM_SEND_TIMEOUT_MS, v.count, lo=100, env="BUCKETQ_STREAM_SEND_TIMEOUT_MS",
+        help="A live stream whose reader takes nothing of what is sent for this long is closed (its connection dropped, its place among the streams freed): what it does not read is not kept for it.")
     log_layout: str = v.option("buckets", v.choice, options=LOG_LAYOUTS, env="BUCKETQ_LOG_LAYOUT",
         help="`buckets`: log records packed into bucket documents (what reads and the console read). `documents`: one document per record in `logs`, as releases before the bucketed log store did: for comparing the two in `bucketq bench ingest` only; reads do not see such records.")
     retention_days: int = v.option(DEFAULT_RETENTION_DAYS, v.count, lo=0, env="BUCKETQ_RETENTION_DAYS",

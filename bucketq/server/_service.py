@@ -30,7 +30,14 @@ from ..reservoir import (
     new_record_ids,
     wrap_reservoir,
 )
-from ._admission import AdmissionMetrics, ProjectReads, RecordGate, past_deadline, remaining
+from ._admission import (
+    AdmissionMetrics,
+    ProjectReads,
+    RecordGate,
+    StreamSlots,
+    past_deadline,
+    remaining,
+)
 from ._config import DEFAULT_DATABASE, ServerConfig
 from ._http_errors import ApiError
 from ._keys import KeyCache
@@ -68,6 +75,9 @@ class Service:
         self.records = RecordGate(config.max_records_in_flight, config.retry_after_s)
         #: Log reads of each project served at once.
         self.reads = ProjectReads(config.reads_per_project, config.retry_after_s)
+        #: Live log streams open (``GET /api/v1/logs/stream``), within their limits.
+        self.streams = StreamSlots(config.max_streams, config.streams_per_project,
+                                   config.retry_after_s)  # fmt: skip
         self._expiry: asyncio.Task[None] | None = None
         self.buffer_config = buffer_config
         self.registry = registry

@@ -12,15 +12,15 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from ...errors import Overloaded
 from ...reservoir import LogAggregate, LogFilter, log_sort_key
 from .. import _query
-from .._admission import remaining
+from .._admission import ABORT, remaining
 from .._auth import Project, StreamProject
-from .._http_errors import ApiError, documented
+from .._http_errors import ApiError, documented, on_overloaded
 from .._models import TEXT_ID_CHARS, Level, UtcTime
 from .._params import KnownQuery
 from .._records import text_id
@@ -41,9 +41,6 @@ TRACE_RECORDS = 1000
 STREAM_POLL_S = 1.0
 #: Records one poll of a live stream sends at most (the newest of them).
 STREAM_BATCH = 100
-#: A stream whose reader takes nothing of what is sent for this long is closed: what it
-#: does not read is not kept for it.
-STREAM_SEND_TIMEOUT_S = 10.0
 
 
 async def _read(svc: Service, project: str, what: str, fn: Any) -> Any:
@@ -172,34 +169,6 @@ def _event(body: dict[str, Any]) -> bytes:
     return b"data: " + _query.render(body) + b"\n\n"
 
 
-class Streams:
-    """Live streams open, per project and in all, within their limits."""
-
-    def __init__(self) -> None:
-        self.open: dict[str, int] = {}
-
-    def take(self, svc: Service, project: str) -> None:
-        cfg = svc.config
-        if sum(self.open.values()) >= cfg.max_streams:
-            raise Overloaded(f"{cfg.max_streams} live streams are open, the most at once "
-                             "(BUCKETQ_MAX_STREAMS)", cfg.retry_after_s)  # fmt: skip
-        if self.open.get(project, 0) >= cfg.streams_per_project:
-            raise Overloaded(f"this project has {cfg.streams_per_project} live streams open, "
-                             "the most at once (BUCKETQ_STREAMS_PER_PROJECT)",
-                             cfg.retry_after_s, status=429)  # fmt: skip
-        self.open[project] = self.open.get(project, 0) + 1
-
-    def give_back(self, project: str) -> None:
-        n = self.open.get(project, 0) - 1
-        if n > 0:
-            self.open[project] = n
-        else:
-            self.open.pop(project, None)
-
-
-STREAMS = Streams()
-
-
 async def _new_records(
     svc: Service, project: str, flt: LogFilter, seen: set[str]
 ) -> list[dict[str, Any]]:
@@ -251,21 +220,40 @@ async def _events(
 
 
 class EventStream(Response):
-    """Server-Sent Events from an async iterator of chunks. A chunk the reader does not
-    take within :data:`STREAM_SEND_TIMEOUT_S` ends the stream (the connection is closed):
-    nothing is kept for a slow reader beyond the connection's own buffer."""
+    """Server-Sent Events from an async iterator of chunks, holding one of the service's
+    stream places (:class:`~.._admission.StreamSlots`) from its start to its end: taken
+    when the response starts (refused there, 429 or 503), given back however it ends; a
+    response never started holds none. A chunk the reader does not take within
+    ``BUCKETQ_STREAM_SEND_TIMEOUT_MS`` drops the connection: nothing is kept for a slow
+    reader beyond the connection's own buffer."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncIterator[bytes], on_close: Any) -> None:
+    def __init__(self, svc: Service, project: str, chunks: AsyncIterator[bytes]) -> None:
         super().__init__()
         # No Content-Length: the body goes on for as long as the stream is open.
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
                             (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]  # fmt: skip
+        self.svc = svc
+        self.project = project
         self.chunks = chunks
-        self.on_close = on_close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            self.svc.streams.take(self.project)
+        except Overloaded as exc:
+            await self.chunks.aclose()  # type: ignore[attr-defined]
+            refused = await on_overloaded(Request(scope), exc)
+            await refused(scope, receive, send)
+            return
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self.svc.streams.give_back(self.project)
+
+    async def _serve(self, scope: Any, receive: Any, send: Any) -> None:
+        timeout = self.svc.config.stream_send_timeout_ms / 1000
+
         async def watch() -> None:
             while (await receive())["type"] != "http.disconnect":
                 pass
@@ -275,12 +263,15 @@ class EventStream(Response):
                         "headers": self.raw_headers})  # fmt: skip
             async for chunk in self.chunks:
                 try:
-                    async with asyncio.timeout(STREAM_SEND_TIMEOUT_S):
+                    async with asyncio.timeout(timeout):
                         await send({"type": "http.response.body", "body": chunk,
                                     "more_body": True})  # fmt: skip
                 except TimeoutError:
-                    log.info("a live stream's reader took nothing for %g s: stream closed",
-                             STREAM_SEND_TIMEOUT_S)  # fmt: skip
+                    log.info("a live stream's reader took nothing for %g s "
+                             "(BUCKETQ_STREAM_SEND_TIMEOUT_MS): connection dropped", timeout)  # fmt: skip
+                    abort = (scope.get("extensions") or {}).get(ABORT)
+                    if abort is not None:
+                        abort()
                     return
 
         # The reader's leaving ends the stream at once (not at its next event): its place
@@ -293,7 +284,6 @@ class EventStream(Response):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.chunks.aclose()  # type: ignore[attr-defined]
-            self.on_close()
 
 
 @router.get("/api/v1/logs/stream", summary="Live log records as Server-Sent Events (LogTide)",
@@ -311,5 +301,4 @@ async def stream(
     for each new record (by its time, from the stream's start), and a ``: heartbeat``
     comment when nothing went out for ``BUCKETQ_STREAM_HEARTBEAT_MS``. The key may be
     given as ``token`` (on this route only)."""
-    STREAMS.take(svc, project)
-    return EventStream(_events(svc, project, service, level), lambda: STREAMS.give_back(project))
+    return EventStream(svc, project, _events(svc, project, service, level))
