@@ -278,7 +278,7 @@ def unpack_matching(doc: dict[str, Any], flt: LogFilter) -> tuple[list[dict[str,
             parts = [
                 blob[int(e[3]) : int(e[3]) + int(e[4])]
                 for e in doc.get("c") or ()
-                if flt.service in (None, e[0]) and flt.level in (None, e[1])
+                if takes(flt.service, e[0]) and takes(flt.level, e[1])
             ]
         except (IndexError, TypeError, ValueError):  # no slices (another writer): all of it
             parts = [blob]
@@ -343,14 +343,21 @@ def sort_key(rec: dict[str, Any]) -> tuple[datetime, str]:
     return t, str(rec.get("_id"))
 
 
+def takes(want: str | frozenset[str] | None, value: Any) -> bool:
+    """Whether a filter's ``want`` (None: any; a value; or a set of values) keeps ``value``."""
+    if want is None:
+        return True
+    return value == want if isinstance(want, str) else value in want
+
+
 @dataclass(frozen=True, slots=True)
 class LogFilter:
     """What a page, a count or an aggregation keeps: ``since <= time < until``, the
-    service and level, ``q`` a case-insensitive substring of the message, and (pages)
-    records before ``before`` (time, id) in newest-first order."""
+    service and level (one, or any of a set), ``q`` a case-insensitive substring of the
+    message, and (pages) records before ``before`` (time, id) in newest-first order."""
 
-    service: str | None = None
-    level: str | None = None
+    service: str | frozenset[str] | None = None
+    level: str | frozenset[str] | None = None
     since: datetime | None = None
     until: datetime | None = None
     q: str | None = None
@@ -375,7 +382,7 @@ class LogFilter:
             return True
         try:
             return any(
-                e[2] and (self.service in (None, e[0])) and (self.level in (None, e[1]))
+                e[2] and takes(self.service, e[0]) and takes(self.level, e[1])
                 for e in doc.get("c") or ()
             )
         except (IndexError, TypeError, ValueError):  # a summary not of this store's making
@@ -387,15 +394,13 @@ class LogFilter:
             return sum(
                 int(e[2])
                 for e in doc.get("c") or ()
-                if self.service in (None, e[0]) and self.level in (None, e[1])
+                if takes(self.service, e[0]) and takes(self.level, e[1])
             )
         except (IndexError, TypeError, ValueError):
             return 0
 
     def keeps(self, rec: dict[str, Any]) -> bool:
-        if self.service is not None and rec.get("service") != self.service:
-            return False
-        if self.level is not None and rec.get("level") != self.level:
+        if not (takes(self.service, rec.get("service")) and takes(self.level, rec.get("level"))):
             return False
         t, rid = sort_key(rec)
         if self.since is not None and t < self.since:

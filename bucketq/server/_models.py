@@ -6,11 +6,21 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 #: Levels a log record may carry (case-insensitive on input, stored lower case).
 LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "fatal", "critical")
 Level = Literal["trace", "debug", "info", "warn", "warning", "error", "fatal", "critical"]
+#: A service name as a filter takes it.
+ServiceName = Annotated[str, StringConstraints(max_length=100)]
 
 _HEX_ID = r"^[0-9a-fA-F]{1,64}$"
 #: A log record's trace, span or session id: any text of up to 128 characters without

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -113,18 +114,30 @@ def decode_cursor(text: str) -> tuple[datetime, str]:
     return t, oid
 
 
+def _one_or_any(values: str | Sequence[str] | None) -> str | frozenset[str] | None:
+    if values is None or isinstance(values, str):
+        return values or None
+    kept = frozenset(v for v in values if v)
+    if len(kept) > 1:
+        return kept
+    return next(iter(kept), None)
+
+
 def logs_filter(
     *,
-    service: str | None = None,
-    level: str | None = None,
+    service: str | Sequence[str] | None = None,
+    level: str | Sequence[str] | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
     q: str | None = None,
     cursor: tuple[datetime, str] | None = None,
 ) -> LogFilter:
-    """The filter of one page: ``since <= time < until``, ``q`` a case-insensitive
-    substring of the message, older than ``cursor``."""
-    return LogFilter(service=service or None, level=level.lower() if level else None,
+    """The filter of one page: ``since <= time < until``, the service and level (one, or
+    any of several), ``q`` a case-insensitive substring of the message, older than
+    ``cursor``."""
+    levels = [level] if isinstance(level, str) else level
+    return LogFilter(service=_one_or_any(service),
+                     level=_one_or_any([x.lower() for x in levels] if levels else None),
                      since=since, until=until, q=q or None, before=cursor)  # fmt: skip
 
 

@@ -89,13 +89,27 @@ def test_a_request_head_past_its_limits_is_refused_and_the_connection_closed(
 def test_a_query_parameter_given_twice_is_a_400_not_a_silent_choice(serve: Serve, keys) -> None:
     with serve.client(keys(_project())) as c:
         assert c.post("/api/v1/ingest", json=log_batch(2)).status_code == 200
-        for query in ("level=info&level=error", "limit=1&limit=2", "q=m&q=m"):
+        for query in (
+            "limit=1&limit=2",
+            "q=m&q=m",
+            "from=2024-01-01T00:00:00Z&from=2024-01-02T00:00:00Z",
+        ):
             r = c.get(f"/api/v1/logs?{query}")
             assert r.status_code == 400, (query, r.text[:300])
             body = r.json()
             assert body["error"] == "Bad request" and body["request_id"]
             assert "more than once" in body["message"] and query.split("=")[0] in body["message"]
         assert len(c.get("/api/v1/logs?level=info&limit=1").json()["logs"]) == 1
+        # A list parameter (LogTide's level and service) is given as often as it has
+        # values, on the routes that take it as a list only.
+        assert c.get("/api/v1/logs?level=info&level=error").status_code == 200
+        for query in ("level=info&level=error", "service=a&service=b"):
+            r = c.get(f"/api/v1/logs/stream?{query}")
+            assert r.status_code == 400 and "more than once" in r.json()["message"], r.text
+        r = c.get("/health?level=a&level=b")
+        assert r.status_code == 400 and "more than once" in r.json()["message"]
+        many = "&".join(f"service=s{i}" for i in range(9))
+        assert c.get(f"/api/v1/logs?{many}").status_code == 422
 
 
 def test_head_is_answered_on_every_get_route_like_get_without_a_body(serve: Serve, keys) -> None:

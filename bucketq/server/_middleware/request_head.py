@@ -2,7 +2,8 @@
 :data:`MAX_HEADERS` fields (h11's own 16 KiB limit holds only for a head that arrives in
 pieces: one read of up to 256 KiB was taken whole), each header the service reads one
 value of (:data:`SINGLE`: the key, the encoding, ...) once, each query parameter once (a second
-``level=`` silently replacing the first gave a careless client a wrong, empty page), and
+``level=`` silently replacing the first gave a careless client a wrong, empty page; the
+log reads' list parameters are left to their routes: ``_params``), and
 ``HEAD`` answered on every ``GET`` route as its ``GET`` without the body (RFC 9110: load
 balancers and monitors probe with it)."""
 
@@ -14,6 +15,7 @@ from urllib.parse import parse_qsl
 from starlette.requests import Request
 
 from .._http_errors import ApiError, error_response
+from .._params import REPEATABLE, REPEATABLE_UNDER
 from ._base import Middleware
 
 #: Bytes of the request target and header fields together.
@@ -48,8 +50,15 @@ def head_error(scope: dict[str, Any]) -> ApiError | None:
     query = scope.get("query_string") or b""
     if b"&" in query or b";" in query:
         seen: set[str] = set()
+        path = scope.get("path") or ""
+        # A list parameter (level=a&level=b) of a log read: its route decides (KnownQuery).
+        lists = (
+            REPEATABLE
+            if path == REPEATABLE_UNDER or path.startswith(REPEATABLE_UNDER + "/")
+            else ()
+        )
         for name, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
-            if name in seen:
+            if name in seen and name not in lists:
                 return ApiError(400, "Bad request",
                                 f"The query parameter {name[:100]!r} is given more than once; "
                                 "give each parameter once.")  # fmt: skip

@@ -15,8 +15,8 @@ from .._admission import remaining
 from .._auth import Project
 from .._config import DEFAULT_QUERY_MAX_LIMIT
 from .._http_errors import ApiError, documented
-from .._models import Level, LogsPage, UtcTime
-from .._params import KnownQuery
+from .._models import Level, LogsPage, ServiceName, UtcTime
+from .._params import MAX_VALUES, KnownQuery
 from .._service import Svc
 
 log = logging.getLogger("bucketq.server")
@@ -29,8 +29,10 @@ router = APIRouter(tags=["query"])
 async def read_logs(
     svc: Svc,
     project: Project,
-    service: Annotated[str | None, Query(max_length=100)] = None,
-    level: Level | None = None,
+    service: Annotated[list[ServiceName] | None, Query(max_length=MAX_VALUES, description=(
+        f"A service, or up to {MAX_VALUES} (`service=a&service=b`): records of any of them."))] = None,
+    level: Annotated[list[Level] | None, Query(max_length=MAX_VALUES, description=(
+        "A level, or several (`level=error&level=critical`): records of any of them."))] = None,
     from_: Annotated[UtcTime | None, Query(alias="from", description="Oldest time (inclusive).")] = None,
     to: Annotated[UtcTime | None, Query(description="Newest time (exclusive).")] = None,
     q: Annotated[str | None, Query(max_length=200, description="Substring of the message (any case).")] = None,
