@@ -48,6 +48,9 @@ TAIL_SLACK = timedelta(seconds=10)
 #: long. The record's own page shows the whole message.
 LIST_CHARS = 500
 SHOWN_SERVICE = 100
+#: A trace's records its page shows at most (oldest first), and the longest trace id.
+TRACE_RECORDS = 1000
+TRACE_ID_CHARS = 128
 #: Longest a console read may take before the page says storage is slow.
 READ_TIMEOUT = 5.0
 #: Longest an action (requeue, delete) may take; what it did by then stays done.
@@ -380,8 +383,130 @@ async def logs_page(request: Request, op: access.Operator) -> Response:
     except Exception as exc:  # noqa: BLE001 - the page says storage failed instead of a 500
         log.warning("console: reading logs failed: %s", printable(exc))
         error = f"Reading the logs failed ({type(exc).__name__}); try again."
+    chart, retention = None, None
+    if f["project"] and error is None:
+        try:
+            chart = await _chart(svc, f)
+            retention = await _retention(svc, f["project"])
+        except Exception as exc:  # noqa: BLE001 - the table stands without its chart
+            log.warning("console: reading the aggregation failed: %s", printable(exc))
+            chart = {"error": f"Reading the counts failed ({type(exc).__name__})."}
     return render(request, "logs.html", op=op, projects=projects, f=f, rows=rows, next=nxt,
-                  levels=LEVELS, error=error, tail_since=(datetime.now(UTC) - TAIL_SLACK).isoformat())  # fmt: skip
+                  levels=LEVELS, error=error, chart=chart, retention=retention,
+                  tail_since=(datetime.now(UTC) - TAIL_SLACK).isoformat())  # fmt: skip
+
+
+# -- the logs page's chart, retention, a trace's page ----------------------------------------
+
+#: Intervals the logs page's chart takes, the shortest that gives at most
+#: :data:`CHART_POINTS` of them over the range shown.
+CHART_STEPS = (timedelta(minutes=1), timedelta(minutes=5), timedelta(minutes=15),
+               timedelta(hours=1), timedelta(hours=6), timedelta(days=1), timedelta(days=7))  # fmt: skip
+CHART_POINTS = 120
+#: The range the chart shows without ``from``: this long before ``to`` (or now).
+CHART_RANGE = timedelta(hours=24)
+CHART_W, CHART_H = 800, 120
+#: Levels drawn as errors (one red line, drawn over the others).
+ERROR_LEVELS = ("error", "fatal", "critical")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _slot(t: datetime, step: timedelta) -> datetime:
+    """The start of ``t``'s interval, as the log store's aggregation counts it."""
+    s = step.total_seconds()
+    return _EPOCH + timedelta(seconds=((t - _EPOCH).total_seconds() // s) * s)
+
+
+def _step_text(step: timedelta) -> str:
+    m = int(step.total_seconds() // 60)
+    return f"{m // 1440} d" if m >= 1440 else f"{m // 60} h" if m >= 60 else f"{m} min"
+
+
+async def _chart(svc: Any, f: dict[str, Any]) -> dict[str, Any] | None:
+    """Records per interval by level for the page's filters (service, level, from, to;
+    not the text: summaries do not hold it), from the log store's bucket summaries:
+    polylines on one scale, errors one red line over the others."""
+    until = _parse_time(f["to"]) or datetime.now(UTC) + timedelta(minutes=1)
+    since = _parse_time(f["from"]) or until - CHART_RANGE
+    if since >= until:
+        return None
+    step = next((s for s in CHART_STEPS if (until - since) / s <= CHART_POINTS), CHART_STEPS[-1])
+    since = max(since, until - step * CHART_POINTS)
+    store = svc.storage.logstore
+    async with svc.reads.admit(f["project"], READ_TIMEOUT):
+        with mongo_timeout(READ_TIMEOUT):
+            agg = await store.aggregate(f["project"], since=since, until=until, interval=step,
+                                        service=f["service"] or None, top=5)  # fmt: skip
+    slots: list[datetime] = []
+    t = _slot(since, step)
+    while t < until:
+        slots.append(t)
+        t += step
+    counts = dict(agg.series)
+    shown = [f["level"]] if f["level"] else sorted(
+        {lv for c in counts.values() for lv in c}, key=lambda lv: LEVELS.index(lv) if lv in LEVELS else 99
+    )  # fmt: skip
+    per: dict[str, list[float]] = {lv: [float(counts.get(t, {}).get(lv, 0)) for t in slots]
+                                   for lv in shown if lv not in ERROR_LEVELS}  # fmt: skip
+    errs = [lv for lv in shown if lv in ERROR_LEVELS]
+    if errs:
+        per["errors"] = [float(sum(counts.get(t, {}).get(lv, 0) for lv in errs)) for t in slots]
+    top = max((v for vals in per.values() for v in vals), default=0.0) or 1.0
+    totals = {lv: sum(int(c.get(lv, 0)) for c in counts.values()) for lv in shown}
+    lines = [{"name": name, "points": _spark(vals, CHART_W, CHART_H, (0.0, top))}
+             for name, vals in per.items() if name != "errors"]  # fmt: skip
+    if "errors" in per:  # last: drawn over the others
+        lines.append(
+            {"name": "errors", "points": _spark(per["errors"], CHART_W, CHART_H, (0.0, top))}
+        )
+    return {
+        "lines": lines,
+        "totals": totals,
+        "errors": sum(totals.get(lv, 0) for lv in ERROR_LEVELS),
+        "total": sum(totals.values()),
+        "step": _step_text(step),
+        "peak": int(top),
+        "since": _when(since),
+        "until": _when(until),
+        "complete": agg.complete,
+        "w": CHART_W,
+        "h": CHART_H,
+    }
+
+
+async def _retention(svc: Any, project: str) -> dict[str, Any]:
+    """How long ``project``'s records are kept: its own setting or the default."""
+    from ..server._keys import PROJECTS_COLLECTION
+
+    with mongo_timeout(READ_TIMEOUT):
+        doc = await svc.db.get_collection(PROJECTS_COLLECTION).find_one({"_id": project})
+    own = doc.get("retention_days") if doc else None
+    days = own if isinstance(own, int) else svc.config.retention_days
+    return {"days": days, "own": isinstance(own, int)}
+
+
+@router.get("/traces/{trace_id}")
+@signed_in
+async def trace_page(request: Request, op: access.Operator, trace_id: str) -> Response:
+    """A trace's records on one page, oldest first (at most :data:`TRACE_RECORDS`)."""
+    from ..server._records import text_id
+
+    svc = _svc(request)
+    project = (request.query_params.get("project") or "")[:200]
+    tid = text_id(trace_id[:TRACE_ID_CHARS])
+    try:
+        async with svc.reads.admit(project, READ_TIMEOUT):
+            with mongo_timeout(READ_TIMEOUT):
+                docs = await svc.storage.logstore.trace(project, tid, limit=TRACE_RECORDS)
+    except (PyMongoError, BucketQError) as exc:
+        return render(request, "denied.html", 503, op=op,
+                      message=f"Reading the trace failed: {one_line(exc)}")  # fmt: skip
+    rows = [_row(d) for d in docs]
+    span = None
+    if len(rows) > 1 and docs[0].get("time") and docs[-1].get("time"):
+        span = (docs[-1]["time"] - docs[0]["time"]).total_seconds()
+    return render(request, "trace.html", op=op, rows=rows, trace_id=tid, project=project,
+                  span=span, cut=len(rows) >= TRACE_RECORDS)  # fmt: skip
 
 
 @router.get("/api/tail")
@@ -436,11 +561,14 @@ async def log_detail(request: Request, op: access.Operator, rid: str) -> Respons
 # -- queues ------------------------------------------------------------------------------------
 
 
-def _spark(vals: list[float], w: int = 120, h: int = 28) -> str:
-    """An SVG polyline's points for ``vals`` (empty with fewer than two)."""
+def _spark(
+    vals: list[float], w: int = 120, h: int = 28, scale: tuple[float, float] | None = None
+) -> str:
+    """An SVG polyline's points for ``vals`` (empty with fewer than two); ``scale``: the
+    (low, high) of a chart whose lines share it, else ``vals``' own (and 0)."""
     if len(vals) < 2:
         return ""
-    lo, hi = min(0.0, *vals), max(0.0, *vals)
+    lo, hi = scale or (min(0.0, *vals), max(0.0, *vals))
     span = (hi - lo) or 1
     step = w / (len(vals) - 1)
     return " ".join(

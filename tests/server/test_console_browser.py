@@ -161,6 +161,61 @@ def test_a_record_just_ingested_is_found_by_search(browser, console, shots):
     page.context.close()
 
 
+def test_the_logs_page_charts_levels_and_a_trace_link_opens_the_trace(browser, console, shots):
+    """The aggregation above the table (errors stand out), the project's retention, and a
+    trace's records on one page from its link."""
+    import subprocess
+    import sys
+    from datetime import UTC, datetime, timedelta
+
+    from playwright.sync_api import expect
+
+    s = console["serve"]
+    project = f"tracing-{uuid.uuid4().hex[:6]}"  # after "shop": the other tests open shop first
+    key = create_key(s, project)
+    subprocess.run([sys.executable, "-m", "bucketq", "keys", "retention", "--project", project,
+                    "--days", "30"], env=s.env, cwd=ROOT, timeout=60, check=True)  # fmt: skip
+    now = datetime.now(UTC)
+    trace = f"req-{uuid.uuid4().hex[:8]}"
+    recs = [{"time": (now - timedelta(minutes=40 * i)).isoformat(), "service": "api",
+             "level": ("info", "info", "warn", "error")[i % 4], "message": f"step {i}"}
+            for i in range(12)]  # fmt: skip
+    recs += [{"time": (now - timedelta(seconds=3 - i)).isoformat(), "service": svc,
+              "level": lv, "message": f"{trace} {svc}", "trace_id": trace, "span_id": f"s{i}"}
+             for i, (svc, lv) in enumerate([("gateway", "info"), ("api", "info"), ("db", "critical")])]  # fmt: skip
+    with s.client(key) as c:
+        assert c.post("/api/v1/ingest", json={"logs": recs}).status_code == 200
+
+    page = _signed_in(browser, console)
+    page.goto(f"{s.url}/console/logs?project={project}")
+    chart = page.locator("#log-chart")
+    expect(chart).to_contain_text("15 records")
+    expect(chart.locator("figcaption .errors")).to_have_text("4 errors")  # 3 error, 1 critical
+    expect(chart.locator("li[data-level=info]")).to_contain_text("8")
+    expect(chart.locator("li[data-level=critical]")).to_contain_text("1")
+    expect(chart.locator("polyline[data-level=errors]")).to_have_attribute(
+        "points", re.compile(r"\d")
+    )
+    expect(page.locator("#retention")).to_contain_text("30 days")
+    _shot(page, shots, "logs-chart")
+
+    # The filters apply to the chart: one service, one level.
+    page.goto(f"{s.url}/console/logs?project={project}&service=api&level=info")
+    expect(chart).to_contain_text("7 records")
+    expect(chart.locator("polyline")).to_have_count(1)
+
+    page.goto(f"{s.url}/console/logs?project={project}&q={trace}")
+    page.locator("#logs td.trace a").first.click()
+    page.wait_for_url("**/console/traces/**")
+    rows = page.locator("#trace tbody tr[data-id]")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(0)).to_contain_text("gateway")  # oldest first
+    expect(rows.nth(2)).to_contain_text("db")
+    expect(page.locator("#trace-summary")).to_contain_text("3 records")
+    _shot(page, shots, "trace")
+    page.context.close()
+
+
 def test_the_live_tail_shows_a_new_record_within_two_seconds(browser, console):
     from playwright.sync_api import expect
 

@@ -48,6 +48,12 @@ function startTail() {
                              "… " + r.message_chars.toLocaleString("en") + " characters"));
         }
         tr.appendChild(msg);
+        const trace = el("td", { class: "trace" });
+        if (r.trace_id) {
+          trace.appendChild(el("a", { href: table.dataset.trace + encodeURIComponent(r.trace_id) + (table.dataset.detailQuery || ""),
+                                      title: r.trace_id }, r.trace_id.length > 12 ? r.trace_id.slice(0, 11) + "…" : r.trace_id));
+        }
+        tr.appendChild(trace);
         const empty = body.querySelector("tr.empty");
         if (empty) empty.remove();
         body.insertBefore(tr, body.firstChild);
