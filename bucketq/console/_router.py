@@ -409,6 +409,7 @@ CHART_W, CHART_H = 800, 120
 #: Levels drawn as errors (one red line, drawn over the others).
 ERROR_LEVELS = ("error", "fatal", "critical")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CHART_LAST = datetime.max.replace(tzinfo=UTC) - 2 * CHART_STEPS[-1]
 
 
 def _slot(t: datetime, step: timedelta) -> datetime:
@@ -427,6 +428,8 @@ async def _chart(svc: Any, f: dict[str, Any]) -> dict[str, Any] | None:
     not the text: summaries do not hold it), from the log store's bucket summaries:
     polylines on one scale, errors one red line over the others."""
     until = _parse_time(f["to"]) or datetime.now(UTC) + timedelta(minutes=1)
+    # Room for the intervals' arithmetic at the calendar's end (a `to` of year 9999).
+    until = min(until, CHART_LAST)
     since = _parse_time(f["from"]) or until - CHART_RANGE
     if since >= until:
         return None
