@@ -111,6 +111,7 @@ def test_json_has_every_figure_and_the_environment(bench):
 
 def test_commands_are_counted_by_name(bench):
     _, data, _, _ = bench
+    assert {r["per_element"] for r in data["runs"]} == {True, False}, "both kinds ran"
     for r in data["runs"]:
         cmds, n, name = r["commands"], r["n"], r["contender"]
         if r["per_element"]:

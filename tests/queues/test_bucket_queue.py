@@ -105,6 +105,7 @@ async def test_bucket_mature_is_latest_of_its_slot(bucket_flavour):
         await resolve(q.push(d, delay=d))
     await resolve(q.flush())
     docs = list(bucket_flavour.sync_db[q.name].find())
+    assert sum(d["n"] for d in docs) == 3
     # Same slot when the delays fall in one granularity step; never earlier than any item.
     for doc in docs:
         assert (

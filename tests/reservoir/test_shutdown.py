@@ -8,6 +8,7 @@ import pytest
 
 from bucketq.reservoir import BufferConfig, BufferedReservoir, MemoryTransport, wrap_reservoir
 from fast_settings import FAST_BUFFER
+from waiting import eventually_async
 
 from .conftest import FakeStorage
 from .helpers import logs
@@ -61,7 +62,9 @@ async def test_wrap_reservoir_is_off_by_default_and_health_reports_the_buffer():
         await buf.ingest(logs(3))
         h = await buf.health()
         assert h["status"] == "ok" and h["buffer"]["state"] == "running" and h["buffer"]["ok"]
-        assert buf.stats()["pending"] >= 0
+        await eventually_async(lambda: len(storage.stored["log"]) == 3, timeout=10,
+                               what="the buffer to hand the records to storage")  # fmt: skip
+        assert buf.stats()["pending"] == 0, "stored records are no longer pending"
 
 
 async def test_a_signal_stops_the_http_server_first_then_drains_the_buffer(backends):
