@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from bucketq.benchmark.results import SECTIONS, render
+from bucketq.benchmark.results import COMMANDS, SECTIONS, kind, render
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,3 +27,66 @@ def test_the_results_page_is_rendered_from_its_json():
     for doc in docs:  # each run says where and when it ran
         assert doc["machine"]["cores"] and doc["run"]["load_1m"]["before"] is not None
     assert all(f"\n## {heading}\n" in page for _, heading in SECTIONS)
+
+
+FIXTURES = Path(__file__).resolve().parent / "results_fixtures"
+
+
+def _fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def _section(page: str, heading: str) -> str:
+    return page.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_journal_cost_and_the_log_store_reads_have_sections():
+    journal, logs, layout = (
+        _fixture(f) for f in ("journal.json", "logs.json", "ingest-layout.json")
+    )
+    assert [kind(d) for d in (journal, logs, layout)] == ["journal", "logs", "ingest"]
+    page = render([journal, logs, layout])
+
+    cost = _section(page, "Journal cost")
+    for c in journal["write_concern_cost"]:  # each queue's durable and w:1 push rates side by side
+        row = next(line for line in cost.splitlines() if line.startswith(f"| {c['queue']} |"))
+        push = c["push_per_s"]
+        assert f"| {push['durable']:,.0f} | {push['w1']:,.0f} |" in row
+    assert '`{"j": true}`' in cost and '`{"w": 1}`' in cost
+
+    reads = _section(page, "Log store reads")
+    for n in logs["sizes"]:
+        assert f"{int(n):,} records" in reads
+    newest = next(line for line in reads.splitlines() if line.startswith("| newest page (100) |"))
+    assert newest.count(" / ") == len(logs["sizes"])
+    ratio = logs["neighbour"]["p99_ratio"]
+    assert f"readers / quiet: {ratio:.2f}x" in reads
+
+    ingest = _section(page, "Ingest")
+    assert "The log layouts side by side" in ingest
+    for mode in ("buffer off", "memory buffer"):
+        assert f"| {mode} |" in ingest  # the side-by-side row
+        assert f"| {mode}, buckets |" in ingest and f"| {mode}, documents |" in ingest
+
+    regenerate = _section(page, "Regenerate")
+    for d in (journal, logs, layout):
+        assert d["run"]["argv"].split(" --json ")[0] in regenerate
+
+
+def test_a_section_without_its_json_says_which_command_makes_it():
+    queue = json.loads((ROOT / "docs" / "results" / "queue.json").read_text())
+    page = render([queue])
+    assert all(f"\n## {heading}\n" in page for _, heading in SECTIONS)  # links keep working
+    for k in ("journal", "logs"):
+        assert COMMANDS[k] in _section(page, "Regenerate")
+
+
+def test_only_a_write_concern_comparison_is_the_journal_section():
+    journal = _fixture("journal.json")
+    argv = [a for a in journal["settings"]["argv"] if a not in ("--write-concern", "compare")]
+    quiet = {**journal, "settings": {**journal["settings"], "argv": argv}, "run": {}}
+    assert kind(quiet) == "journal"  # nothing but queues and their w:1 twins
+    every = {**quiet, "settings": {**quiet["settings"],
+                                   "contenders": [*quiet["settings"]["contenders"], "bucketq AsyncQueue"]}}  # fmt: skip
+    assert kind(every) == "queue"  # the lifecycle run, its w:1 rows by default
+    assert kind(json.loads((ROOT / "docs" / "results" / "queue.json").read_text())) == "queue"

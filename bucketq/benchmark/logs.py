@@ -37,6 +37,8 @@ BUILD_RATE = 200.0
 SERVICES = ("api", "web", "worker", "billing", "auth")
 BIG = "bench-big"
 NEIGHBOUR = "bench-neighbour"
+#: The neighbour's ingest: requests a second, records a request.
+NEIGHBOUR_RATE, NEIGHBOUR_BATCH = 20.0, 10
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -72,13 +74,21 @@ def run_from_args(args: argparse.Namespace) -> int:
         else (QUICK_SIZES if args.quick else SIZES)
     )
     window = args.window or (10.0 if args.quick else 20.0)
-    out = run(args.mongodb_uri, sizes=sizes, repeat=args.repeat, readers=args.readers,
-              window=window, neighbour=not args.no_neighbour)  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2, default=str)
-        print(f"figures written to {args.json}")
-    return 0
+
+    def body() -> None:
+        out = run(args.mongodb_uri, sizes=sizes, repeat=args.repeat, readers=args.readers,
+                  window=window, neighbour=not args.no_neighbour)  # fmt: skip
+        out["settings"] = {"sizes": list(sizes), "repeat": args.repeat, "readers": args.readers,
+                           "window_s": window, "neighbour": not args.no_neighbour}  # fmt: skip
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2, default=str)
+            print(f"figures written to {args.json}")
+
+    from .cli import run_command
+
+    # The machine and its load while it ran go into the JSON, as for every bench command.
+    return run_command("bucketq bench logs", body, args.json)
 
 
 def _records(start: datetime, n: int, base: int) -> list[dict[str, Any]]:
@@ -244,15 +254,19 @@ def _neighbour(uri: str, database: str, big: int, readers: int, window: float) -
     try:
         big_key, key = serve.create_key(BIG), serve.create_key(NEIGHBOUR)
         result: dict[str, Any] = {
-            "readers": readers,
+            # "quiet" and "readers" hold the two windows' figures.
+            "reader_clients": readers,
             "window_s": window,
+            "rate": NEIGHBOUR_RATE,
+            "batch": NEIGHBOUR_BATCH,
             "big_project_records": big,
         }
         for phase in ("quiet", "readers"):
             hammer = _Readers(serve.url, big_key, readers if phase == "readers" else 0)
             with hammer:
-                spec = LoadSpec(url=f"{serve.url}/api/v1/ingest", rate=20.0, duration=window, batch=10,
-                                run_id=phase, headers={"X-API-Key": key})  # fmt: skip
+                spec = LoadSpec(url=f"{serve.url}/api/v1/ingest", rate=NEIGHBOUR_RATE,
+                                duration=window, batch=NEIGHBOUR_BATCH, run_id=phase,
+                                headers={"X-API-Key": key})  # fmt: skip
                 load = LoadProcess(spec).start()
                 load.go()
                 res = load.result(timeout=window + 120)

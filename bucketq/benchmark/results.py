@@ -20,8 +20,10 @@ from typing import Any
 #: README and the docs (``results.md#queue-lifecycle``, ...): keep them.
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("queue", "Queue lifecycle"),
+    ("journal", "Journal cost"),
     ("keuss", "Against keuss"),
     ("ingest", "Ingest"),
+    ("logs", "Log store reads"),
     ("sdk", "Logging SDK"),
     ("stream-wake", "Stream wake-up"),
     ("spark", "Spark"),
@@ -30,13 +32,52 @@ SECTIONS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: The command that makes each section's JSON: what the page says to run for a section
+#: it has no figures for (the runs it has show their own command lines).
+COMMANDS: dict[str, str] = {
+    # The journal's cost has a section of its own: the lifecycle runs durable rows only.
+    "queue": "bucketq bench --quick --write-concern durable --json queue.json --no-plots",
+    "keuss": "bucketq bench keuss --quick --json keuss.json",
+    "ingest": "bucketq bench ingest --quick --redis-url redis://127.0.0.1:6379 "
+    "--json ingest.json --no-plots",
+    "sdk": "bucketq bench sdk --json sdk.json",
+    "stream-wake": "bucketq bench stream-wake --json stream-wake.json",
+    "spark": "python bench/spark_bench.py --quick --repeat 3 --json spark.json",
+    "celery": "bucketq bench celery --n 1000 --kill-n 100 --json celery.json",
+    "worker": "bucketq bench worker --rounds 9 --json worker.json",
+    "journal": "bucketq bench --write-concern compare --n 50000 --element-n 200 --procs 1 "
+    "--repeat 4 --contender 'bucketq Queue' --contender 'bucketq Queue (w:1)' "
+    "--contender 'per-element ElementQueue' --contender 'per-element ElementQueue (w:1)' "
+    "--json journal.json --no-plots",
+    "logs": "bucketq bench logs --json logs.json",
+}
+
+
+def _journal_run(doc: Mapping[str, Any]) -> bool:
+    """A queue benchmark run to compare write concerns: given ``--write-concern compare``
+    on its command line, or running nothing but queues and their w:1 twins."""
+    st = doc.get("settings") or {}
+    if st.get("write_concern") != "compare" or not doc.get("write_concern_cost"):
+        return False
+    argv = [str(a) for a in st.get("argv") or shlex.split((doc.get("run") or {}).get("argv", ""))]
+    pairs = zip(argv, [*argv[1:], ""], strict=True)
+    if "--write-concern=compare" in argv or ("--write-concern", "compare") in pairs:
+        return True
+    from ._contenders import CONTENDERS
+
+    twins = {c.name for c in CONTENDERS.values() if c.twin_of}
+    paired = twins | {c.twin_of for c in CONTENDERS.values() if c.twin_of}
+    names = set(st.get("contenders") or ())
+    return bool(names & twins) and names <= paired
+
+
 def kind(doc: Mapping[str, Any]) -> str:
     """Which benchmark wrote ``doc``."""
     schema = str(doc.get("schema", ""))
     if schema.startswith("bucketq-bench-ingest"):
         return "ingest"
     if schema.startswith("bucketq-bench/"):
-        return "queue"
+        return "journal" if _journal_run(doc) else "queue"
     command = str((doc.get("run") or {}).get("command", ""))
     for k, _ in SECTIONS:
         if command.endswith(f"bench {k}"):
@@ -49,6 +90,8 @@ def kind(doc: Mapping[str, Any]) -> str:
         return "stream-wake"
     if "summary" in doc and "rounds" in doc:
         return "keuss"
+    if "sizes" in doc and "load_average_start" in doc:
+        return "logs"
     raise ValueError("not the JSON of a bucketq benchmark (no schema or run.command it knows)")
 
 
@@ -171,6 +214,61 @@ def _queue(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _journal(doc: Mapping[str, Any]) -> list[str]:
+    from ._contenders import WEAK_LABEL as WEAK
+
+    st = doc.get("settings", {})
+    medians = {(m["contender"], m["n"], m["producers"]): m for m in doc.get("medians", [])}
+    out = [
+        "bucketq's `Queue` and the per-element `ElementQueue`, each durable (the default: "
+        "`j: true` added to the database's write concern, so a write is acknowledged once it "
+        "is in the journal) beside `w: 1` without `j` (the old default, acknowledged from "
+        "memory), in the same groups on the same server; medians of "
+        f"{st.get('repeat', 1)} repetition(s), each pair trading places every other one. "
+        "bucketq waits for the journal once per bucket insert and state flush, a "
+        "per-element queue once per insert, claim and delete of every item.",
+        "",
+    ]
+
+    def pair(c: Mapping[str, Any], f: str, digits: int = 0) -> list[str]:
+        return [_n(c[f]["durable"], digits), _n(c[f]["w1"], digits), _ratio(c[f]["durable_vs_w1"])]
+
+    rows = []
+    for c in doc.get("write_concern_cost") or []:
+        rows.append([c["queue"], _n(c["n"]), str(c["procs"]), *pair(c, "push_per_s"),
+                     *pair(c, "end_to_end_per_s"), *pair(c, "cpu_us_per_item", 1),
+                     _n(c["commands_per_1000_items"]["durable"], 2)])  # fmt: skip
+    out += _table(
+        ["queue", "N", "P", "push/s durable", "push/s w:1", "durable / w:1",
+         "end-to-end/s durable", "end-to-end/s w:1", "durable / w:1",
+         "client CPU µs/item durable", "w:1", "durable / w:1", "commands / 1k items"],
+        rows, [False] + [True] * 12,
+    )  # fmt: skip
+    spread = []
+    for c in doc.get("write_concern_cost") or []:
+        durable = medians.get((c["queue"], c["n"], c["procs"]))
+        weak = medians.get((f"{c['queue']} ({WEAK})", c["n"], c["procs"]))
+        parts = []
+        for label, m in (("durable", durable), ("w:1", weak)):
+            values = ((m or {}).get("repetitions") or {}).get("push_per_s", {}).get("values") or []
+            if len(values) > 1:
+                parts.append(f"{label} {_n(min(values))}-{_n(max(values))}")
+        if parts:
+            spread.append(f"{c['queue']} {', '.join(parts)}")
+    if spread:
+        out += ["", f"Push/s over the repetitions: {'; '.join(spread)}."]
+    sent: dict[str, set[str]] = {}
+    for r in doc.get("runs", []):
+        sent.setdefault(r.get("write_concern", "?"), set()).update(
+            r.get("write_concerns_sent") or {}
+        )
+    if sent:
+        said = "; ".join(f"{wc} rows {', '.join(f'`{x}`' for x in sorted(xs))}"
+                         for wc, xs in sorted(sent.items()))  # fmt: skip
+        out += ["", f"The write concern every write command carried: {said}."]
+    return out
+
+
 def _ingest(doc: Mapping[str, Any]) -> list[str]:
     st = doc.get("settings", {})
     modes = doc.get("modes") or {}
@@ -184,6 +282,7 @@ def _ingest(doc: Mapping[str, Any]) -> list[str]:
         "database of the same server.",
         "",
     ]
+    layouts = any("@" in name for name in modes)
     rows = []
     for name, m in modes.items():
         load, e2e = m.get("load") or {}, m.get("end_to_end") or {}
@@ -191,7 +290,7 @@ def _ingest(doc: Mapping[str, Any]) -> list[str]:
         accepted = load.get("records_accepted")
         stored = m.get("records_stored")
         rows.append([
-            _MODE.get(name, name), _n(load.get("requests")), _n(load.get("errors")),
+            _mode(name, layouts), _n(load.get("requests")), _n(load.get("errors")),
             _n(lat.get("p50_ms"), 1), _n(lat.get("p95_ms"), 1), _n(lat.get("p99_ms"), 1),
             f"{_n(accepted)} = {_n(stored)}" if accepted == stored else f"{_n(accepted)} ≠ {_n(stored)}",
             f"{_n(e2e.get('p50_ms'), 1)} / {_n(e2e.get('p95_ms'), 1)}",
@@ -204,6 +303,8 @@ def _ingest(doc: Mapping[str, Any]) -> list[str]:
          "generator lag p99 ms", "seed's p95 ms (MongoDB)"],
         rows, [False, True, True, True, True, True, False, True, True, True, True, True],
     )  # fmt: skip
+    if layouts:
+        out += ["", *_layouts(modes)]
     targets = doc.get("targets") or []
     if targets:
         out += ["", "Targets:", ""]
@@ -223,12 +324,115 @@ _MODE = {"off": "buffer off", "memory": "memory buffer", "redis": "redis buffer"
          "bucketq": "bucketq buffer", "passthrough": "passthrough"}  # fmt: skip
 
 
+def _mode(name: str, layouts: bool) -> str:
+    """A mode's label; with ``layouts`` (a run of both), its layout too."""
+    base, _, layout = name.partition("@")
+    label = _MODE.get(base, base)
+    return f"{label}, {layout or 'buckets'}" if layouts else label
+
+
+def _layouts(modes: Mapping[str, Any]) -> list[str]:
+    """Each mode in the bucketed log store beside the same mode one document per record."""
+
+    def figures(m: Mapping[str, Any]) -> list[str]:
+        load = m.get("load") or {}
+        lat = load.get("latency") or {}
+        return [_n(lat.get("p95_ms"), 1), _n(lat.get("p99_ms"), 1), _n(load.get("errors")),
+                f"{(m.get('api_cpu_share') or 0):.0%}", _n(m.get("store_cpu_us_per_record"), 1),
+                _n(m.get("commands_per_request"), 2)]  # fmt: skip
+
+    rows = []
+    for name, new in modes.items():
+        old = modes.get(f"{name}@documents")
+        if "@" in name or old is None:
+            continue
+        pairs = zip(figures(new), figures(old), strict=True)
+        rows.append([_MODE.get(name, name), *(f"{a} / {b}" for a, b in pairs)])
+    if not rows:
+        return []
+    out = ["The log layouts side by side, buckets (records packed many to a document, the "
+           "default) / one document per record (`BUCKETQ_LOG_LAYOUT=documents`, the layout "
+           "of releases before the bucketed log store), each mode on the same server:", ""]  # fmt: skip
+    return out + _table(["mode", "p95 ms", "p99 ms", "errors", "API CPU",
+                         "store CPU µs/record", "MongoDB commands / request"], rows,
+                        [False] + [True] * 6)  # fmt: skip
+
+
 def _fig(v: Any) -> str:
     if isinstance(v, bool) or v is None:
         return str(v).lower() if v is not None else "-"
     if isinstance(v, float):
         return f"{v:,.3g}" if abs(v) < 10 else f"{v:,.0f}"
     return str(v)
+
+
+def _logs(doc: Mapping[str, Any]) -> list[str]:
+    from .logs import BUILD_BUCKET, BUILD_RATE
+
+    st = doc.get("settings") or {}
+    sizes = doc.get("sizes") or {}
+    out = [
+        f"Projects of {', '.join(_n(int(n)) for n in sizes)} records on {doc.get('server', '?')}, "
+        f"built straight from bucket documents ({BUILD_BUCKET} records each, {_n(BUILD_RATE)} "
+        "records a second ending now), then each read timed "
+        f"{st.get('repeat', '?')} times (the 11th page and the count fewer): median / p95 ms, "
+        "and the buckets it read. A read costs what its page costs, not what the project "
+        "holds: the figures should stay flat as the project grows.",
+        "",
+    ]
+    reads = list(dict.fromkeys(r for size in sizes.values() for r in size.get("reads") or {}))
+    rows = []
+    for r in reads:
+        row = [r]
+        for size in sizes.values():
+            f = (size.get("reads") or {}).get(r)
+            if f is None:
+                row.append("-")
+                continue
+            cell = f"{_n(f.get('median_ms'), 1)} / {_n(f.get('p95_ms'), 1)}"
+            if "buckets_read" in f:
+                b = f["buckets_read"]
+                cell += f" ({_n(b)} bucket{'' if b == 1 else 's'})"
+            row.append(cell)
+        rows.append(row)
+    out += _table(["read", *(f"{_n(int(n))} records" for n in sizes)], rows,
+                  [False] + [True] * len(sizes))  # fmt: skip
+    built = ", ".join(f"{_n(int(n))} in {size['build']['seconds']} s"
+                      for n, size in sizes.items() if size.get("build"))  # fmt: skip
+    if built:
+        out += ["", f"Built (bucket inserts, indexes in place): {built}."]
+    nb = doc.get("neighbour")
+    if nb:
+        ratio = nb.get("p99_ratio")
+        readers = nb.get("reader_clients", st.get("readers", "?"))
+        out += [
+            "",
+            f"A neighbour project ingests {_n(nb.get('rate'))} requests/s of "
+            f"{nb.get('batch', '?')} records through `bucketq serve` (open loop, latency from "
+            f"the scheduled send) for {_n(nb.get('window_s'))} s while nobody reads, then for "
+            f"as long while {readers} clients read the "
+            f"{_n(nb.get('big_project_records'))}-record project's pages as fast as they are "
+            "answered:",
+            "",
+        ]
+        prow = []
+        for phase, label in (("quiet", "quiet"), ("readers", f"{readers} readers")):
+            p = nb.get(phase) or {}
+            answers = ", ".join(
+                f"{k}: {_n(v)}" for k, v in sorted((p.get("read_status") or {}).items())
+            )
+            prow.append([label, _n(p.get("n")), _n(p.get("errors")), _n(p.get("p50_ms"), 1),
+                         _n(p.get("p95_ms"), 1), _n(p.get("p99_ms"), 1),
+                         _n(p.get("reads")) if phase == "readers" else "",
+                         answers])  # fmt: skip
+        out += _table(["neighbour's ingest", "requests", "errors", "p50 ms", "p95 ms", "p99 ms",
+                       "reads of the large project", "their answers"], prow,
+                      [False, True, True, True, True, True, True, False])  # fmt: skip
+        if ratio is not None:
+            met = "met" if ratio <= 2 else "**missed**"
+            out += ["", f"The neighbour's p99 with readers / quiet: {_ratio(ratio)} "
+                    f"(target ≤ 2x: {met})."]  # fmt: skip
+    return out
 
 
 def _sdk(doc: Mapping[str, Any]) -> list[str]:
@@ -407,8 +611,10 @@ def _worker(doc: Mapping[str, Any]) -> list[str]:
 
 RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "queue": _queue,
+    "journal": _journal,
     "keuss": _keuss,
     "ingest": _ingest,
+    "logs": _logs,
     "sdk": _sdk,
     "stream-wake": _stream_wake,
     "spark": _spark,
@@ -473,13 +679,18 @@ def header(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> list[s
     return out
 
 
-def _json_name(doc: Mapping[str, Any]) -> str:
-    """The name of the JSON file the run wrote (from its ``--json``), without its folder."""
-    argv = shlex.split((doc.get("run") or {}).get("argv", ""))
+def _json_of(command: str) -> str | None:
+    """The name of the JSON file ``command`` writes (its ``--json``), without its folder."""
+    argv = shlex.split(command)
     for flag, value in zip(argv, argv[1:], strict=False):
         if flag == "--json":
             return Path(value).name
-    return f"{kind(doc)}.json"
+    return None
+
+
+def _json_name(doc: Mapping[str, Any]) -> str:
+    """The name of the JSON file the run wrote, without its folder."""
+    return _json_of((doc.get("run") or {}).get("argv", "")) or f"{kind(doc)}.json"
 
 
 def _short_argv(doc: Mapping[str, Any]) -> str:
@@ -498,21 +709,30 @@ def render(
     for i, d in enumerate(docs):
         by_kind.setdefault(kind(d), []).append((d, sources[i] if i < len(sources) else None))
     out = header(docs, note)
+    missing = [k for k, _ in SECTIONS if k not in by_kind]
     for k, heading in SECTIONS:
         for d, source in by_kind.get(k, []):
             out += ["", f"## {heading}", "", *_run_line(d, source), *RENDERERS[k](d)]
+        if k in missing:  # the heading stays, for the links to it
+            out += ["", f"## {heading}", "", f"Not in this set of runs: `{COMMANDS[k]}` makes "
+                    "its JSON (see the end of this page)."]  # fmt: skip
     out += [
         "",
         "## Regenerate",
         "",
         "```sh",
         *[_short_argv(d) for d in docs],
+        *[COMMANDS[k] for k in missing],
         "bucketq bench report "
         + " ".join(sources or [_json_name(d) for d in docs])
         + (" --note '...'" if note else "")
         + " > docs/results.md",
         "```",
     ]
+    if missing:
+        out += ["", "Add the JSON of the sections without figures ("
+                + ", ".join(f"`{_json_of(COMMANDS[k])}`" for k in missing)
+                + ") to the report's files."]  # fmt: skip
     return "\n".join(out) + "\n"
 
 
@@ -548,4 +768,4 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-__all__ = ["SECTIONS", "add_parser", "kind", "main", "render"]
+__all__ = ["COMMANDS", "SECTIONS", "add_parser", "kind", "main", "render"]
