@@ -13,8 +13,8 @@ import them with ``from waiting import eventually``.
 Markers, set here by directory: ``faults`` (tests/faults), ``spark`` (tests/spark),
 ``bench`` (tests/test_benchmark.py); ``soak`` is opt-in (``-m soak``).
 
-Parallel: the suite runs on pytest-xdist workers (``addopts`` in pyproject.toml; ``-n0``
-runs it in one process). Each worker has its own session fixtures (its own embedded
+Parallel: the suite runs on pytest-xdist workers, two per core (``-n auto`` in
+pyproject.toml's addopts, ``WORKERS_PER_CORE``; ``-n0`` runs it in one process). Each worker has its own session fixtures (its own embedded
 server, its own ``bucketq serve``), so a test must not depend on state another test
 left, and names what it creates uniquely (databases, Redis prefixes, ``tmp_path``).
 Tests that share an expensive fixture of module or session scope are kept on one
@@ -66,6 +66,17 @@ _SHARED = {
     "primary": "sdk-e2e",  # tests/sdk/test_e2e.py: two `bucketq serve`
     "fallback": "sdk-e2e",
 }
+
+
+#: xdist workers per core (``-n auto``, addopts): most tests wait on processes they
+#: started (servers, workers, JVMs), so one per core would leave the cores idle; more
+#: workers than this only queue for the cores, and the load they add slows the tests
+#: that wait on deadlines.
+WORKERS_PER_CORE = 2
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks

@@ -113,9 +113,11 @@ def test_the_readme_ingest_path_works_as_written(tmp_path):
     shutil.copytree(ROOT / "examples", work / "examples")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("BUCKETQ_", "RESERVOIR_", "XDG_", "OTEL_"))}  # fmt: skip
-    env.update(HOME=str(home), PYTHONPATH=str(ROOT),
+    tmp = tmp_path / "tmp"  # Spark's temporary files: in pytest's directory, not /tmp
+    tmp.mkdir()
+    env.update(HOME=str(home), PYTHONPATH=str(ROOT), TMPDIR=str(tmp),
                PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
-               JAVA_TOOL_OPTIONS=JVM_OPTIONS)  # fmt: skip
+               JAVA_TOOL_OPTIONS=f"{JVM_OPTIONS} -XX:-UsePerfData -Djava.io.tmpdir={tmp}")  # fmt: skip
     # Its own process group: on a timeout the shell's background services go with it
     # (its EXIT trap does not run when it is killed).
     walk = subprocess.Popen(["bash", "-c", script], cwd=work, env=env, text=True,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -49,14 +50,23 @@ JVM_OPTIONS = (
 )
 
 
-#: An application's settings on the test cluster (tests/spark/test_cluster.py): one
-#: executor of one core and 512 MiB on each of its two workers.
-CLUSTER_APP = {
-    "spark.executor.cores": "1",
-    "spark.cores.max": "2",
-    "spark.executor.memory": "512m",
-    "spark.executor.extraJavaOptions": JVM_OPTIONS,
-}
+def jvm_options() -> str:
+    """:data:`JVM_OPTIONS`, and the JVM's temporary files (Spark's block managers and
+    shuffle files, its native libraries) in the temporary directory of this test run
+    rather than /tmp: ``TMPDIR``, set by :func:`_spark_tmp` and inherited by the
+    processes the tests start. No perf-data file in /tmp either."""
+    return f"{JVM_OPTIONS} -XX:-UsePerfData -Djava.io.tmpdir={tempfile.gettempdir()}"
+
+
+def cluster_app() -> dict[str, str]:
+    """An application's settings on the test cluster (tests/spark/test_cluster.py): one
+    executor of one core and 512 MiB on each of its two workers."""
+    return {
+        "spark.executor.cores": "1",
+        "spark.cores.max": "2",
+        "spark.executor.memory": "512m",
+        "spark.executor.extraJavaOptions": jvm_options(),
+    }
 
 
 def spark_session(app: str, master: str = "local[2,2]", conf: dict[str, str] | None = None):
@@ -74,10 +84,10 @@ def spark_session(app: str, master: str = "local[2,2]", conf: dict[str, str] | N
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+        .config("spark.driver.extraJavaOptions", jvm_options())
     )
     if master.startswith("spark://"):  # the standalone cluster: one small executor per worker
-        for key, value in CLUSTER_APP.items():
+        for key, value in cluster_app().items():
             builder = builder.config(key, value)
     for key, value in [*prepare_session(master).items(), *(conf or {}).items()]:
         builder = builder.config(key, value)
@@ -88,7 +98,16 @@ def spark_session(app: str, master: str = "local[2,2]", conf: dict[str, str] | N
 
 
 @pytest.fixture(scope="session")
-def java() -> None:
+def _spark_tmp(tmp_path_factory) -> None:
+    """Temporary files of Spark and of the processes the tests start under this run's
+    temporary directory (pytest keeps the last few runs' and removes older ones), not
+    in /tmp where each run left dozens."""
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("spark-tmp", numbered=False))
+    tempfile.tempdir = None  # read TMPDIR again
+
+
+@pytest.fixture(scope="session")
+def java(_spark_tmp) -> None:
     problem = java_problem()
     if problem:
         _missing(problem)

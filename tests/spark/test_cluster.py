@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import CLUSTER_APP, JVM_OPTIONS
+from conftest import cluster_app, jvm_options
 from spark_worker import committed_batches, kill_when
 
 from bucketq.stream import StreamQueue
@@ -75,7 +75,7 @@ class Cluster:
             os.environ,
             SPARK_LOCAL_IP="127.0.0.1",
             SPARK_DAEMON_MEMORY="256m",
-            SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS,
+            SPARK_DAEMON_JAVA_OPTS=jvm_options(),
             SPARK_NO_DAEMONIZE="1",
         )
         with open(log, "w") as out:
@@ -149,8 +149,9 @@ def cluster(java, tmp_path_factory):
 def driver_env() -> dict[str, str]:
     """A driver process's environment: the cluster's executor settings and small JVMs
     through ``PYSPARK_SUBMIT_ARGS`` (what spark-submit's ``--conf`` would say)."""
-    conf = " ".join(f"--conf {k}={v}" for k, v in CLUSTER_APP.items() if "Java" not in k)
-    opts = f'--driver-java-options "{JVM_OPTIONS}" --conf "spark.executor.extraJavaOptions={JVM_OPTIONS}"'
+    conf = " ".join(f"--conf {k}={v}" for k, v in cluster_app().items() if "Java" not in k)
+    jvm = jvm_options()
+    opts = f'--driver-java-options "{jvm}" --conf "spark.executor.extraJavaOptions={jvm}"'
     return dict(os.environ, PYSPARK_SUBMIT_ARGS=f"{conf} {opts} pyspark-shell")
 
 
