@@ -71,8 +71,8 @@ class AsyncConsumerState:
         self._fetch_full = False  # the fetcher waits for room under prefetch
         self._last_reserve = 0.0
         self._next_local_mature: float | None = None
-        # hold_pushed: buckets being inserted leased to this queue (see lease_on_write).
-        self._leased_on_write: dict[ObjectId, tuple[dict[str, Any], ObjectId, float]] = {}
+        # Buckets being inserted leased to this queue (see ``hold_pushed``).
+        self._held_pushed: dict[ObjectId, tuple[dict[str, Any], ObjectId, float]] = {}
         self.paused = False
         self.draining = False
         self.fetcher: AsyncWorker | None = None
@@ -106,7 +106,7 @@ class AsyncConsumerState:
             return sum(1 for b in self.held.values() if b.queued > 0)
 
     def _hold(self, b: core.HeldBucket, now: float) -> list[core.Message]:
-        """Hold ``b`` here (claimed, or leased on write) and serve its ready items."""
+        """Hold ``b`` here (claimed, or held pushed) and serve its ready items."""
         with self._mutex:
             msgs = b.ready_messages(now, self.options.max_tries)
             b.queued = len(msgs)

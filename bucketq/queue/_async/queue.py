@@ -212,7 +212,7 @@ class AsyncQueue(AsyncQueueApi):
         await self._setup(deadlines.attempt_timeout(deadline, _now()))
         self._producer.place(buckets)
         docs, bad = bucket.build_documents(buckets, bucket.OpenBucket.document)
-        self._consumer.lease_on_write(docs)
+        self._consumer.hold_pushed(docs)
 
         async def documents(todo: list[bucket.OpenBucket]) -> list[dict[str, Any]]:
             return [docs[ob.id] for ob in todo]

@@ -296,10 +296,10 @@ class Claiming(StateFlush):
                 self._lose(old)
                 return False
 
-    def lease_on_write(self, docs: dict[Any, dict[str, Any]]) -> None:
-        """``hold_pushed``: while this queue object consumes, the mature buckets it writes
-        are inserted already leased to it (``written`` serves them here), which spares
-        a claim per bucket; if this process dies, they come back when the lease runs out.
+    def hold_pushed(self, docs: dict[Any, dict[str, Any]]) -> None:
+        """The ``hold_pushed`` option: while this queue object consumes, the mature
+        buckets it writes are inserted already leased to it (``written`` serves them
+        here), which spares a claim per bucket; if this process dies, they come back when the lease runs out.
         Consuming means a reserve() waits now or was served within a third of the lease:
         a queue object that reserved once and then only pushes keeps nothing from others."""
         if not self.options.hold_pushed or self.fetcher is None or self.paused:
@@ -312,23 +312,23 @@ class Claiming(StateFlush):
         for bid, doc in docs.items():
             if bucket.from_datetime(doc["mature"]) <= now:
                 token = ObjectId()
-                self._leased_on_write[bid] = (dict(doc), token, now)
+                self._held_pushed[bid] = (dict(doc), token, now)
                 _, upd = core.claim_request(now, token, self.options.owner, self.options.lease)
                 doc.update(upd["$set"], leases=1)
 
     def not_written(self, docs: dict[Any, dict[str, Any]]) -> None:
         """Writing these buckets was given up: they are not held here."""
         for k in docs:
-            self._leased_on_write.pop(k, None)
+            self._held_pushed.pop(k, None)
 
     def written(self, buckets: list[bucket.OpenBucket], now: float) -> None:
-        """Buckets were just stored: serve those leased on write, claim the others (at
+        """Buckets were just stored: serve those held pushed, claim the others (at
         their mature time, if later)."""
         claim = False
         for ob in buckets:
-            held = self._leased_on_write.pop(ob.id, None)
+            held = self._held_pushed.pop(ob.id, None)
             if held is not None:
-                self._hold_written(*held)
+                self._serve_held_pushed(*held)
                 continue
             claim = True
             if ob.mature > now and (
@@ -338,7 +338,7 @@ class Claiming(StateFlush):
         if claim:
             self._fetch_wake.notify()
 
-    def _hold_written(self, doc: dict[str, Any], token: ObjectId, sent: float) -> None:
+    def _serve_held_pushed(self, doc: dict[str, Any], token: ObjectId, sent: float) -> None:
         """Serve a bucket this queue inserted leased to itself, as if it had claimed it."""
         b = core.HeldBucket(doc, token, sent, self.options.lease)
         b.origin = self.origin
