@@ -72,10 +72,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "Queue.consume() is the worker's entry on the queue, imported when called; the "
         "worker itself uses the queue's public methods only"
     ),
-    ("bucketq.admin", "bucketq.queue._core.held"): (
-        "the dead-letter requeue holds a bucket as the queue's consumer does "
-        "(HeldBucket, state_write): to become a queue operation"
-    ),
 }
 
 

@@ -25,19 +25,15 @@ from ..bucket.times import to_datetime
 from ..stream.core import META_ID, META_SUFFIX
 
 __all__ = [
-    "DEAD_HEADERS",
     "ItemView",
     "QueueRow",
     "Rates",
     "classify",
     "counts_pipeline",
     "item_views",
-    "requeued_headers",
     "shorten",
 ]
 
-#: Headers a dead letter carries that say why it died; a requeued item drops them.
-DEAD_HEADERS = ("x-source-queue", "x-dead-at", "x-tries", "x-reason")
 #: Characters of a payload ``peek`` shows.
 PREVIEW_CHARS = 200
 #: Most items ``peek`` and ``dead list`` return at once.
@@ -242,21 +238,6 @@ def item_views(doc: dict[str, Any], now: float, *, stream: bool = False) -> list
             )
         )
     return views
-
-
-def requeued_headers(headers: Any) -> dict[str, Any] | None:
-    """A dead letter's headers less the ones that say why it died."""
-    if not isinstance(headers, dict):
-        return None
-    kept = {k: v for k, v in headers.items() if k not in DEAD_HEADERS}
-    return kept or None
-
-
-def dead_source(name: str, headers: Any) -> str:
-    """The queue a dead letter of ``<name>.dlq`` came from: its ``x-source-queue``, else ``name``."""
-    if isinstance(headers, dict) and isinstance(headers.get("x-source-queue"), str):
-        return str(headers["x-source-queue"])
-    return name
 
 
 @dataclass

@@ -11,30 +11,20 @@ import logging
 import time
 from typing import Any
 
-from bson import ObjectId
-from pymongo import ReturnDocument
-
 from ..._validate import printable
-from ...bucket import CLAIM_SORT, not_leased
+from ...bucket import CLAIM_SORT
 from ...bucket.codec import collection
 from ...bucket.damage import quarantine_name
-from ...bucket.document import parse_item_id
 from ...bucket.options import DLQ_SUFFIX, check_name
-from ...bucket.times import to_datetime
 from ...bucket.writes import durable_write_concern
 from ...errors import ConfigurationError
-from ...queue import AsyncQueue
-from ...queue._core.held import HeldBucket, state_write
+from ...queue import AsyncDeadLetters
 from ...stream.core import META_SUFFIX
 from .. import _core as core
 
 log = logging.getLogger("bucketq.admin")
 
 _now = time.time
-#: Owner of the lease this module takes on a dead-letter bucket while it moves its items.
-ADMIN_OWNER = "bucketq-admin"
-#: That lease, in seconds: longer than moving one bucket's items takes.
-ADMIN_LEASE = 60.0
 
 
 class AsyncInspector:
@@ -163,84 +153,14 @@ class AsyncInspector:
     async def _move_dead(
         self, name: str, ids: list[str] | None, *, requeue: bool
     ) -> dict[str, int]:
-        dlq = check_name(name) + DLQ_SUFFIX
-        col = self._col(dlq)
-        wanted: dict[ObjectId, set[int]] | None = None
-        if ids is not None:
-            wanted = {}
-            for i in ids:
-                bid, index = parse_item_id(i)
-                wanted.setdefault(bid, set()).add(index)
-        report = {"items": 0, "buckets": 0, "busy": 0, "missing": 0}
-        if wanted is not None:
-            bucket_ids: list[Any] = list(wanted)
-        else:
-            bucket_ids = [d["_id"] async for d in col.find({}, {"_id": 1}).sort(CLAIM_SORT)]
-        targets: dict[str, Any] = {}
-        try:
-            for bid in bucket_ids:
-                await self._move_bucket(col, name, bid, wanted, requeue, targets, report)
-        finally:
-            for q in targets.values():
-                await q.close()
+        dead = AsyncDeadLetters(self.db, name)
+        report = await (dead.requeue(ids) if requeue else dead.purge(ids))
         if report["items"]:
             log.info(
                 "queue %s: %s %d dead letters", printable(name), "requeued" if requeue else "purged",
                 report["items"],
             )  # fmt: skip
         return report
-
-    async def _move_bucket(
-        self,
-        col: Any,
-        name: str,
-        bid: Any,
-        wanted: dict[ObjectId, set[int]] | None,
-        requeue: bool,
-        targets: dict[str, Any],
-        report: dict[str, int],
-    ) -> None:
-        now = _now()
-        token = ObjectId()
-        dnow = to_datetime(now)
-        doc = await col.find_one_and_update(
-            {"_id": bid, **not_leased(dnow)},
-            {"$set": {"lease": {"tok": token, "owner": ADMIN_OWNER,
-                                "until": to_datetime(now + ADMIN_LEASE)}}},
-            return_document=ReturnDocument.BEFORE,
-        )  # fmt: skip
-        if doc is None:
-            exists = await col.find_one({"_id": bid}, {"_id": 1})
-            report["busy" if exists else "missing"] += 1
-            return
-        doc["lease"] = None  # ours now: no takeover try is counted
-        b = HeldBucket(doc, token, now, ADMIN_LEASE)
-        items = b.items or []
-        pick = [
-            i for i in range(b.n)
-            if not b.is_done(i) and (wanted is None or i in wanted.get(bid, ()))
-        ]  # fmt: skip
-        if wanted is not None:
-            report["missing"] += len(wanted.get(bid, ())) - len(pick)
-        if requeue:
-            receipts = []
-            for i in pick:
-                headers = items[i].get("h")
-                target = core.dead_source(name, headers)
-                if target not in targets:
-                    targets[target] = AsyncQueue(self.db, target)
-                receipts.append(
-                    await targets[target].push(
-                        items[i].get("p"), headers=core.requeued_headers(headers), durable=True
-                    )
-                )
-            for r in receipts:
-                await r.wait()
-        for i in pick:
-            b.dead(i)  # stored elsewhere (or purged): consumed here
-        await col.bulk_write([state_write(b, _now(), ADMIN_LEASE, release=True)])
-        report["items"] += len(pick)
-        report["buckets"] += 1
 
 
 def _check_n(n: Any) -> int:

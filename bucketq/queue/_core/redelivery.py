@@ -56,3 +56,22 @@ def dead_letter_headers(queue: str, msg_headers: Any, tries: int, reason: str, n
         }
     )
     return h
+
+
+#: Headers a dead letter carries that say why it died; a requeued item drops them.
+DEAD_HEADERS = ("x-source-queue", "x-dead-at", "x-tries", "x-reason")
+
+
+def requeued_headers(headers: Any) -> dict[str, Any] | None:
+    """A dead letter's headers less the ones that say why it died."""
+    if not isinstance(headers, dict):
+        return None
+    kept = {k: v for k, v in headers.items() if k not in DEAD_HEADERS}
+    return kept or None
+
+
+def dead_source(name: str, headers: Any) -> str:
+    """The queue a dead letter of ``<name>.dlq`` came from: its ``x-source-queue``, else ``name``."""
+    if isinstance(headers, dict) and isinstance(headers.get("x-source-queue"), str):
+        return str(headers["x-source-queue"])
+    return name
