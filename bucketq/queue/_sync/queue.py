@@ -283,7 +283,7 @@ class Queue(QueueApi):
         what is held at once. Returns what it did. Options (``concurrency``, ``batch``,
         ``time_limit``, ``retry_for``, ...) are those of :class:`bucketq.worker.Worker`,
         which this runs; see docs/worker.md."""
-        # The worker is built above the queue, on its public methods: imported when used.
+        # The worker knows the queue only as the object it is given; imported when used.
         from ...worker import Worker
 
         return Worker(self, handler, **options).run()
