@@ -11,13 +11,13 @@ most ``state_flush_period``, 0.5 s) still count as leased.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from ..bucket import CLAIM_SORT, not_leased
 from ..bucket.codec import decode_items
+from ..bucket.convert import jsonable
 from ..bucket.damage import QUARANTINE_SUFFIX
 from ..bucket.document import is_consumed, item_id
 from ..bucket.options import DLQ_SUFFIX
@@ -92,7 +92,7 @@ class ItemView:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["mature"] = self.mature.isoformat() if self.mature else None
-        out["headers"] = _jsonable(self.headers)
+        out["headers"] = jsonable(self.headers)
         return out
 
 
@@ -188,24 +188,8 @@ def age(now: float, t: datetime | None) -> float | None:
 
 
 def shorten(value: Any, limit: int = PREVIEW_CHARS) -> str:
-    text = json.dumps(_jsonable(value), ensure_ascii=False, default=str)
+    text = json.dumps(jsonable(value), ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return f"<{len(value)} bytes>"
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
 
 
 def item_views(doc: dict[str, Any], now: float, *, stream: bool = False) -> list[ItemView]:
@@ -230,7 +214,7 @@ def item_views(doc: dict[str, Any], now: float, *, stream: bool = False) -> list
             ItemView(
                 id=f"{bid}.{i}" if stream else item_id(bid, i),
                 payload=shorten(payload),
-                size=len(json.dumps(_jsonable(payload), default=str)),
+                size=len(json.dumps(jsonable(payload), default=str)),
                 headers=it.get("h"),
                 tries=int(tries.get(str(i), 0)),
                 mature=nexts.get(str(i)) or (doc.get("at") if stream else doc.get("mature")),

@@ -2,7 +2,8 @@
 (the bucket queue) and ``bucketq.stream`` (ordered stream mode).
 
 - the bucket document: its fields and item ids (``document``), the item codec
-  (``codec``), damage checks and quarantine records (``damage``);
+  (``codec``), item values between BSON and JSON (``convert``), damage checks and
+  quarantine records (``damage``);
 - options, limits and name checks (``options``), times (``times``), packing pushed
   items into buckets (``packing``);
 - the write path: a write's outcome, transient errors, the back-off between tries and

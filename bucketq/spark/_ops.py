@@ -14,7 +14,6 @@ nothing (deleted, or tombstones in a stream, so no number is left open).
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import json
 import logging
@@ -23,16 +22,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from decimal import Decimal
 from typing import Any
 
-from bson import ObjectId
-from bson.decimal128 import Decimal128
 from pymongo import MongoClient
 
 from .. import _validate as v
 from .. import bucket
 from ..bucket.codec import CODEC_OPTIONS, decode_items, encode_item, may_have_headers
+from ..bucket.convert import bson_value, json_bytes, json_list
 from ..bucket.deadline import client_timeouts
 from ..bucket.writes import durable_write_concern
 from ..embedded import URI_ENV
@@ -234,57 +231,6 @@ def schema_ddl(o: Options) -> str:
     )
 
 
-def _json_default(v: Any) -> Any:
-    if isinstance(v, _dt.datetime):
-        return v.isoformat()
-    if isinstance(v, _dt.date):
-        return v.isoformat()
-    if isinstance(v, ObjectId):
-        return str(v)
-    if isinstance(v, bytes):
-        return base64.b64encode(v).decode()
-    if isinstance(v, Decimal128 | Decimal):
-        return str(v)
-    return str(v)
-
-
-_std_json = json.JSONEncoder(
-    separators=(",", ":"), ensure_ascii=False, default=_json_default
-).encode
-
-try:  # the spark extra installs it: faster than the standard library's encoder
-    from orjson import JSONEncodeError as _OrjsonError
-    from orjson import dumps as _orjson_dumps
-except ImportError:  # pragma: no cover
-    _orjson_dumps = None  # type: ignore[assignment]
-
-    class _OrjsonError(Exception):  # type: ignore[no-redef]
-        pass
-
-
-def json_bytes(v: Any) -> bytes:
-    """Compact UTF-8 JSON text of a decoded BSON value (dates ISO 8601, ObjectIds and
-    decimals as strings, bytes base64): orjson's when it can (not for NaN or infinity,
-    which it writes as null), else the standard library's, which writes the same text."""
-    if _orjson_dumps is not None:
-        try:
-            return _orjson_dumps(v, default=_json_default)
-        except _OrjsonError:
-            pass  # nested deeper than orjson follows, say: the standard library's text
-    return _std_json(v).encode()
-
-
-def _json_list(values: list[Any]) -> list[bytes]:
-    """:func:`json_bytes` of each value, in one comprehension when orjson takes them all."""
-    if _orjson_dumps is not None:
-        dumps, default = _orjson_dumps, _json_default
-        try:
-            return [dumps(v, default=default) for v in values]
-        except _OrjsonError:
-            pass
-    return [json_bytes(v) for v in values]
-
-
 #: Rows per Arrow record batch a read task yields (whole buckets, so a batch may be larger).
 ARROW_BATCH_ROWS = 10_000
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
@@ -351,7 +297,7 @@ class Columns:
                 pay = [p if isinstance(p, bytes) else json_bytes(p) for p in pay]
             self.payload += pay
         else:
-            self.payload += _json_list([it["p"] for it in items])
+            self.payload += json_list([it["p"] for it in items])
         if may_have_headers(blob):
             self.headers += [None if (h := it.get("h")) is None else json_bytes(h) for it in items]
         else:
@@ -572,21 +518,6 @@ def read_seq_range(o: Options, lo: int, hi: int) -> Iterator[Any]:
 # -- writes: staged buckets, published by the driver's commit ----------------------------
 
 
-def _plain(v: Any) -> Any:
-    """Row values BSON cannot take as they are."""
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    if isinstance(v, Decimal):
-        return Decimal128(v)
-    if isinstance(v, _dt.date) and not isinstance(v, _dt.datetime):
-        return v.isoformat()
-    if isinstance(v, bytearray):
-        return bytes(v)
-    return v
-
-
 def row_item(row: Any, fields: list[str], fmt: str) -> bytes:
     """Encode one Spark row as a bucket item.
 
@@ -606,8 +537,8 @@ def row_item(row: Any, fields: list[str], fmt: str) -> bytes:
             h = json.loads(h)
         elif h is not None and hasattr(h, "asDict"):
             h = h.asDict(recursive=True)
-        return encode_item(_plain(p), _plain(h) if h else None)
-    return encode_item(_plain(row.asDict(recursive=True)))
+        return encode_item(bson_value(p), bson_value(h) if h else None)
+    return encode_item(bson_value(row.asDict(recursive=True)))
 
 
 def stage(o: Options, mode: str, job: str, items: Iterable[bytes], task: int = 0) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bucketq.bucket import convert
 from bucketq.bucket.codec import encode_item
 from bucketq.errors import ConfigurationError, PayloadTooLarge
 from bucketq.spark import _ops as ops
@@ -206,7 +207,7 @@ def test_json_text_is_the_same_with_either_encoder():
         {"b": b"\x01\x02", "nested": {"x": {"y": []}}},
     ]
     for v in values:
-        assert ops.json_bytes(v) == ops._std_json(v).encode()
+        assert ops.json_bytes(v) == convert._std_json(v).encode()
 
 
 def test_a_write_into_a_partitioned_queue_goes_to_its_tasks_partitions(db, mongo_uri, db_name):
