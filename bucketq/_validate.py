@@ -664,5 +664,29 @@ def cli_url(*schemes: str) -> Any:
     return parse
 
 
+def deprecated_alias(
+    subparsers: Any, old: str, new: str, dest: str, build: Callable[[Any], Any]
+) -> Any:
+    """Add ``old`` to ``subparsers`` as a hidden alias of the command ``new`` (argparse
+    lists a command only when it has a help text): ``build(parser)`` adds the command's
+    arguments and its ``func``; ``dest`` becomes ``new``'s name, so the command runs as
+    itself, after one line on stderr that names the new spelling. Old spellings are kept
+    so for a release. The caller gives ``subparsers`` a ``metavar`` of the shown names."""
+    import sys
+
+    p = subparsers.add_parser(old)
+    build(p)
+    func = p.get_default("func")
+    prog = p.prog.rsplit(" ", 1)[0]
+
+    def run(args: Any) -> Any:
+        print(f"{prog} {old}: deprecated, use `{prog} {new}` (the old name goes in a later "
+              "release)", file=sys.stderr)  # fmt: skip
+        return func(args)
+
+    p.set_defaults(func=run, **{dest: new})
+    return p
+
+
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 MONGODB_SCHEMES = ("mongodb", "mongodb+srv")

@@ -100,8 +100,8 @@ def _bench(args: argparse.Namespace) -> int:
     )
 
 
-def _server(args: argparse.Namespace) -> int:
-    """The embedded server in the foreground, supervised: restarted on the same port and
+def _store(args: argparse.Namespace) -> int:
+    """The embedded store in the foreground, supervised: restarted on the same port and
     data when it dies; exit 1 when it cannot be restarted (``--restarts``)."""
     import logging
 
@@ -131,6 +131,32 @@ def _server(args: argparse.Namespace) -> int:
         pass
     supervisor.close(keep_data=args.data is not None)
     return 1 if supervisor.gave_up else 0
+
+
+STORE_HELP = "run the embedded MongoDB-wire store in the foreground, print its URI"
+
+
+def _store_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--port", type=v.cli_count(0, 65535), default=27017)
+    s.add_argument("--data", help="data directory (default: a temporary one, removed on exit)")
+    s.add_argument("--standalone", action="store_true", help="faster writes, no change streams")
+    s.add_argument(
+        "--restarts",
+        type=v.cli_count(0),
+        default=DEFAULT_RESTARTS,
+        metavar="N",
+        help=f"a server that died is restarted; after N failed restarts in a row the "
+        f"command exits 1 (default {DEFAULT_RESTARTS})",
+    )
+    s.add_argument(
+        "--restart-backoff",
+        type=v.cli_number(0.01, 3600.0),
+        default=DEFAULT_RESTART_BACKOFF_S,
+        metavar="SECONDS",
+        help=f"the first wait before a restart, doubled per failed attempt up to 30 s "
+        f"(default {DEFAULT_RESTART_BACKOFF_S:g})",
+    )
+    s.set_defaults(func=_store)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,29 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_logs_bench(bench_sub)
 
-    s = sub.add_parser(
-        "server", help="run the embedded MongoDB-wire server in the foreground, print its URI"
-    )
-    s.add_argument("--port", type=v.cli_count(0, 65535), default=27017)
-    s.add_argument("--data", help="data directory (default: a temporary one, removed on exit)")
-    s.add_argument("--standalone", action="store_true", help="faster writes, no change streams")
-    s.add_argument(
-        "--restarts",
-        type=v.cli_count(0),
-        default=DEFAULT_RESTARTS,
-        metavar="N",
-        help=f"a server that died is restarted; after N failed restarts in a row the "
-        f"command exits 1 (default {DEFAULT_RESTARTS})",
-    )
-    s.add_argument(
-        "--restart-backoff",
-        type=v.cli_number(0.01, 3600.0),
-        default=DEFAULT_RESTART_BACKOFF_S,
-        metavar="SECONDS",
-        help=f"the first wait before a restart, doubled per failed attempt up to 30 s "
-        f"(default {DEFAULT_RESTART_BACKOFF_S:g})",
-    )
-    s.set_defaults(func=_server)
+    # `store`, not `server`: beside `serve` (the HTTP service) the name says what it runs,
+    # the store the queues live in, as the docs and serve's settings call it.
+    _store_arguments(sub.add_parser("store", help=STORE_HELP))
+    v.deprecated_alias(sub, "server", "store", "command", _store_arguments)
 
     from .reservoir.cli import add_dlq_parser
     from .spark.pipeline import DESCRIPTION, add_arguments, run_from_args
@@ -268,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
     )
     add_arguments(pl).set_defaults(func=run_from_args)
+    # Shown: the commands with a help text (a deprecated alias has none).
+    sub.metavar = "{" + ",".join(a.dest for a in sub._choices_actions) + "}"
     return p
 
 

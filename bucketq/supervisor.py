@@ -1,4 +1,4 @@
-"""Keep the embedded server running: ``bucketq serve`` and ``bucketq server`` run it under
+"""Keep the embedded server running: ``bucketq serve`` and ``bucketq store`` run it under
 a :class:`StoreSupervisor`.
 
 The supervisor's thread looks at the server process every :data:`CHECK_INTERVAL`

@@ -47,7 +47,7 @@ def check_database(db: Any) -> Any:
     if mod.startswith("mongomock"):
         raise ConfigurationError(
             "mongomock cannot serve a queue: its updates are not atomic. Use a real MongoDB, "
-            "or the embedded server (`bucketq server`, or bucketq.embedded.EmbeddedServer)."
+            "or the embedded server (`bucketq store`, or bucketq.embedded.EmbeddedServer)."
         )
     raise ConfigurationError(
         f"Queue takes a pymongo Database, such as pymongo.MongoClient(uri)[db_name]; got {_describe(db)}."

@@ -306,17 +306,17 @@ def _bind(sock: Any, port: int) -> bool:
     return True
 
 
-# -- bucketq server ----------------------------------------------------------------------
+# -- bucketq store -----------------------------------------------------------------------
 
 
-def test_bucketq_server_restarts_its_store_and_exits_1_when_it_keeps_dying(tmp_path: Path) -> None:
+def test_bucketq_store_restarts_its_store_and_exits_1_when_it_keeps_dying(tmp_path: Path) -> None:
     """With --restarts 1 the first death is ridden out (same URI), the second within a
     minute of it is one failed restart too many: exit 1, the store not left behind."""
     data = tmp_path / "data"
     errors = tmp_path / "stderr"
     with errors.open("w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bucketq", "server", "--port", "0", "--data", str(data),
+            [sys.executable, "-m", "bucketq", "store", "--port", "0", "--data", str(data),
              "--restarts", "1", "--restart-backoff", "0.05"],
             stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -75,8 +75,8 @@ def _dead_port() -> int:
         (["bench", "--repeat", "0"], ["--repeat"]),
         (["bench", "--n", "-5"], ["--n"]),
         (["bench", "--procs", "1,x"], ["--procs"]),
-        (["server", "--port", "70000"], ["--port", "65535"]),
-        (["server", "--port", "abc"], ["--port"]),
+        (["store", "--port", "70000"], ["--port", "65535"]),
+        (["store", "--port", "abc"], ["--port"]),
         (["serve", "--port", "70000"], ["--port", "from 0 to 65535"]),
         (["serve", "--workers", "0"], ["--workers", "at least 1; got '0'"]),
         (["queues", "watch", "--interval", "nan"], ["--interval", "a finite number greater than 0"]),
@@ -123,13 +123,27 @@ def test_a_command_other_than_serve_does_not_need_the_server_extra():
     one_clear_line(out, "--repeat", "at least 1")
 
 
-def test_server_on_a_port_in_use_says_the_address_is_in_use():
+def test_store_on_a_port_in_use_says_the_address_is_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = bucketq("store", "--port", str(port))
+    one_clear_line(out, f"127.0.0.1:{port}", "in use")
+
+
+def test_an_old_command_name_still_runs_after_one_line_naming_the_new_one():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
         out = bucketq("server", "--port", str(port))
-    one_clear_line(out, f"127.0.0.1:{port}", "in use")
+    said, error = out.stderr.strip().splitlines()
+    assert said == ("bucketq server: deprecated, use `bucketq store` (the old name goes in a "
+                    "later release)")  # fmt: skip
+    assert f"127.0.0.1:{port}" in error and out.returncode == 1
+    commands = bucketq("--help").stdout.split("positional arguments:")[1].split()[0]
+    assert "store" in commands.strip("{}").split(",") and "server" not in commands
 
 
 @pytest.mark.parametrize(
