@@ -1,4 +1,4 @@
-"""``bucketq quarantine list|requeue|remove``: damaged buckets a queue set aside.
+"""``bucketq quarantine list|requeue|purge``: damaged buckets a queue set aside.
 
 A consumer that claims a damaged bucket (its items do not decode, their count is not
 the bucket's, a field is missing or ill-typed) moves it to ``<queue>.quarantine`` and
@@ -21,19 +21,20 @@ from .errors import BucketQError
 
 
 def add_quarantine_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``quarantine`` with ``list``, ``requeue`` and ``remove`` to ``subparsers``."""
+    """Add ``quarantine`` with ``list``, ``requeue`` and ``purge`` (the verbs of ``dlq`` and
+    ``queues dead``) to ``subparsers``; ``remove`` is a deprecated alias of ``purge``."""
     qp = subparsers.add_parser(
-        "quarantine", help="list, re-queue or remove the damaged buckets a queue set aside"
+        "quarantine", help="list, requeue or purge the damaged buckets a queue set aside"
     )
     sub = qp.add_subparsers(dest="quarantine_command", required=True,
-                            metavar="{list,requeue,remove}")  # fmt: skip
+                            metavar="{list,requeue,purge}")  # fmt: skip
     helps = {
         "list": "print each quarantined bucket: id, when, why, items recoverable and lost",
         "requeue": "put the items that can be recovered back in the queue (new buckets)",
-        "remove": "delete quarantined buckets for good",
+        "purge": "delete quarantined buckets for good",
     }
-    for cmd, text in helps.items():
-        p = sub.add_parser(cmd, help=text)
+
+    def arguments(p: argparse.ArgumentParser, cmd: str) -> None:
         p.add_argument("--mongodb-uri", type=v.cli_url(*v.MONGODB_SCHEMES),
                        help=f"MongoDB URI (default: ${URI_ENV})")  # fmt: skip
         p.add_argument(
@@ -46,6 +47,11 @@ def add_quarantine_parser(subparsers: Any) -> argparse.ArgumentParser:
         else:
             p.add_argument("--limit", type=v.cli_count(1), default=None, help="at most this many")
         p.set_defaults(func=run_quarantine)
+
+    for cmd, text in helps.items():
+        arguments(sub.add_parser(cmd, help=text), cmd)
+    v.deprecated_alias(sub, "remove", "purge", "quarantine_command",
+                       lambda p: arguments(p, "purge"))  # fmt: skip
     return qp
 
 
@@ -92,5 +98,5 @@ def _run(args: argparse.Namespace, q: Any) -> int:
               "in quarantine until removed)")  # fmt: skip
     else:
         n = q.remove_quarantined(args.id)
-        print(f"{args.queue}: removed {n} quarantined buckets")
+        print(f"{args.queue}: purged {n} quarantined buckets")
     return 0

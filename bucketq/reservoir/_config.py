@@ -152,7 +152,7 @@ class BufferConfig:
         "(`kind=attempts:base_ms`; kinds log, span, metric).", tag=ADDED)
     dlq_max: int = v.option(100000, v.count, lo=1,
         help="The DLQ keeps at most this many records; past it the oldest are dropped and counted "
-        "(`reservoir_buffer_dlq_dropped_total`, `bucketq dlq inspect`).", tag=ADDED)
+        "(`reservoir_buffer_dlq_dropped_total`, `bucketq dlq list`).", tag=ADDED)
     dispatch_delay_by_kind: Any = v.option("", ms_by_kind,
         help="How long a freshly accepted record of a kind waits in the transport before it may be flushed, "
         "e.g. `span=5000` (`kind=ms`), so an entity's follow-up records are flushed together; durable at "

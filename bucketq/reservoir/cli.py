@@ -1,4 +1,4 @@
-"""``bucketq dlq inspect|replay|purge``: the reservoir buffer's dead-letter queue.
+"""``bucketq dlq list|requeue|purge``: the reservoir buffer's dead-letter queue.
 
 ``add_dlq_parser(subparsers)`` adds the ``dlq`` command group to an argparse
 sub-parser set; the chosen command is ``args.func(args)``, which returns an exit code.
@@ -67,32 +67,43 @@ def _common(p: argparse.ArgumentParser, d: dict[str, Any]) -> None:
 
 
 def add_dlq_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``dlq`` with ``inspect``, ``replay`` and ``purge`` to ``subparsers`` (what
-    ``ArgumentParser.add_subparsers()`` returned). Returns the ``dlq`` parser."""
+    """Add ``dlq`` with ``list``, ``requeue`` and ``purge`` (the verbs of ``queues dead``
+    and ``quarantine``) to ``subparsers`` (what ``ArgumentParser.add_subparsers()``
+    returned); ``inspect`` and ``replay`` are deprecated aliases. Returns the ``dlq``
+    parser."""
     d = _defaults()
     dlq = subparsers.add_parser(
-        "dlq", help="inspect, replay or purge the reservoir buffer's dead-letter queue"
+        "dlq", help="list, requeue or purge the reservoir buffer's dead-letter queue"
     )
-    sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="{inspect,replay,purge}")
-    p = sub.add_parser("inspect", help="print dead-lettered records with their reason (read-only)")
-    _common(p, d)
-    p.add_argument(
-        "--limit", type=v.cli_count(1), default=20, help="at most this many (default 20)"
+    sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="{list,requeue,purge}")
+
+    def listing(p: argparse.ArgumentParser) -> None:
+        _common(p, d)
+        p.add_argument(
+            "--limit", type=v.cli_count(1), default=20, help="at most this many (default 20)"
+        )
+        p.add_argument("--json", action="store_true", help="one JSON object per line")
+        p.set_defaults(func=run_dlq)
+
+    def requeue(p: argparse.ArgumentParser) -> None:
+        _common(p, d)
+        p.add_argument(
+            "--limit", type=v.cli_count(1), default=None, help="at most this many (default all)"
+        )
+        p.set_defaults(func=run_dlq)
+
+    listing(
+        sub.add_parser("list", help="print dead-lettered records with their reason (read-only)")
     )
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.set_defaults(func=run_dlq)
-    p = sub.add_parser(
-        "replay", help="put dead-lettered records back on their shard with fresh attempts"
-    )
-    _common(p, d)
-    p.add_argument(
-        "--limit", type=v.cli_count(1), default=None, help="at most this many (default all)"
-    )
-    p.set_defaults(func=run_dlq)
+    requeue(sub.add_parser(
+        "requeue", help="put dead-lettered records back on their shard with fresh attempts"
+    ))  # fmt: skip
     p = sub.add_parser("purge", help="delete every dead-lettered record")
     _common(p, d)
     p.add_argument("--yes", action="store_true", help="do it (without --yes, only say how many)")
     p.set_defaults(func=run_dlq)
+    v.deprecated_alias(sub, "inspect", "list", "dlq_command", listing)
+    v.deprecated_alias(sub, "replay", "requeue", "dlq_command", requeue)
     return dlq
 
 
@@ -161,7 +172,7 @@ def _line(e: dict[str, Any]) -> str:
 async def _run(args: argparse.Namespace) -> int:
     transport, client = await _open(args)
     try:
-        if args.dlq_command == "inspect":
+        if args.dlq_command == "list":
             size = await transport.dlq_size()
             rows = await transport.dlq_inspect(args.limit)
             if args.json:
@@ -180,9 +191,9 @@ async def _run(args: argparse.Namespace) -> int:
                 )
                 for e in rows:
                     print(_line(e))
-        elif args.dlq_command == "replay":
+        elif args.dlq_command == "requeue":
             n = await transport.dlq_replay(args.limit, _current_shard())
-            print(f"replayed {n} record(s) onto their shards")
+            print(f"requeued {n} record(s) onto their shards")
         else:
             size = await transport.dlq_size()
             if not args.yes:

@@ -311,7 +311,7 @@ def damaged_message(name: str, seq: int, reason: str) -> str:
     return (
         f"Stream {name!r}: the bucket at seq {seq} is damaged ({reason}); it is not delivered "
         f"and the consumer does not go past it. Call consumer.quarantine({seq}) to set it aside "
-        "in the quarantine collection and go on (`bucketq quarantine list|requeue|remove "
+        "in the quarantine collection and go on (`bucketq quarantine list|requeue|purge "
         "--stream` then shows it, re-queues what can be recovered at the end of the stream, "
         "or removes it)."
     )

@@ -68,10 +68,10 @@ def _dead_port() -> int:
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["dlq", "inspect", "--transport", "redis", "--redis-url", "nonsense"], ["--redis-url", "redis://"]),
-        (["dlq", "inspect", "--transport", "redis", "--redis-url", "redis://x", "--limit", "-5"], ["--limit", "at least 1"]),
-        (["dlq", "replay", "--transport", "bucketq", "--limit", "0"], ["--limit"]),
-        (["dlq", "inspect", "--transport", "bucketq", "--mongodb-uri", "localhost"], ["--mongodb-uri", "mongodb://"]),
+        (["dlq", "list", "--transport", "redis", "--redis-url", "nonsense"], ["--redis-url", "redis://"]),
+        (["dlq", "list", "--transport", "redis", "--redis-url", "redis://x", "--limit", "-5"], ["--limit", "at least 1"]),
+        (["dlq", "requeue", "--transport", "bucketq", "--limit", "0"], ["--limit"]),
+        (["dlq", "list", "--transport", "bucketq", "--mongodb-uri", "localhost"], ["--mongodb-uri", "mongodb://"]),
         (["bench", "--repeat", "0"], ["--repeat"]),
         (["bench", "--n", "-5"], ["--n"]),
         (["bench", "--procs", "1,x"], ["--procs"]),
@@ -89,16 +89,16 @@ def test_a_bad_argument_is_one_line_and_exit_status_2(args, needles):
     one_clear_line(out, *needles)
 
 
-def test_dlq_inspect_on_a_dead_mongodb_is_one_line():
-    out = bucketq("dlq", "inspect", "--transport", "bucketq", "--mongodb-uri",
+def test_dlq_list_on_a_dead_mongodb_is_one_line():
+    out = bucketq("dlq", "list", "--transport", "bucketq", "--mongodb-uri",
                   f"mongodb://127.0.0.1:{_dead_port()}/?directConnection=true")  # fmt: skip
-    one_clear_line(out, "bucketq dlq inspect: error", "could not be reached")
+    one_clear_line(out, "bucketq dlq list: error", "could not be reached")
 
 
-def test_dlq_inspect_on_a_dead_redis_is_one_line():
-    out = bucketq("dlq", "inspect", "--transport", "redis", "--redis-url",
+def test_dlq_list_on_a_dead_redis_is_one_line():
+    out = bucketq("dlq", "list", "--transport", "redis", "--redis-url",
                   f"redis://127.0.0.1:{_dead_port()}/0")  # fmt: skip
-    one_clear_line(out, "bucketq dlq inspect: error")
+    one_clear_line(out, "bucketq dlq list: error")
 
 
 def test_bench_on_a_dead_mongodb_says_so_in_one_line():

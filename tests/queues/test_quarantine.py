@@ -105,7 +105,7 @@ async def test_a_truncated_bucket_gives_back_the_items_before_the_damage(bucket_
     assert await resolve(q.remove_quarantined(entry["id"])) == 1
 
 
-def test_the_quarantine_command_lists_requeues_and_removes(db, mongo_uri, capsys):
+def test_the_quarantine_command_lists_requeues_and_purges(db, mongo_uri, capsys):
     ids = write_buckets(db, "cq", 5, 2)
     db.cq.update_one({"_id": ids[0]}, {"$set": {"tries": {"x": "y"}}})
     q = Queue(db, "cq", poll_interval=0.2)
@@ -120,17 +120,18 @@ def test_the_quarantine_command_lists_requeues_and_removes(db, mongo_uri, capsys
     assert "5 items" in capsys.readouterr().out
     assert db["cq.quarantine"].count_documents({}) == 0
     assert db.cq.count_documents({}) == 1
-    # A damaged one again, removed this time.
+    # A damaged one again, purged this time.
     db.cq.update_one({}, {"$set": {"items": b"\x00"}})
     q = Queue(db, "cq", poll_interval=0.2)
     assert consume_sync(q, 1, deadline=3.0) == []
     q.close()
     assert db["cq.quarantine"].count_documents({}) == 1
-    assert cli_main(["quarantine", "remove", "--id", str(ids[0]), *common]) == 0
-    assert "removed 0" in capsys.readouterr().out  # re-queued in full before: gone already
+    assert cli_main(["quarantine", "purge", "--id", str(ids[0]), *common]) == 0
+    assert "purged 0" in capsys.readouterr().out  # re-queued in full before: gone already
     assert db["cq.quarantine"].count_documents({}) == 1
-    assert cli_main(["quarantine", "remove", *common]) == 0
-    assert "removed 1" in capsys.readouterr().out
+    assert cli_main(["quarantine", "remove", *common]) == 0  # the old name still works
+    out = capsys.readouterr()
+    assert "purged 1" in out.out and "use `bucketq quarantine purge`" in out.err
     assert db["cq.quarantine"].count_documents({}) == 0
     assert cli_main(["quarantine", "list", *common]) == 0
     assert "no quarantined buckets" in capsys.readouterr().out
