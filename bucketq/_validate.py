@@ -688,5 +688,49 @@ def deprecated_alias(
     return p
 
 
+#: The fallbacks a command's ``--mongodb-uri`` help names after ``$BUCKETQ_MONGODB_URI``.
+FROM_SERVE = "the embedded store of a running `bucketq serve`"
+STARTS_ONE = "an embedded store started for the run"
+
+
+def add_mongodb_uri(
+    p: Any, fallback: str = FROM_SERVE, *flags: str, dest: str = "mongodb_uri"
+) -> None:
+    """Add the one ``--mongodb-uri`` option to the argparse parser ``p``: checked as a
+    mongodb:// URL; ``fallback`` says what the command uses when neither it nor
+    ``$BUCKETQ_MONGODB_URI`` is given (docs/operations.md, "Which MongoDB a command uses");
+    ``flags`` are other spellings the command kept."""
+    p.add_argument("--mongodb-uri", *flags, dest=dest, type=cli_url(*MONGODB_SCHEMES),
+                   default=None, metavar="URI",
+                   help=f"MongoDB URI (default: ${MONGODB_URI_ENV}, else {fallback})")  # fmt: skip
+
+
+def mongodb_uri(given: str | None, *, serve: bool = True) -> str:
+    """Which MongoDB a command uses: ``given`` (its ``--mongodb-uri``), else
+    ``$BUCKETQ_MONGODB_URI``, else (``serve``) the URI file of a running ``bucketq serve``
+    whose embedded store is starting or running; "" when none (the command then starts a
+    store or says so). The one rule, for every command."""
+    uri = given or env_mongodb_uri()
+    if not uri and serve:
+        from .embedded import embedded_uri
+
+        uri = embedded_uri() or ""
+    return uri
+
+
+def require_mongodb_uri(given: str | None, purpose: str) -> str:
+    """:func:`mongodb_uri`, or :class:`~bucketq.errors.BucketQError` saying the three
+    ways to give one when there is none (``purpose``: "read", "consume from", ...)."""
+    from .errors import BucketQError
+
+    uri = mongodb_uri(given)
+    if not uri:
+        raise BucketQError(
+            f"No MongoDB to {purpose}: give --mongodb-uri, set {MONGODB_URI_ENV}, or start "
+            "`bucketq serve` (its embedded store) first."
+        )
+    return uri
+
+
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 MONGODB_SCHEMES = ("mongodb", "mongodb+srv")

@@ -10,7 +10,6 @@ import threading
 from typing import Any, NoReturn
 
 from . import _validate as v
-from .embedded import URI_ENV
 from .errors import BucketQError
 from .supervisor import DEFAULT_RESTART_BACKOFF_S, DEFAULT_RESTARTS
 
@@ -76,13 +75,13 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown contender(s): {unknown}; choose from {list(CONTENDERS)}", file=sys.stderr)
         return 2
-    uri = args.mongodb_uri or v.env_mongodb_uri()
+    uri = v.mongodb_uri(args.mongodb_uri, serve=False)
     if uri:
         _check_reachable(uri)
     return run_command(
         "bucketq bench",
         lambda: run(
-            args.mongodb_uri,
+            uri or None,
             quick=args.quick,
             n=args.n,
             sizes=args.sizes,
@@ -211,9 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     b.add_argument("--plots", metavar="DIR", help="PNG plots go here (default: bench-results/)")
     b.add_argument("--no-plots", action="store_true", help="write no plots")
-    b.add_argument(
-        "--mongodb-uri", help=f"use this MongoDB (default: ${URI_ENV}, else the embedded server)"
-    )
+    v.add_mongodb_uri(b, v.STARTS_ONE)
     b.set_defaults(func=_bench)
     # `bucketq bench` alone is the queue benchmark above; `bucketq bench NAME` runs another
     # benchmark, each adding its subcommand here with its own options.

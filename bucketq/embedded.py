@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote_plus
 
+from ._validate import MONGODB_URI_ENV as URI_ENV
 from .errors import EmbeddedServerError
 
 __all__ = ["EmbeddedServer", "embedded_uri", "find_server_command", "mongodb", "state_dir"]
@@ -815,9 +816,6 @@ def _wake_accept(host: str, port: int, deadline: float, gone: Callable[[], bool]
                 socket.create_connection((host, port), timeout=0.5).close()
             except OSError:
                 wake = False
-
-
-URI_ENV = "BUCKETQ_MONGODB_URI"
 
 
 class mongodb:  # noqa: N801 - used like a function: ``with mongodb(uri) as uri:``

@@ -16,7 +16,6 @@ import sys
 from typing import Any
 
 from . import _validate as v
-from .embedded import URI_ENV
 from .errors import BucketQError
 
 
@@ -35,8 +34,7 @@ def add_quarantine_parser(subparsers: Any) -> argparse.ArgumentParser:
     }
 
     def arguments(p: argparse.ArgumentParser, cmd: str) -> None:
-        p.add_argument("--mongodb-uri", type=v.cli_url(*v.MONGODB_SCHEMES),
-                       help=f"MongoDB URI (default: ${URI_ENV})")  # fmt: skip
+        v.add_mongodb_uri(p)
         p.add_argument(
             "--database", default=None, help="MongoDB database (default: the URI's, else bucketq)"
         )
@@ -56,9 +54,10 @@ def add_quarantine_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_quarantine(args: argparse.Namespace) -> int:
-    args.mongodb_uri = args.mongodb_uri or v.env_mongodb_uri()
-    if not args.mongodb_uri:
-        print(f"bucketq quarantine: give --mongodb-uri or set {URI_ENV}", file=sys.stderr)
+    try:
+        args.mongodb_uri = v.require_mongodb_uri(args.mongodb_uri, "read")
+    except BucketQError as exc:
+        print(f"bucketq quarantine: {exc}", file=sys.stderr)
         return 2
     from pymongo import MongoClient
 

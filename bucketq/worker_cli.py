@@ -20,8 +20,7 @@ from typing import Any
 
 from . import _validate as v
 from .cli import _check_reachable
-from .embedded import URI_ENV
-from .errors import BucketQError, ConfigurationError
+from .errors import ConfigurationError
 from .worker import core
 
 DEFAULT_DATABASE = "bucketq"
@@ -89,8 +88,7 @@ def _arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "--concurrency handlers, under one supervisor (default 1)")  # fmt: skip
     p.add_argument("--queue-option", action="append", default=[], metavar="NAME=VALUE",
                    help="a queue option, e.g. max_tries=5 or lease=60 (repeatable)")  # fmt: skip
-    p.add_argument("--mongodb-uri", help=f"MongoDB URI (default: ${URI_ENV}, else the "
-                   "embedded server of a running `bucketq serve`)")  # fmt: skip
+    v.add_mongodb_uri(p)
     p.add_argument("--database", help=f"database (default: $BUCKETQ_DATABASE, else the URI's, "
                    f"else {DEFAULT_DATABASE})")  # fmt: skip
     p.add_argument(
@@ -172,18 +170,6 @@ def _setup_logging(level: str, json_lines: bool) -> None:
     root.setLevel(level)
 
 
-def _uri(args: argparse.Namespace) -> str:
-    from .embedded import embedded_uri
-
-    uri = args.mongodb_uri or v.env_mongodb_uri() or embedded_uri()
-    if not uri:
-        raise BucketQError(
-            f"No MongoDB to consume from: give --mongodb-uri, set {URI_ENV}, or start "
-            "`bucketq serve` (its embedded server) first."
-        )
-    return uri
-
-
 def _database(client: Any, args: argparse.Namespace) -> Any:
     name = args.database or v.env_var("BUCKETQ_DATABASE", v.database_name, optional=True)
     return client[name] if name else client.get_default_database(DEFAULT_DATABASE)
@@ -201,7 +187,7 @@ def run_worker(args: argparse.Namespace) -> int:
     qopts = queue_options(args.queue_option)
     wopts = _worker_options(args)
     core.WorkerOptions.build(**wopts)
-    uri = _uri(args)
+    uri = v.require_mongodb_uri(args.mongodb_uri, "consume from")
     _check_reachable(uri)
     if args.processes > 1:
         return _supervise(args, uri, qopts)
@@ -339,7 +325,7 @@ def _supervise(args: argparse.Namespace, uri: str, qopts: dict[str, Any]) -> int
             text = "none" if value is None else repr(value)
             argv += [f"--{s.field.replace('_', '-')}", text]
     # The URI goes in the environment, not on a command line other users can read.
-    env = {**os.environ, URI_ENV: uri}
+    env = {**os.environ, v.MONGODB_URI_ENV: uri}
     drain = args.drain_timeout
     if drain is None:
         from .bucket import QueueOptions

@@ -1,8 +1,7 @@
 """``bucketq queues list|peek|dead|watch``: the queues and streams of a database.
 
 ``add_queues_parser(subparsers)`` adds the command group; ``args.func(args)`` runs it.
-MongoDB: ``--mongodb-uri``, else ``$BUCKETQ_MONGODB_URI``, else the embedded server a
-running ``bucketq serve`` started (as ``bucketq keys`` finds it).
+MongoDB: ``--mongodb-uri`` found as every command finds it (``_validate.mongodb_uri``).
 """
 
 from __future__ import annotations
@@ -31,9 +30,7 @@ def add_queues_parser(subparsers: Any) -> argparse.ArgumentParser:
                             metavar="{list,peek,dead,watch}")  # fmt: skip
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--mongodb-uri", default=None,
-                       help="MongoDB URI (default: $BUCKETQ_MONGODB_URI, else the embedded server "
-                            "of a running `bucketq serve`)")  # fmt: skip
+        v.add_mongodb_uri(p)
         p.add_argument("--database", default=None,
                        help=f"database (default: $BUCKETQ_DATABASE, else the URI's, else {DEFAULT_DATABASE})")  # fmt: skip
         p.add_argument("--json", action="store_true", help="print JSON, for scripts")
@@ -69,25 +66,13 @@ def add_queues_parser(subparsers: Any) -> argparse.ArgumentParser:
     return qp
 
 
-def _uri(args: argparse.Namespace) -> str:
-    from ..embedded import URI_ENV, embedded_uri
-
-    uri = args.mongodb_uri or v.env_mongodb_uri() or embedded_uri()
-    if not uri:
-        raise BucketQError(
-            f"No MongoDB to read: give --mongodb-uri, set {URI_ENV}, or start "
-            "`bucketq serve` (its embedded server) first."
-        )
-    return uri
-
-
 def run_queues(args: argparse.Namespace) -> int:
     from pymongo import MongoClient
 
     from ..bucket.deadline import client_timeouts
     from . import Inspector
 
-    uri = _uri(args)
+    uri = v.require_mongodb_uri(args.mongodb_uri, "read")
     client: Any = MongoClient(uri, tz_aware=True, **client_timeouts(uri))
     try:
         name = args.database or v.env_var("BUCKETQ_DATABASE", v.database_name, optional=True)

@@ -327,11 +327,7 @@ class _Servers:
     whole benchmark; else an embedded server, started afresh when :meth:`due`."""
 
     def __init__(self, uri: str | None) -> None:
-        import os
-
-        from ..embedded import URI_ENV
-
-        self.uri = uri or os.environ.get(URI_ENV) or None
+        self.uri = v.mongodb_uri(uri, serve=False) or None
         self.embedded: Any = None
         self.items = 0
 

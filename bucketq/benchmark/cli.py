@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import _validate as v
+
 
 def run_command(command: str, body: Callable[[], Any], json_path: str | None = None) -> int:
     """Run ``body``: SIGTERM unwinds like Ctrl-C (worker and server processes are
@@ -59,10 +61,7 @@ def add_run_arguments(
     p.add_argument(f"--{what}", dest=f"{what}s", action="append", choices=choices,
                    help=f"run only this {what} (repeatable)")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    p.add_argument(
-        "--mongodb-uri",
-        help="use this MongoDB (default: $BUCKETQ_MONGODB_URI, else the embedded server)",
-    )
+    v.add_mongodb_uri(p, v.STARTS_ONE)
     names = [k for k, x in inspect.signature(run).parameters.items()
              if x.kind is x.KEYWORD_ONLY and k != "json_path"]  # fmt: skip
 

@@ -26,7 +26,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..embedded import URI_ENV
+from .. import _validate as v
 
 SIZES = (10_000, 100_000, 1_000_000)
 QUICK_SIZES = (10_000, 100_000)
@@ -60,9 +60,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-neighbour", action="store_true", help="skip the neighbour's ingest part")
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    p.add_argument(
-        "--mongodb-uri", help=f"use this MongoDB (default: ${URI_ENV}, else the embedded server)"
-    )
+    v.add_mongodb_uri(p, v.STARTS_ONE)
     p.set_defaults(func=run_from_args)
     return p
 
@@ -191,7 +189,7 @@ def run(
 ) -> dict[str, Any]:
     from ..embedded import EmbeddedServer
 
-    uri = uri or os.environ.get(URI_ENV) or None
+    uri = v.mongodb_uri(uri, serve=False) or None
     embedded = None if uri else EmbeddedServer().start()
     server_uri = uri or str(embedded.uri)  # type: ignore[union-attr]
     database = f"bqbench_logs_{os.urandom(4).hex()}"
@@ -248,7 +246,7 @@ def _neighbour(uri: str, database: str, big: int, readers: int, window: float) -
     from .ingest._serve import ServeProcess
     from .ingest._stats import latency_summary
 
-    serve = ServeProcess({"BUCKETQ_MONGODB_URI": uri, "BUCKETQ_DATABASE": database,
+    serve = ServeProcess({v.MONGODB_URI_ENV: uri, "BUCKETQ_DATABASE": database,
                           "RESERVOIR_BUFFER_ENABLED": "true", "RESERVOIR_BUFFER_TRANSPORT": "memory"})  # fmt: skip
     serve.start()
     try:

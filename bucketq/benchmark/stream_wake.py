@@ -132,11 +132,11 @@ def _run_mode(
 def run(mongodb_uri: str | None, *, n: int = DEFAULT_N, gap_min: float = DEFAULT_GAP_MIN,
         gap_max: float = DEFAULT_GAP_MAX, modes: list[str] | None = None,
         json_path: str | None = None) -> dict[str, Any]:  # fmt: skip
-    from ..embedded import URI_ENV, EmbeddedServer
+    from ..embedded import EmbeddedServer
 
     if gap_max < gap_min:
         raise RuntimeError(f"--gap-max ({gap_max}) must be at least --gap-min ({gap_min})")
-    uri = mongodb_uri or os.environ.get(URI_ENV) or None
+    uri = v.mongodb_uri(mongodb_uri, serve=False) or None
     embedded = None if uri else EmbeddedServer().start()
     uri = uri or embedded.uri  # type: ignore[union-attr]
     db_name = f"bqbench_wake_{os.getpid()}"

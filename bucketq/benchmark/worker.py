@@ -147,10 +147,10 @@ def run(mongodb_uri: str | None, *, n: int = DEFAULT_N, rounds: int = DEFAULT_RO
         contenders: list[str] | None = None, json_path: str | None = None) -> dict[str, Any]:  # fmt: skip
     from pymongo import MongoClient
 
-    from ..embedded import URI_ENV, EmbeddedServer
+    from ..embedded import EmbeddedServer
 
     names = [c for c in CONTENDERS if c in (contenders or CONTENDERS)]
-    uri = mongodb_uri or os.environ.get(URI_ENV) or None
+    uri = v.mongodb_uri(mongodb_uri, serve=False) or None
     embedded = None if uri else EmbeddedServer().start()
     uri = uri or embedded.uri  # type: ignore[union-attr]
     client: MongoClient = MongoClient(uri)

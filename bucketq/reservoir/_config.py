@@ -186,7 +186,7 @@ class BufferConfig:
     memory_capacity: int = v.option(100000, v.count, lo=1, help="`memory`: records it holds at most; past it, ingests write to storage directly.", tag=ADDED)
     mongodb_uri: str = v.option("", v.url, schemes=v.MONGODB_SCHEMES,
         help="MongoDB for the `bucketq` transport (database from the URI, else `bucketq`).",
-        env="BUCKETQ_MONGODB_URI", tag=ADDED)
+        env=v.MONGODB_URI_ENV, tag=ADDED)
     # fmt: on
 
     def __post_init__(self) -> None:

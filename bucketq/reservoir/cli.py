@@ -32,14 +32,12 @@ def _defaults() -> dict[str, Any]:
             "transport": cfg.transport if cfg.transport in ("redis", "bucketq") else None,
             "prefix": cfg.stream_prefix,
             "redis_url": cfg.redis_url or None,
-            "mongodb_uri": cfg.mongodb_uri or None,
         }
     except BucketQError:
         return {
             "transport": None,
             "prefix": DEFAULT_STREAM_PREFIX,
             "redis_url": None,
-            "mongodb_uri": None,
         }
 
 
@@ -52,12 +50,7 @@ def _common(p: argparse.ArgumentParser, d: dict[str, Any]) -> None:
         default=d["redis_url"],
         help="Redis URL (default: $REDIS_URL)",
     )
-    p.add_argument(
-        "--mongodb-uri",
-        type=v.cli_url(*v.MONGODB_SCHEMES),
-        default=d["mongodb_uri"],
-        help="MongoDB URI (default: $BUCKETQ_MONGODB_URI)",
-    )
+    v.add_mongodb_uri(p)
     p.add_argument(
         "--database", default=None, help="MongoDB database (default: the URI's, else bucketq)"
     )
@@ -136,9 +129,8 @@ async def _open(args: argparse.Namespace) -> tuple[Any, Any]:
     from ..bucket.deadline import client_timeouts
     from ._bucketq import BucketqTransport
 
-    if not args.mongodb_uri:
-        raise BucketQError("The bucketq DLQ needs --mongodb-uri or BUCKETQ_MONGODB_URI.")
-    client: Any = AsyncMongoClient(args.mongodb_uri, **client_timeouts(args.mongodb_uri))
+    uri = v.require_mongodb_uri(args.mongodb_uri, "read the bucketq DLQ from")
+    client: Any = AsyncMongoClient(uri, **client_timeouts(uri))
     db = client[args.database] if args.database else client.get_default_database("bucketq")
     return BucketqTransport(db, prefix=args.prefix), client
 

@@ -102,7 +102,7 @@ def secret(name: str, value: str) -> str:
 class ServerConfig:
     """The service's settings; build with :func:`from_env` or with keywords."""
 
-    mongodb_uri: str = v.option("", v.url, schemes=v.MONGODB_SCHEMES, env="BUCKETQ_MONGODB_URI",
+    mongodb_uri: str = v.option("", v.url, schemes=v.MONGODB_SCHEMES, env=v.MONGODB_URI_ENV,
         help="MongoDB for storage, keys and the buffer; unset: `bucketq serve` starts the embedded server.")
     database: str = v.option("", v.database_name, optional=True, env="BUCKETQ_DATABASE",
         help="Database for logs, spans, metrics and API keys (default: the URI's, else `bucketq`).")

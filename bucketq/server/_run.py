@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..embedded import URI_FILE, EmbeddedServer, private_dir, state_dir, write_private
+from ..embedded import URI_ENV, URI_FILE, EmbeddedServer, private_dir, state_dir, write_private
 from ..reservoir import from_env as buffer_from_env
 from ..supervisor import StateFile, StoreSupervisor
 from ._config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, from_env
@@ -203,7 +203,7 @@ def _serve_workers(
     metrics_dir = tempfile.mkdtemp(prefix="bucketq-metrics-")
     # What the workers read (spawned: a fresh interpreter each, with this environment).
     os.environ[MULTIPROC_ENV] = metrics_dir
-    os.environ["BUCKETQ_MONGODB_URI"] = cfg.mongodb_uri
+    os.environ[URI_ENV] = cfg.mongodb_uri
     os.environ["BUCKETQ_DATABASE"] = cfg.database
     os.environ[_WORKER_LOG_LEVEL_ENV] = log_level
     try:

@@ -55,16 +55,10 @@ def _keys_db(args: argparse.Namespace) -> tuple[Any, Any]:
     from pymongo import MongoClient
 
     from ..bucket.writes import durable_write_concern
-    from ..embedded import embedded_uri
     from ._config import from_env
 
-    cfg = from_env(mongodb_uri=args.mongodb_uri, database=args.database)
-    uri = cfg.mongodb_uri or embedded_uri()
-    if not uri:
-        raise BucketQError(
-            "No MongoDB to keep keys in: set BUCKETQ_MONGODB_URI (or --mongodb-uri), "
-            "or start `bucketq serve` (its embedded server) first."
-        )
+    uri = v.require_mongodb_uri(args.mongodb_uri, "keep keys in")
+    cfg = from_env(mongodb_uri=uri, database=args.database)
     client: Any = MongoClient(uri, serverSelectionTimeoutMS=cfg.mongodb_timeout_ms, tz_aware=True)
     db = client[cfg.database] if cfg.database else client.get_default_database(DEFAULT_DATABASE)
     # A key reported created (or revoked) is on disk, as every write bucketq reports.
@@ -143,7 +137,7 @@ def _logs(args: argparse.Namespace) -> int:
 
         client, db = _keys_db(args)  # the checks and the database name `keys` uses
         client.close()
-        aclient: Any = AsyncMongoClient(_uri_of(args), tz_aware=True)
+        aclient: Any = AsyncMongoClient(v.mongodb_uri(args.mongodb_uri), tz_aware=True)
         try:
             store = MongoReservoir(aclient[db.name]).logstore
             left = await store.legacy_left()
@@ -170,16 +164,8 @@ def _logs(args: argparse.Namespace) -> int:
         return 1
 
 
-def _uri_of(args: argparse.Namespace) -> str:
-    from ..embedded import embedded_uri
-    from ._config import from_env
-
-    cfg = from_env(mongodb_uri=args.mongodb_uri, database=args.database)
-    return cfg.mongodb_uri or embedded_uri() or ""
-
-
-def _db_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mongodb-uri", help="MongoDB URI (default: $BUCKETQ_MONGODB_URI)")
+def _db_options(p: argparse.ArgumentParser, fallback: str = v.FROM_SERVE) -> None:
+    v.add_mongodb_uri(p, fallback)
     p.add_argument("--database",
                    help=f"database (default: $BUCKETQ_DATABASE, else the URI's, else {DEFAULT_DATABASE})")  # fmt: skip
 
@@ -190,7 +176,8 @@ def add_parsers(sub: Any) -> None:
         "serve",
         help=f"run the log ingestion HTTP API (LogTide-shaped and OTLP) (needs {EXTRA})",
         description="Serve POST /api/v1/ingest, OTLP/HTTP /v1/logs and /v1/traces, GET /api/v1/logs, "
-        "/metrics, /health, /ready. Storage: $BUCKETQ_MONGODB_URI, else the embedded server. "
+        "/metrics, /health, /ready. Storage: --mongodb-uri, else $BUCKETQ_MONGODB_URI, else an "
+        "embedded store it starts. "
         "The buffer: RESERVOIR_BUFFER_* (off by default). See docs/server.md.",
     )
     s.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
@@ -200,7 +187,7 @@ def add_parsers(sub: Any) -> None:
         default=DEFAULT_PORT,
         help=f"port (default {DEFAULT_PORT}; 0: any free)",
     )
-    _db_options(s)
+    _db_options(s, "an embedded store it starts and keeps running")
     s.add_argument(
         "--data",
         help="embedded server's data directory (default: ~/.local/share/bucketq/serve-data)",

@@ -12,7 +12,7 @@
 3. once the queue is drained (or after ``--duration`` seconds) it writes per-minute
    counts per service and level to ``OUT/counts`` and prints the busiest minutes.
 
-With no ``--uri`` (and no ``$BUCKETQ_MONGODB_URI``) the embedded server is started.
+With no ``--mongodb-uri`` (and no ``$BUCKETQ_MONGODB_URI``) an embedded store is started.
 """
 
 from __future__ import annotations
@@ -220,12 +220,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The pipeline's options, on ``p`` (``bucketq pipeline`` and ``python -m`` share them)."""
     from .. import _validate as v
 
-    p.add_argument(
-        "--uri",
-        "--mongodb-uri",
-        dest="uri",
-        help="MongoDB URI (default: $BUCKETQ_MONGODB_URI, else the embedded server)",
-    )
+    v.add_mongodb_uri(p, v.STARTS_ONE, "--uri", dest="uri")
     p.add_argument("--database", default="bucketq")
     p.add_argument("--queue", default="logs", help="the stream-mode queue to read (default: logs)")
     p.add_argument("--out", default="pipeline-out", help="output directory (Parquet + checkpoint)")
@@ -269,13 +264,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    from .. import _validate as v
     from ..embedded import mongodb
     from . import _need_pyspark
 
     _need_pyspark()  # a clear "pip install 'bucketq[spark]'" before any server starts
-    with mongodb(args.uri) as uri:
-        if not args.uri and not args.generate:
-            print("no --uri given: using a fresh embedded server; add --generate N to have data")
+    given = v.mongodb_uri(args.uri, serve=False)
+    with mongodb(given or None) as uri:
+        if not given and not args.generate:
+            print("no --mongodb-uri given: using a fresh embedded store; add --generate N to "
+                  "have data")  # fmt: skip
         return run(args, uri)
 
 

@@ -89,6 +89,29 @@ def test_a_bad_argument_is_one_line_and_exit_status_2(args, needles):
     one_clear_line(out, *needles)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["queues", "list"], ["quarantine", "list", "--queue", "q"], ["keys", "list"],
+     ["dlq", "list", "--transport", "bucketq"], ["worker", "json:dumps", "--queue", "q"]],
+    ids=["queues", "quarantine", "keys", "dlq", "worker"],
+)  # fmt: skip
+def test_every_command_without_a_mongodb_names_the_same_three_ways(args, tmp_path):
+    # a data directory of its own: no running `bucketq serve` wrote a URI there
+    out = bucketq(*args, environ={"XDG_DATA_HOME": str(tmp_path)})
+    one_clear_line(out, "give --mongodb-uri, set BUCKETQ_MONGODB_URI, or start `bucketq serve`")
+
+
+@pytest.mark.parametrize(
+    "command", [["queues", "list"], ["keys", "list"], ["worker", "json:dumps", "--queue", "q"]]
+)
+def test_a_mongodb_uri_that_is_not_one_is_refused_before_anything_runs(command):
+    out = bucketq(*command, "--mongodb-uri", "localhost:27017")
+    assert out.returncode == 2
+    one_clear_line(out, "--mongodb-uri", "mongodb://")
+    out = bucketq(*command, environ={"BUCKETQ_MONGODB_URI": "localhost:27017"})
+    one_clear_line(out, "BUCKETQ_MONGODB_URI", "Fix or unset the variable")
+
+
 def test_dlq_list_on_a_dead_mongodb_is_one_line():
     out = bucketq("dlq", "list", "--transport", "bucketq", "--mongodb-uri",
                   f"mongodb://127.0.0.1:{_dead_port()}/?directConnection=true")  # fmt: skip

@@ -82,7 +82,7 @@ def mode_env(mode: str, *, uri: str, database: str, prefix: str, redis_url: str)
         raise ConfigurationError(f"mode must be one of {', '.join(MODES)}; got {mode!r}.")
     env = {
         "BUCKETQ_LOG_LAYOUT": layout,
-        "BUCKETQ_MONGODB_URI": uri,
+        v.MONGODB_URI_ENV: uri,
         "BUCKETQ_DATABASE": database,
         _BUFFER + "ENABLED": "false" if mode == "off" else "true",
         _BUFFER + "STREAM_PREFIX": prefix,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...embedded import URI_ENV
+from ... import _validate as v
 from ._stats import MODES
 
 
@@ -67,9 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write every figure and the environment to PATH")
     p.add_argument("--plots", metavar="DIR", help="the PNG goes here (default: bench-results/)")
     p.add_argument("--no-plots", action="store_true", help="write no plot")
-    p.add_argument(
-        "--mongodb-uri", help=f"use this MongoDB (default: ${URI_ENV}, else the embedded server)"
-    )
+    v.add_mongodb_uri(p, v.STARTS_ONE)
     p.add_argument("--redis-url", help="Redis for the redis mode (default: $REDIS_URL)")
     p.set_defaults(func=run_from_args)
     return p

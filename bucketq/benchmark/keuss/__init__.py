@@ -246,13 +246,13 @@ def run(
     json_path: str | None = None,
 ) -> dict[str, Any]:
     """Run the rounds, print the table, write the JSON (``json_path``); returns it."""
-    from ...embedded import URI_ENV, EmbeddedServer
+    from ...embedded import EmbeddedServer
     from .._runner import environment
 
     n = n or (QUICK_N if quick else DEFAULT_N)
     where = Path(keuss_dir) if keuss_dir else default_dir()
     version = ensure_keuss(where)
-    uri = mongodb_uri or os.environ.get(URI_ENV) or None
+    uri = v.mongodb_uri(mongodb_uri, serve=False) or None
     embedded = None if uri else EmbeddedServer().start()
     uri = uri or str(embedded.uri)  # type: ignore[union-attr]
     out: dict[str, Any] = {"n": n, "rounds": []}
@@ -429,10 +429,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--keuss-dir", metavar="DIR",
                    help=f"where keuss is installed from npm (default {default_dir()})")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    p.add_argument(
-        "--mongodb-uri",
-        help="use this MongoDB (default: $BUCKETQ_MONGODB_URI, else the embedded server)",
-    )
+    v.add_mongodb_uri(p, v.STARTS_ONE)
 
     def run_from_args(a: argparse.Namespace) -> int:
         return run_command("bucketq bench keuss", lambda: run(
