@@ -11,7 +11,8 @@ Waiting: tests wait for conditions, never for time. ``eventually(predicate)`` an
 import them with ``from waiting import eventually``.
 
 Markers, set here by directory: ``faults`` (tests/faults), ``spark`` (tests/spark),
-``bench`` (tests/test_benchmark.py); ``soak`` is opt-in (``-m soak``).
+``bench`` (tests/test_benchmark.py); ``slow`` on every test outside ``FAST_TIER``
+(``pytest -m "not slow"`` runs the fast tier); ``soak`` is opt-in (``-m soak``).
 
 Parallel: the suite runs on pytest-xdist workers, two per core (``-n auto`` in
 pyproject.toml's addopts, ``WORKERS_PER_CORE``; ``-n0`` runs it in one process). Each worker has its own session fixtures (its own embedded
@@ -55,6 +56,30 @@ _ROOT = Path(__file__).resolve().parent
 #: Marker by the first part of a test's path under tests/.
 _MARKERS = {"faults": "faults", "spark": "spark", "test_benchmark.py": "bench"}
 
+#: The fast tier (``pytest -m "not slow"``): files of pure tests and of tests that run in
+#: the test process against the shared store, a few seconds a file. Every other test is
+#: marked ``slow``: it starts processes (servers, workers, JVMs, browsers) or waits on
+#: leases and deadlines. A new file of that first kind belongs here.
+FAST_TIER = frozenset(
+    f"tests/{f}.py"
+    for f in (
+        "test_layers", "test_readme_links", "test_results_page", "test_supervisor",
+        "test_unasync", "test_bench_worker",
+        "admin/test_metrics", "celery_broker/test_transport",
+        "queues/test_claim_forms", "queues/test_config_and_wakeups",
+        "queues/test_core_properties", "queues/test_deadline", "queues/test_loops",
+        "queues/test_partition_core", "queues/test_write_concern",
+        "reservoir/test_auto_overflow", "reservoir/test_breaker", "reservoir/test_config",
+        "reservoir/test_idempotent", "reservoir/test_in_flight", "reservoir/test_metrics",
+        "reservoir/test_shutdown", "reservoir/test_storage",
+        "misuse/test_fork", "sdk/test_queue", "sdk/test_spill",
+        "server/test_key_cache", "server/test_operator_keys", "server/test_pure",
+        "server/test_storage_outage",
+        "stream/test_lazy_import", "stream/test_stream_damage",
+        "worker/test_core", "worker/test_endpoint",
+    )
+)  # fmt: skip
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 #: xdist groups (``--dist loadgroup``): the tests that use one of these module- or
 #: session-scoped fixtures, each of which starts processes, run on one worker, so they are
@@ -89,6 +114,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = _MARKERS.get(top)
         if marker:
             item.add_marker(marker)
+        if item.path.resolve().relative_to(_ROOT.parent).as_posix() not in FAST_TIER:
+            item.add_marker("slow")
         group = (
             "spark"
             if top == "spark"
