@@ -10,6 +10,7 @@ import pytest
 
 from bucketq import ConfigurationError, PayloadNotEncodable, PayloadTooLarge, QueueClosed
 from queue_kinds import resolve
+from waiting import eventually_async
 
 
 async def consume_all(q, expected, timeout=10.0):
@@ -289,7 +290,8 @@ async def test_blocked_reserve_wakes_on_local_push(flavour):
         waiter = asyncio.ensure_future(q.reserve(timeout=30))
     else:  # a sync reserve blocks its thread: wait in another one
         waiter = asyncio.ensure_future(asyncio.to_thread(q.reserve, 30))
-    await asyncio.sleep(0.3)
+    await eventually_async(lambda: q.stats()["waiting_reserves"] == 1, timeout=10,
+                           what="the reserve to block")  # fmt: skip
     await resolve(q.push("wake"))
     m = await waiter
     assert m is not None and m.payload == "wake"

@@ -207,7 +207,7 @@ def test_a_refused_batch_goes_to_the_spill_with_the_servers_reason(primary, pkey
     bad_key.log("info", "who am I")
     assert bad_key.flush(30)
     bad_field = Client(primary.url, pkey, spill_dir=tmp_path, service=svc, **FAST_SDK)
-    bad_field.log("info", "bad trace", trace_id="not-hex")
+    bad_field.log("info", "bad trace", trace_id="t" * 129)  # text ids up to 128 characters
     assert bad_field.flush(30)
     reasons = {r["log"]["message"]: r for r in spilled(tmp_path)}
     assert reasons["who am I"]["reason"].startswith("HTTP 401")

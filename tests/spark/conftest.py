@@ -50,12 +50,28 @@ JVM_OPTIONS = (
 )
 
 
+#: This test run's directory for Spark's temporary files, once ``_spark_tmp`` made it.
+_TMP: dict[str, str] = {}
+
+
+def spark_tmp() -> str:
+    """Where Spark's temporary files go: this run's directory; in a process the tests
+    started, its ``TMPDIR`` (:func:`spark_env`)."""
+    return _TMP.get("dir") or tempfile.gettempdir()
+
+
+def spark_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) for a process the tests start that runs Spark,
+    with ``TMPDIR`` set to :func:`spark_tmp`. Only those processes get it: the test
+    process's own ``TMPDIR`` stays, for the other tests its worker runs."""
+    return {**(os.environ if env is None else env), "TMPDIR": spark_tmp()}
+
+
 def jvm_options() -> str:
     """:data:`JVM_OPTIONS`, and the JVM's temporary files (Spark's block managers and
-    shuffle files, its native libraries) in the temporary directory of this test run
-    rather than /tmp: ``TMPDIR``, set by :func:`_spark_tmp` and inherited by the
-    processes the tests start. No perf-data file in /tmp either."""
-    return f"{JVM_OPTIONS} -XX:-UsePerfData -Djava.io.tmpdir={tempfile.gettempdir()}"
+    shuffle files, its native libraries) in :func:`spark_tmp` rather than /tmp; no
+    perf-data file in /tmp either."""
+    return f"{JVM_OPTIONS} -XX:-UsePerfData -Djava.io.tmpdir={spark_tmp()}"
 
 
 def cluster_app() -> dict[str, str]:
@@ -102,8 +118,7 @@ def _spark_tmp(tmp_path_factory) -> None:
     """Temporary files of Spark and of the processes the tests start under this run's
     temporary directory (pytest keeps the last few runs' and removes older ones), not
     in /tmp where each run left dozens."""
-    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("spark-tmp", numbered=False))
-    tempfile.tempdir = None  # read TMPDIR again
+    _TMP["dir"] = str(tmp_path_factory.mktemp("spark-tmp", numbered=False))
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import spark_session
+from conftest import spark_env, spark_session
 
 
 def committed_batches(checkpoint: Path) -> int:
@@ -40,7 +40,8 @@ def kill_when(args: list[str], log: Path, until, what: str, timeout: float = 240
 
     with open(log, "w") as out:
         p = subprocess.Popen([sys.executable, __file__, *args], stdout=out,
-                             stderr=subprocess.STDOUT, start_new_session=True, env=env)  # fmt: skip
+                             stderr=subprocess.STDOUT, start_new_session=True,
+                             env=spark_env(env))  # fmt: skip
     try:
 
         def ready() -> bool:

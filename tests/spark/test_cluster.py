@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import cluster_app, jvm_options
+from conftest import cluster_app, jvm_options, spark_env
 from spark_worker import committed_batches, kill_when
 
 from bucketq.stream import StreamQueue
@@ -71,12 +71,14 @@ class Cluster:
 
     def _start(self, name: str, *args: str) -> Path:
         log = self.logs / f"{name}.log"
-        env = dict(
-            os.environ,
-            SPARK_LOCAL_IP="127.0.0.1",
-            SPARK_DAEMON_MEMORY="256m",
-            SPARK_DAEMON_JAVA_OPTS=jvm_options(),
-            SPARK_NO_DAEMONIZE="1",
+        env = spark_env(
+            dict(
+                os.environ,
+                SPARK_LOCAL_IP="127.0.0.1",
+                SPARK_DAEMON_MEMORY="256m",
+                SPARK_DAEMON_JAVA_OPTS=jvm_options(),
+                SPARK_NO_DAEMONIZE="1",
+            )
         )
         with open(log, "w") as out:
             self.procs.append(
@@ -152,7 +154,7 @@ def driver_env() -> dict[str, str]:
     conf = " ".join(f"--conf {k}={v}" for k, v in cluster_app().items() if "Java" not in k)
     jvm = jvm_options()
     opts = f'--driver-java-options "{jvm}" --conf "spark.executor.extraJavaOptions={jvm}"'
-    return dict(os.environ, PYSPARK_SUBMIT_ARGS=f"{conf} {opts} pyspark-shell")
+    return spark_env(dict(os.environ, PYSPARK_SUBMIT_ARGS=f"{conf} {opts} pyspark-shell"))
 
 
 def test_pipeline_runs_on_a_standalone_cluster(cluster, mongo_uri, mongo_client, db_name, tmp_path):

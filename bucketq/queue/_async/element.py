@@ -60,6 +60,7 @@ class AsyncElementQueue(AsyncQueueApi):
             )
         self._dlq_col = collection(db, opts.dead_letter_name(name), self._col.write_concern)
         self._wake = AsyncNotifier()
+        self._waiting = 0  # reserve() calls blocked for items
         self._paused = False
         async_register_exit(self)
         self._health = deadlines.Health(f"queue {name}")
@@ -191,7 +192,11 @@ class AsyncElementQueue(AsyncQueueApi):
             if wait is None:
                 return None
             attempt += 1
-            await self._wake.wait(gen, wait)
+            self._waiting += 1
+            try:
+                await self._wake.wait(gen, wait)
+            finally:
+                self._waiting -= 1
 
     @boundary("reserve_many()")
     async def reserve_many(
@@ -335,7 +340,7 @@ class AsyncElementQueue(AsyncQueueApi):
         return self._bounded(what)
 
     def stats(self) -> dict[str, int]:
-        return dict(self._stats)
+        return {**self._stats, "waiting_reserves": self._waiting}
 
     @boundary("remove()")
     async def remove(self, id: str) -> bool:

@@ -367,6 +367,7 @@ class AsyncQueue(AsyncQueueApi):
         s["open_buckets"] = self._producer.open_buckets
         s["held_buckets"] = len(self._consumer.held)
         s["ready_in_memory"] = len(self._consumer.ready)
+        s["waiting_reserves"] = self._consumer._waiters  # reserve() calls blocked for items
         return s
 
     # -- quarantine ----------------------------------------------------------------------------

@@ -62,6 +62,7 @@ class ElementQueue(QueueApi):
             )
         self._dlq_col = collection(db, opts.dead_letter_name(name), self._col.write_concern)
         self._wake = Notifier()
+        self._waiting = 0  # reserve() calls blocked for items
         self._paused = False
         register_exit(self)
         self._health = deadlines.Health(f"queue {name}")
@@ -193,7 +194,11 @@ class ElementQueue(QueueApi):
             if wait is None:
                 return None
             attempt += 1
-            self._wake.wait(gen, wait)
+            self._waiting += 1
+            try:
+                self._wake.wait(gen, wait)
+            finally:
+                self._waiting -= 1
 
     @boundary("reserve_many()")
     def reserve_many(self, max_items: int, timeout: float | None = None) -> list[core.Message]:
@@ -335,7 +340,7 @@ class ElementQueue(QueueApi):
         return self._bounded(what)
 
     def stats(self) -> dict[str, int]:
-        return dict(self._stats)
+        return {**self._stats, "waiting_reserves": self._waiting}
 
     @boundary("remove()")
     def remove(self, id: str) -> bool:
