@@ -1,6 +1,6 @@
 """The web console of ``bucketq serve`` at ``/console``: logs (search, live tail, a
 record's detail), queues and streams (counts, charts, dead letters and quarantined
-buckets with requeue and remove), and the ingest buffer (shards, breaker, DLQ replay).
+buckets with requeue and purge), and the ingest buffer (shards, breaker, DLQ replay).
 
 ``router`` is a FastAPI ``APIRouter`` with its own lifespan (the queue watch and its
 metrics); the app includes it. Pages are rendered on the server (Jinja2, in the
