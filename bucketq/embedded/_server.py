@@ -1,21 +1,9 @@
-"""Start the embedded MongoDB-wire server (SecantusDB) as a separate process.
-
-SecantusDB is GPL-2.0, so bucketq never imports it: it runs its command line,
-``secantusd-py``, installed by the ``embedded`` extra. Tests, benchmarks and the
-CLI use this whenever no MongoDB URI is given.
-
-A data directory holds, besides the server's own files: ``secantusd.log`` (the
-server's log), ``bucketq.lock`` (locked by the bucketq process that runs the
-server, with both process ids) and, for a server started with ``auth=True``,
-``bucketq-credentials`` (the generated user and password, mode 0600).
-"""
+"""The embedded server: one ``secantusd-py`` process started, watched and stopped, and
+:class:`mongodb`, a URI for a block."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import ctypes
-import fcntl
 import json
 import logging
 import os
@@ -23,386 +11,40 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import quote_plus
 
-from ._validate import MONGODB_URI_ENV as URI_ENV
-from .errors import EmbeddedServerError
-
-__all__ = ["EmbeddedServer", "embedded_uri", "find_server_command", "mongodb", "state_dir"]
+from .._validate import MONGODB_URI_ENV as URI_ENV
+from ..errors import EmbeddedServerError
+from ._files import CONFIG_FILE, CREDENTIALS_FILE, LOG_FILE, _DataLock, private_dir, write_private
+from ._log import _LogPump, _ServerLog
+from ._process import (
+    _COMMAND,
+    _alive,
+    _die_with_parent,
+    _process_args,
+    _wake_accept,
+    find_server_command,
+)
 
 log = logging.getLogger("bucketq.embedded")
 
 _LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 _IN_USE = re.compile(r"already being managed by another process", re.IGNORECASE)
-_COMMAND = "secantusd-py"
 #: glibc malloc settings for the server process, unless the caller's environment sets
 #: them. The server decodes every document a scan touches into fresh memory; with
 #: glibc's default 128 KiB trim threshold the heap is given back to the kernel after
 #: each scan and the next one page-faults it in again, a large part of a claim's time.
 #: It keeps up to this much freed memory mapped.
 _MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
-LOG_FILE = "secantusd.log"
-LOCK_FILE = "bucketq.lock"
-CREDENTIALS_FILE = "bucketq-credentials"
-#: An empty configuration given with ``--config``: without it secantusd-py reads
-#: ``./secantusd.toml`` (or ``~/.secantus/...``) if one exists, and such a file could
-#: turn on test commands or TLS settings behind bucketq's back.
-CONFIG_FILE = "secantusd.toml"
 USER = "bucketq"
 #: A stop's budget: checkpoint, SIGTERM and a clean exit, then SIGKILL.
 STOP_TIMEOUT = 10.0
-_PR_SET_PDEATHSIG = 1
-
-
-def find_server_command() -> str:
-    """Return the path of ``secantusd-py``, preferring the one beside this Python."""
-    beside = Path(sys.executable).with_name(_COMMAND)
-    if beside.exists():
-        return str(beside)
-    found = shutil.which(_COMMAND)
-    if found:
-        return found
-    raise EmbeddedServerError(
-        "The embedded MongoDB server is not installed. Install it with "
-        "`pip install 'bucketq[embedded]'` (in a checkout of bucketq: "
-        "`pip install -e '.[embedded]'`), or give a MongoDB URI "
-        "(BUCKETQ_MONGODB_URI or --mongodb-uri)."
-    )
-
-
-def _die_with_parent(tied: bool | None = None) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the kernel send the server SIGTERM when its parent dies,
-    SIGKILL included (Linux ``PR_SET_PDEATHSIG``; SIGTERM lets it close its store).
-
-    Chosen over a watchdog process or pipe because it costs nothing at start and needs
-    nothing from the parent to fire. The kernel sends it when the *thread* that started
-    the server exits, so by default (``tied`` None) it is set only from the main thread;
-    ``tied=True`` sets it from any thread (a caller whose thread outlives the server: the
-    supervisor's), ``False`` never. Untied (and off Linux) the server outlives a killed
-    owner, and the next start on its data directory stops it (see
-    :meth:`EmbeddedServer.start`)."""
-    if tied is None:
-        tied = threading.current_thread() is threading.main_thread()
-    if not sys.platform.startswith("linux") or not tied:
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent, sig = os.getpid(), int(signal.SIGTERM)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, sig)
-        if os.getppid() != parent:  # the parent died before prctl: nothing would signal us
-            os._exit(1)
-
-    return preexec
-
-
-def _process_args(pid: int) -> str | None:
-    """The command line of a live process, None when it is gone (or a zombie)."""
-    if Path("/proc/self").exists():
-        try:
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return None
-        return raw.replace(b"\0", b" ").decode(errors="replace").strip() or None  # "": zombie
-    try:  # no /proc (macOS)
-        out = subprocess.run(["ps", "-p", str(pid), "-o", "command="], capture_output=True,
-                             text=True, timeout=5, check=False).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.strip() or None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _process_args(pid) is not None
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``path`` readable by its owner only (0600), whole or not at all."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def private_dir(path: Path) -> Path:
-    """Create ``path`` (and missing parents) and make it 0700: readable by its owner only.
-    A directory that is 0700 already is left alone (a read-only file system refuses even
-    a chmod that changes nothing)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.stat().st_mode & 0o7777 != 0o700:
-        path.chmod(0o700)
-    return path
-
-
-#: The file in :func:`state_dir` where a running ``bucketq serve`` with embedded storage
-#: keeps its server's URI (with the generated password) while it runs.
-URI_FILE = "serve.uri"
-#: Seconds :func:`embedded_uri` waits for a starting ``bucketq serve`` to write :data:`URI_FILE`.
-STARTING_WAIT = 60.0
-
-
-def state_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where ``bucketq serve`` keeps its embedded server's data and URI file (0700: the
-    URI carries the embedded server's password), for this process's environment or
-    another's (``environ``)."""
-    env = os.environ if environ is None else environ
-    home = env.get("HOME") or os.path.expanduser("~")
-    return Path(env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")) / "bucketq"
-
-
-def embedded_uri(wait: float = STARTING_WAIT) -> str | None:
-    """The URI a running ``bucketq serve`` with embedded storage wrote, if any. While a
-    ``bucketq serve`` of this user is running and the file is not there yet (its embedded
-    server is starting), wait for it, ``wait`` seconds at most: ``bucketq serve &`` then
-    ``bucketq keys create`` works as typed."""
-    here = state_dir()
-    path = here / URI_FILE
-    deadline = time.monotonic() + wait
-    told = False
-    while True:
-        try:
-            uri = path.read_text().strip() or None
-        except OSError:
-            uri = None
-        if uri is not None or time.monotonic() >= deadline:
-            return uri
-        pid = _starting_serve(here)
-        if pid is None:
-            return None
-        if not told:
-            told = True
-            print(f"waiting for bucketq serve (pid {pid}) to start its embedded server "
-                  f"({wait:.0f} s at most) ...", file=sys.stderr)  # fmt: skip
-        time.sleep(0.2)
-
-
-def _starting_serve(here: Path) -> int | None:
-    """The pid of a ``bucketq serve`` of this user that will write its URI file in
-    ``here`` (its own environment names that directory and no MongoDB URI), from
-    ``/proc``; None without one (or without ``/proc``)."""
-    me, uid = os.getpid(), os.getuid()
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    for pid in pids:
-        try:
-            if pid == me or os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            # `bucketq serve ...` (the console script) and `python -m bucketq serve ...`
-            pairs = zip(args, args[1:], strict=False)
-            if not any(a.endswith(b"bucketq") and b == b"serve" for a, b in pairs):
-                continue
-            if any(a.startswith(b"--mongodb-uri") for a in args):
-                continue
-            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        env = dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw if b"=" in kv)
-        if not env.get(URI_ENV) and state_dir(env) == here:
-            return pid
-    return None
-
-
-class _DataLock:
-    """``bucketq.lock`` in a data directory: an exclusive ``flock`` held by the bucketq
-    process that runs the server there. The kernel releases it when that process dies,
-    however it dies; the file names the owner, the server and its port, so the next
-    start can tell a live owner (refuse at once) from a dead one (stop its server)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / LOCK_FILE
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self) -> dict[str, Any]:
-        """Lock; return what the previous owner wrote (``{}`` if nothing)."""
-        if self._fd is not None:
-            return {}
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            info = self._read(fd)
-            os.close(fd)
-            owner = info.get("owner", "unknown")
-            raise EmbeddedServerError(
-                f"The data directory {self.path.parent} is in use: bucketq process {owner} "
-                f"runs its embedded server (pid {info.get('server', 'unknown')}). Stop that "
-                "process first, or give another data directory."
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        return self._read(fd)
-
-    @staticmethod
-    def _read(fd: int) -> dict[str, Any]:
-        try:
-            data = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def record(self, **info: Any) -> None:
-        """Write who runs the server (advisory: the lock is the flock; a full or read-only
-        disk must not stop a server that starts)."""
-        if self._fd is not None:
-            data = json.dumps({"owner": os.getpid(), **info}).encode()
-            try:
-                os.ftruncate(self._fd, 0)
-                os.pwrite(self._fd, data, 0)
-            except OSError as exc:
-                log.warning("could not write %s (%s); going on", self.path, exc)
-
-    def release(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
-            os.close(self._fd)  # closing the only descriptor releases the flock
-            self._fd = None
-
-
-class _ServerLog:
-    """The embedded server's log file, written line by line, and its last lines in memory;
-    one per :class:`EmbeddedServer`, across its restarts.
-
-    A line the file cannot take (a full or read-only disk, a file that cannot be opened)
-    is dropped and counted (:attr:`dropped`), and writing is tried again at the next line
-    at least :data:`RETRY_S` later: whoever feeds it (:class:`_LogPump`) never stops
-    reading the server's output. Both changes are logged once: when lines start being
-    dropped, and when the file takes them again (how many were dropped is said, and
-    noted in the file where they are missing)."""
-
-    #: Seconds between tries of a log file that failed.
-    RETRY_S = 1.0
-    #: Lines kept in memory.
-    TAIL = 200
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._tail: collections.deque[bytes] = collections.deque(maxlen=self.TAIL)
-        self._fd: int | None = None
-        self._lock = threading.Lock()
-        #: Lines dropped in all, and since the file last took one.
-        self.dropped = 0
-        self._dropping = 0
-        self._failing = False
-        self._next_try = 0.0
-
-    def last_lines(self, n: int) -> list[str]:
-        return [raw.decode(errors="replace") for raw in list(self._tail)[-n:]]
-
-    def write(self, raw: bytes) -> None:
-        with self._lock:
-            self._tail.append(raw)
-            now = time.monotonic()
-            if self._failing and now < self._next_try:
-                self._drop()
-                return
-            try:
-                if self._fd is None:
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                if self._failing:
-                    _write_all(self._fd, f"[bucketq: {self._dropping} lines of the server's "
-                                         "output are missing here: this file could not be "
-                                         "written]\n".encode())  # fmt: skip
-                _write_all(self._fd, raw)
-            except OSError as exc:
-                self._drop()
-                self._next_try = now + self.RETRY_S
-                self._close()
-                if not self._failing:
-                    self._failing = True
-                    log.warning(
-                        "the embedded server's log %s cannot be written (%s): its lines are "
-                        "dropped and counted until it can; the server goes on",
-                        self.path, exc,
-                    )  # fmt: skip
-                return
-            if self._failing:
-                log.warning("the embedded server's log %s is written again; %d lines were "
-                            "dropped", self.path, self._dropping)  # fmt: skip
-                self._failing, self._dropping = False, 0
-
-    def close(self) -> None:
-        with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-
-    def _drop(self) -> None:
-        self.dropped += 1
-        self._dropping += 1
-
-
-class _LogPump(threading.Thread):
-    """Reads one server process's output (stdout and stderr, one pipe) until it closes,
-    into the server's :class:`_ServerLog`. It never stops reading while the pipe is open:
-    a server whose pipe is not read blocks on its next line, for good. ``on_line`` sees
-    every line; ``done`` is called when the pipe closes (the process exited)."""
-
-    def __init__(
-        self,
-        pipe: IO[bytes],
-        sink: _ServerLog,
-        *,
-        on_line: Callable[[bytes], None] | None = None,
-        done: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(name="bucketq-embedded-log", daemon=True)
-        self._pipe, self._sink, self._on_line, self._done = pipe, sink, on_line, done
-
-    def run(self) -> None:
-        try:
-            for raw in iter(self._pipe.readline, b""):
-                try:
-                    self._sink.write(raw)
-                    if self._on_line is not None:
-                        self._on_line(raw)
-                except Exception:  # the pipe is read whatever happens
-                    log.exception("embedded server log: handling a line failed; reading on")
-        finally:
-            self._sink.close()
-            if self._done is not None:
-                self._done()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class EmbeddedServer:
@@ -415,7 +57,7 @@ class EmbeddedServer:
     but no change streams and no retryable writes. ``test_commands=True`` enables
     mongod's test-only commands (``configureFailPoint``), which fault tests use.
 
-    ``auth=True`` (``bucketq serve`` and ``bucketq server``) requires a user: the
+    ``auth=True`` (``bucketq serve`` and ``bucketq store``) requires a user: the
     first start of a data directory generates one (``bucketq``, root, a random
     password kept in its ``bucketq-credentials``, 0600) and :attr:`uri` carries it.
     The data directory is made 0700 and the server creates its files 0600.
@@ -797,25 +439,6 @@ class EmbeddedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _wake_accept(host: str, port: int, deadline: float, gone: Callable[[], bool]) -> None:
-    """Wait until ``gone()`` or the deadline, connecting to the server now and then.
-
-    secantusd-py's SIGTERM handler closes its listening socket and then waits up to 2 s
-    for its accept thread, which wakes only when a connection arrives, so every stop would
-    wait it out. A connection 0.1 s after the signal (the handler has
-    run by then) lets it exit at once; once the socket is gone, connecting is refused
-    and the waking stops."""
-    wake = port > 0
-    while not gone() and time.monotonic() < deadline:
-        time.sleep(0.05)
-        if wake and not gone():
-            time.sleep(0.05)
-            try:
-                socket.create_connection((host, port), timeout=0.5).close()
-            except OSError:
-                wake = False
 
 
 class mongodb:  # noqa: N801 - used like a function: ``with mongodb(uri) as uri:``
