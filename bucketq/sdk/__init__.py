@@ -22,7 +22,7 @@ by hand and returns a :class:`ReplayResult`.
 """
 
 from ._client import Client, IngestHandler
-from ._processor import close_all
+from ._registry import close_all
 from ._replay import replay
 from ._spill import ReplayResult
 

@@ -18,24 +18,23 @@ full too does the caller write its record to the spill itself. Every background 
 a long timeout rather than polling: a thread that wakes must take the interpreter lock
 from the application.
 
-Nothing is shared between processors: :func:`acquire` returns the one processor of a
+Nothing is shared between processors: ``_registry.acquire`` returns the one processor of a
 :class:`~bucketq.sdk._options.Config` (creating it on first use), and two configurations
 never share a queue, thread, connection or spill file.
 """
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from .._guard import LoopGuard
+from ._endpoint import Endpoint
 from ._options import DRAIN_BATCH_SIZE, DRAIN_START_PERCENT, DRAIN_STOP_PERCENT, LOGGER_NAME, Config
 from ._policy import (
     DOWN,
@@ -79,41 +78,6 @@ _SPILL_CHUNK = 500
 SPILL_BUFFER_QUEUES = 4
 #: a replay stops (to start again later) when the queue is this full with new records
 REPLAY_YIELD_PERCENT = 50.0
-
-
-@dataclass(eq=False)
-class Endpoint:
-    """Health of one server: up, or down since a connection failure until a probe
-    answers; paused until a Retry-After has passed. ``on_down`` is set when it goes down."""
-
-    name: str
-    ingest_url: str
-    base_url: str
-    api_key: str = field(repr=False)
-    on_down: threading.Event | None = field(default=None, repr=False)
-    up: bool = field(default=True, init=False)
-    paused_until: float = field(default=0.0, init=False)
-    reason: str = field(default="", init=False)
-
-    def available(self, now: float) -> bool:
-        return self.up and now >= self.paused_until
-
-    def mark_down(self, reason: str) -> bool:
-        was = self.up
-        self.up, self.reason = False, reason
-        if was:
-            if self.on_down is not None:
-                self.on_down.set()  # the health thread starts probing
-        return was
-
-    def mark_up(self) -> bool:
-        was = self.up
-        self.up, self.reason = True, ""
-        return not was
-
-    def pause(self, seconds: float, reason: str) -> None:
-        self.paused_until = max(self.paused_until, time.monotonic() + seconds)
-        self.reason = reason
 
 
 class Processor:
@@ -625,6 +589,8 @@ class Processor:
             self._drain_sender.close()
         self.spill.close()
         self._closed = True
+        from ._registry import _forget  # it imports this module
+
         _forget(self)
         if self.spill.has_segments():
             log.warning(
@@ -696,69 +662,3 @@ class Processor:
                 pass
         self._init_state()
         self._start()
-
-
-_registry: dict[tuple, Processor] = {}
-_registry_lock = threading.Lock()
-
-
-def acquire(cfg: Config) -> Processor:
-    """The processor of ``cfg`` (started on first use), with one more user counted."""
-    key = cfg.key()
-    with _registry_lock:
-        proc = _registry.get(key)
-        if proc is None or proc.closed:
-            proc = Processor(cfg)
-            _registry[key] = proc
-        proc._users += 1
-        return proc
-
-
-def release(proc: Processor, timeout: float | None = None) -> bool:
-    """One user fewer; the last one closes the processor (flushing with ``timeout``)."""
-    with _registry_lock:
-        proc._users -= 1
-        last = proc._users <= 0
-    if last:
-        return proc.close(timeout)
-    return proc.flush(timeout)
-
-
-def _forget(proc: Processor) -> None:
-    with _registry_lock:
-        key = proc.cfg.key()
-        if _registry.get(key) is proc:
-            del _registry[key]
-
-
-def processors() -> list[Processor]:
-    with _registry_lock:
-        return list(_registry.values())
-
-
-def close_all(timeout: float | None = None) -> None:
-    """Close every processor (the exit hook); each flushes for at most its own
-    ``shutdown_timeout`` and all of them together for at most the largest one."""
-    procs = processors()
-    if not procs:
-        return
-    budget = max(p.cfg.shutdown_timeout for p in procs) if timeout is None else timeout
-    deadline = time.monotonic() + budget
-    for p in procs:
-        try:
-            left = max(0.0, min(p.cfg.shutdown_timeout, deadline - time.monotonic()))
-            p.close(left)
-        except Exception:
-            log.exception("bucketq.sdk: closing a processor at exit failed")
-
-
-def _after_fork() -> None:
-    global _registry_lock
-    _registry_lock = threading.Lock()
-    for p in list(_registry.values()):
-        p._after_fork_in_child()
-
-
-atexit.register(close_all)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
