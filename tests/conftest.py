@@ -14,7 +14,7 @@ Markers, set here by directory: ``faults`` (tests/faults), ``spark`` (tests/spar
 ``bench`` (tests/test_benchmark.py); ``slow`` on every test outside ``FAST_TIER``
 (``pytest -m "not slow"`` runs the fast tier); ``soak`` is opt-in (``-m soak``).
 
-Parallel: the suite runs on pytest-xdist workers, two per core (``-n auto`` in
+Parallel: the suite runs on pytest-xdist workers, three per core (``-n auto`` in
 pyproject.toml's addopts, ``WORKERS_PER_CORE``; ``-n0`` runs it in one process). Each worker has its own session fixtures (its own embedded
 server, its own ``bucketq serve``), so a test must not depend on state another test
 left, and names what it creates uniquely (databases, Redis prefixes, ``tmp_path``).
@@ -94,10 +94,10 @@ _SHARED = {
 
 
 #: xdist workers per core (``-n auto``, addopts): most tests wait on processes they
-#: started (servers, workers, JVMs), so one per core would leave the cores idle; more
-#: workers than this only queue for the cores, and the load they add slows the tests
-#: that wait on deadlines.
-WORKERS_PER_CORE = 2
+#: started (servers, workers, JVMs), so one per core would leave the cores idle, and
+#: the three Spark groups each hold a worker for most of the run: with fewer workers the
+#: rest of the suite queued behind them. More only queue for the cores.
+WORKERS_PER_CORE = 3
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
