@@ -62,9 +62,11 @@ async def test_wrap_reservoir_is_off_by_default_and_health_reports_the_buffer():
         await buf.ingest(logs(3))
         h = await buf.health()
         assert h["status"] == "ok" and h["buffer"]["state"] == "running" and h["buffer"]["ok"]
-        await eventually_async(lambda: len(storage.stored["log"]) == 3, timeout=10,
-                               what="the buffer to hand the records to storage")  # fmt: skip
-        assert buf.stats()["pending"] == 0, "stored records are no longer pending"
+        # stored, then acknowledged: no longer pending
+        await eventually_async(
+            lambda: len(storage.stored["log"]) == 3 and buf.stats()["pending"] == 0,
+            timeout=10, what="the buffer to store the records and no longer hold them",
+        )  # fmt: skip
 
 
 async def test_a_signal_stops_the_http_server_first_then_drains_the_buffer(backends):
