@@ -290,6 +290,7 @@ def one_run(
 ) -> dict[str, Any]:
     import pyarrow as pa
 
+    from bucketq.bucket.codec import CODEC_OPTIONS
     from bucketq.spark import _ops as ops
     from bucketq.stream import StreamQueue
 
@@ -310,7 +311,7 @@ def one_run(
 
     # The floor's rows: exactly what the source yields for this stream, as an Arrow file.
     arrow = tmp / "rows.arrow"
-    docs = db.get_collection("bench_batch", codec_options=ops.CODEC_OPTIONS).find().sort("_id")
+    docs = db.get_collection("bench_batch", codec_options=CODEC_OPTIONS).find().sort("_id")
     batches = list(ops.arrow_batches(docs, "json", "stream"))
     with pa.ipc.new_file(str(arrow), batches[0].schema) as w:
         for b in batches:
