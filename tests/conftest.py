@@ -101,7 +101,10 @@ WORKERS_PER_CORE = 3
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
+    if "not slow" in (config.getoption("markexpr") or ""):
+        return cores  # the fast tier waits on nothing: each worker's start-up is its cost
+    return WORKERS_PER_CORE * cores
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
