@@ -217,6 +217,7 @@ class StoreSupervisor:
         attempt = 0
         try:
             while not self._stop.wait(self.check_interval):
+                self.server.retry_log()
                 code = self.server.returncode()
                 if code is None:
                     strikes = strikes + 1 if self._storage_failed(client) else 0

@@ -45,3 +45,24 @@ def test_the_state_file_is_read_again_only_after_its_interval(tmp_path):
     path.write_text("{not json")  # a torn file: the last state stands
     now[0] = 3.0
     assert reader.current() == StoreState("up", pid=7)
+
+
+def test_a_quiet_servers_log_is_tried_again_without_a_line(tmp_path, caplog):
+    """A server restarted while its disk was broken may say nothing more: the supervisor's
+    check tries the file again, so its gap is noted and the operator hears it healed."""
+    from bucketq.embedded._log import _ServerLog
+
+    caplog.set_level("WARNING", logger="bucketq.embedded")
+    path = tmp_path / "gone" / "secantusd.log"  # its directory missing: opening fails
+    sink = _ServerLog(path)
+    sink.RETRY_S = 0.0
+    sink.write(b"started\n")
+    sink.write(b"listening\n")
+    assert sink.dropped == 2 and "cannot be written" in caplog.text
+    sink.retry()  # still broken: nothing dropped (there was no line), nothing said again
+    assert sink.dropped == 2 and caplog.text.count("cannot be written") == 1
+    path.parent.mkdir()
+    sink.retry()
+    assert "is written again; 2 lines were dropped" in caplog.text
+    assert "2 lines of the server's output are missing here" in path.read_text()
+    sink.close()

@@ -48,34 +48,47 @@ class _ServerLog:
     def write(self, raw: bytes) -> None:
         with self._lock:
             self._tail.append(raw)
-            now = time.monotonic()
-            if self._failing and now < self._next_try:
-                self._drop()
-                return
-            try:
-                if self._fd is None:
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                if self._failing:
-                    _write_all(self._fd, f"[bucketq: {self._dropping} lines of the server's "
-                                         "output are missing here: this file could not be "
-                                         "written]\n".encode())  # fmt: skip
-                _write_all(self._fd, raw)
-            except OSError as exc:
-                self._drop()
-                self._next_try = now + self.RETRY_S
-                self._close()
-                if not self._failing:
-                    self._failing = True
-                    log.warning(
-                        "the embedded server's log %s cannot be written (%s): its lines are "
-                        "dropped and counted until it can; the server goes on",
-                        self.path, exc,
-                    )  # fmt: skip
-                return
+            self._write(raw)
+
+    def retry(self) -> None:
+        """Try a failing file again without a line to write: a server that went quiet
+        (or was restarted while the disk was broken) still gets its file's gap noted,
+        and the operator its "written again" line, once the disk is mended."""
+        with self._lock:
             if self._failing:
-                log.warning("the embedded server's log %s is written again; %d lines were "
-                            "dropped", self.path, self._dropping)  # fmt: skip
-                self._failing, self._dropping = False, 0
+                self._write(b"")
+
+    def _write(self, raw: bytes) -> None:
+        now = time.monotonic()
+        if self._failing and now < self._next_try:
+            if raw:
+                self._drop()
+            return
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if self._failing:
+                _write_all(self._fd, f"[bucketq: {self._dropping} lines of the server's "
+                                     "output are missing here: this file could not be "
+                                     "written]\n".encode())  # fmt: skip
+            _write_all(self._fd, raw)
+        except OSError as exc:
+            if raw:
+                self._drop()
+            self._next_try = now + self.RETRY_S
+            self._close()
+            if not self._failing:
+                self._failing = True
+                log.warning(
+                    "the embedded server's log %s cannot be written (%s): its lines are "
+                    "dropped and counted until it can; the server goes on",
+                    self.path, exc,
+                )  # fmt: skip
+            return
+        if self._failing:
+            log.warning("the embedded server's log %s is written again; %d lines were "
+                        "dropped", self.path, self._dropping)  # fmt: skip
+            self._failing, self._dropping = False, 0
 
     def close(self) -> None:
         with self._lock:

@@ -307,6 +307,11 @@ class EmbeddedServer:
         file could not be written)."""
         return self._log.last_lines(n)
 
+    def retry_log(self) -> None:
+        """Try a log file that could not be written again, though no line is waiting
+        (the supervisor calls it on each check)."""
+        self._log.retry()
+
     @property
     def log_dropped(self) -> int:
         """Lines of the server's output its log file could not take (a full or read-only
