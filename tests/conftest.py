@@ -134,12 +134,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: The work units (xdist groups, else test files) that take longest, longest first: they
 #: start first, so none of them begins near the end of the run and becomes its tail.
 #: ``--no-loadscope-reorder`` (addopts) keeps this order; xdist's default would order the
-#: units by their number of tests, so a long group of few tests (the Spark restarts)
+#: units by their number of tests, so a long group of few tests (the Spark cluster)
 #: would start late and be the run's tail. Other units follow, the
 #: ones with more tests first (xdist's own default).
 LONGEST_FIRST = (
     "spark-cluster",
-    "spark-restarts",
     "spark",
     "bench-run",
     "readme_walk",

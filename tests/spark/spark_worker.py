@@ -2,19 +2,15 @@
 
 python spark_worker.py [--master URL] [--conf KEY=VALUE]... parquet URI DB QUEUE OUT CHECKPOINT [MAX_ROWS [HOLD_AFTER FLAG]]
 python spark_worker.py [--master URL] [--conf KEY=VALUE]... copy URI DB QUEUE TARGET CHECKPOINT [MAX_ROWS]
-python spark_worker.py [--master URL] [--conf KEY=VALUE]... drain URI DB QUEUE OUT CHECKPOINT [MAX_ROWS]
 
 With HOLD_AFTER, the task that meets a seq past it creates FLAG and waits there (the
-query is held inside that micro-batch until it is killed). ``drain`` runs the parquet
-query until the queue is drained, stops it and prints the stored rows (what Spark reads
-back from OUT: ``[seq, index, payload]`` as JSON) on its last line. ``--master``
-defaults to local[2]; ``--conf`` settings go over the session's own (``spark_session``).
+query is held inside that micro-batch until it is killed). ``--master`` defaults to
+local[2]; ``--conf`` settings go over the session's own (``spark_session``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -32,14 +28,15 @@ def committed_batches(checkpoint: Path) -> int:
 
 
 def kill_when(args: list[str], log: Path, until, what: str, timeout: float = 240,
-              env: dict[str, str] | None = None) -> None:  # fmt: skip
-    """Run ``spark_worker.py args`` (a streaming query in a process and JVM of its own),
-    wait for ``until()``, then SIGKILL the process and its JVM. A query that dies fails
-    the test at once, one that hangs after ``timeout`` seconds, each with its log."""
+              env: dict[str, str] | None = None, program: list[str] | None = None) -> None:  # fmt: skip
+    """Run ``spark_worker.py args`` (a streaming query in a process and JVM of its own;
+    ``program`` instead of ``spark_worker.py``), wait for ``until()``, then SIGKILL the
+    process and its JVM. A query that dies fails the test at once, one that hangs after
+    ``timeout`` seconds, each with its log."""
     from waiting import eventually  # tests/ is on the test process's path, not the query's
 
     with open(log, "w") as out:
-        p = subprocess.Popen([sys.executable, __file__, *args], stdout=out,
+        p = subprocess.Popen([*(program or [sys.executable, __file__]), *args], stdout=out,
                              stderr=subprocess.STDOUT, start_new_session=True,
                              env=spark_env(env))  # fmt: skip
     try:
@@ -111,16 +108,6 @@ def start(spark, mode, uri, db, queue, out, checkpoint, *, max_rows=200, availab
     return w.trigger(processingTime="200 milliseconds").start()
 
 
-def drain(spark, uri, db, queue, out, checkpoint, max_rows):
-    q = start(spark, "parquet", uri, db, queue, out, checkpoint, max_rows=max_rows)
-    try:
-        q.processAllAvailable()
-    finally:
-        q.stop()
-    rows = spark.read.parquet(out).select("seq", "index", "payload").collect()
-    print(json.dumps([[r.seq, r["index"], r.payload] for r in rows]))
-
-
 if __name__ == "__main__":
     argv = sys.argv[1:]
     master, conf = "local[2]", {}
@@ -135,8 +122,5 @@ if __name__ == "__main__":
     max_rows = int(argv[6]) if len(argv) > 6 else 200
     hold = (int(argv[7]), argv[8]) if len(argv) > 8 else None
     spark = spark_session("bucketq-killed-query", master, conf)
-    if mode == "drain":
-        drain(spark, uri, db, queue, out, checkpoint, max_rows)
-    else:
-        q = start(spark, mode, uri, db, queue, out, checkpoint, max_rows=max_rows, hold=hold)
-        q.awaitTermination()
+    q = start(spark, mode, uri, db, queue, out, checkpoint, max_rows=max_rows, hold=hold)
+    q.awaitTermination()

@@ -1,9 +1,8 @@
 """The data source on Spark's own standalone cluster: a master and two workers, each a
 process of its own (started from the installed pyspark, bound to 127.0.0.1), one
-executor of one core per worker. `bucketq pipeline --master spark://...` and a streaming
-query SIGKILLed and restarted from its checkpoint run their drivers in processes of their
-own, as a user's would, and their tasks on the workers' executors: the pipeline's on both
-workers, the killed query's and its restart's on one executor each (``ONE_EXECUTOR``).
+executor of one core per worker. `bucketq pipeline --master spark://...` runs its driver
+in a process of its own, as a user's would, its tasks on both workers' executors; it is
+SIGKILLed mid-run and run again from its checkpoint.
 
 One cluster for the module (the xdist group keeps its tests on one worker, so it starts
 once); no local session is started in this process."""
@@ -19,11 +18,14 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlparse
 
+import pyarrow.parquet as pq
 import pytest
 from conftest import cluster_app, jvm_options, spark_env
 from spark_worker import committed_batches, kill_when
 
+from bucketq.spark.pipeline import fake_logs
 from bucketq.stream import StreamQueue
 from waiting import eventually
 
@@ -35,15 +37,9 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 
-WORKER = str(Path(__file__).with_name("spark_worker.py"))
 #: A whole driver's run: a generous bound, never waited, under the test's own 600 s so
 #: that a run that hangs fails with its output.
 RUN_TIMEOUT = 540
-#: The killed query and its restart ask for one core: one executor each, on either worker.
-#: What they test is the driver's death and its checkpoint, and the pipeline's run already
-#: spreads over both workers; two executors more (JVMs and Python workers) would only
-#: cost CPU.
-ONE_EXECUTOR = ["--conf", "spark.cores.max=1"]
 
 
 def run_driver(args: list[str]) -> subprocess.CompletedProcess:
@@ -157,55 +153,62 @@ def driver_env() -> dict[str, str]:
     return spark_env(dict(os.environ, PYSPARK_SUBMIT_ARGS=f"{conf} {opts} pyspark-shell"))
 
 
-def test_pipeline_runs_on_a_standalone_cluster(cluster, mongo_uri, mongo_client, db_name, tmp_path):
+def committed_parquet(out: Path) -> list[Path]:
+    """The files a Parquet sink committed (its ``_spark_metadata`` log, as Spark reads
+    it): a killed micro-batch may have left files of its own beside them."""
+    added: set[str] = set()
+    for log in (out / "_spark_metadata").iterdir():
+        if log.name.startswith("."):
+            continue
+        for line in log.read_text().splitlines()[1:]:  # the first line is the log's version
+            entry = json.loads(line)
+            (added.add if entry["action"] == "add" else added.discard)(entry["path"])
+    return [Path(urlparse(a).path) for a in added]
+
+
+def test_the_pipeline_killed_on_a_standalone_cluster_and_run_again_stores_each_record_once(
+    cluster, db, mongo_uri, db_name, tmp_path
+):
+    """`bucketq pipeline --master spark://...` SIGKILLed after three micro-batches, records
+    arriving while it is down, and run again to the end: every record in Parquet exactly
+    once, partitioned by project, counted; both runs' tasks ran on both workers."""
+    records = fake_logs(3000)
+    q = StreamQueue(db, "logs", bucket_max_size=50, bucket_max_wait=0.05)
+    q.push_many(records[:2000], durable=True)  # 40 buckets; 200 rows per micro-batch
     out = tmp_path / "out"
+    pipeline = [sys.executable, "-m", "bucketq", "pipeline", "--master", cluster.url,
+                "--uri", mongo_uri, "--database", db_name, "--out", str(out),
+                "--trigger", "0 seconds"]  # fmt: skip
     before = cluster.apps_ran_on()
-    try:
-        run = run_driver(
-            [sys.executable, "-m", "bucketq", "pipeline", "--master", cluster.url, "--uri", mongo_uri,
-             "--database", db_name, "--generate", "3000", "--out", str(out), "--trigger", "0 seconds"]
-        )  # fmt: skip
-    finally:
-        mongo_client.drop_database(db_name)
-    said = run.stdout + run.stderr
-    assert run.returncode == 0, said[-4000:]
-    lines = run.stdout.splitlines()
+    kill_when(["--max-rows", "200"], tmp_path / "killed.log",
+              lambda: committed_batches(out / "_checkpoint") >= 3,
+              "3 committed micro-batches on the cluster", timeout=RUN_TIMEOUT,
+              env=driver_env(), program=pipeline)  # fmt: skip
+    done_before = committed_batches(out / "_checkpoint")
+    assert done_before < 10, "killed before it was done"
+    q.push_many(records[2000:], durable=True)  # more arrive while it is down
+    run = run_driver(pipeline)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     assert any(
-        re.fullmatch(r"streamed into .*: 3000 records in total; ran .* s", x) for x in lines
+        re.fullmatch(r"streamed into .*: 3000 records in total; ran .* s", x)
+        for x in run.stdout.splitlines()
     ), "the summary is a line of its own: " + run.stdout
-    assert {p.name for p in (out / "logs").iterdir() if p.name.startswith("project=")} == {
+    files = committed_parquet(out / "logs")
+    requests = Counter(
+        int(re.match(r"request (\d+) ", m)[1])
+        for f in files
+        for m in pq.read_table(f, columns=["message"]).column("message").to_pylist()
+    )
+    assert requests == Counter(range(3000)), "each record exactly once"
+    assert {f.parent.parent.name for f in files} == {
         "project=acme",
         "project=globex",
         "project=initech",
     }
-    assert [a - b for a, b in zip(cluster.apps_ran_on(), before, strict=True)] == [1, 1], (
-        "the application's executors ran on both workers"
+    assert sum(pq.read_table(out / "counts").column("count").to_pylist()) == 3000
+    # a micro-batch's buckets are acknowledged when the next one starts: the first run's
+    # batches are, the second run's one batch awaits its successor
+    assert q.position()["acked"] >= 4 * done_before
+    assert [a - b for a, b in zip(cluster.apps_ran_on(), before, strict=True)] == [2, 2], (
+        "both runs' executors ran on both workers"
     )
-
-
-def test_streaming_query_killed_and_restarted_on_a_standalone_cluster_is_exactly_once(
-    cluster, db, mongo_uri, db_name, tmp_path
-):
-    q = StreamQueue(db, "logs", bucket_max_size=50, bucket_max_wait=0.05)
-    pushed = [{"n": i} for i in range(3000)]
-    q.push_many(pushed[:2000], durable=True)  # 40 buckets; 200 rows per trigger
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    ckpt.mkdir()
-    before = cluster.apps_ran_on()
-    kill_when(["--master", cluster.url, *ONE_EXECUTOR, "parquet", mongo_uri, db_name, "logs", str(out), str(ckpt)],
-              tmp_path / "killed.log", lambda: committed_batches(ckpt) >= 3,
-              "3 committed batches on the cluster", timeout=RUN_TIMEOUT, env=driver_env())  # fmt: skip
-    assert committed_batches(ckpt) >= 3
-    q.push_many(pushed[2000:], durable=True)  # more arrive while it is down
-    run = run_driver(
-        [sys.executable, WORKER, "--master", cluster.url, *ONE_EXECUTOR, "drain", mongo_uri, db_name, "logs",
-         str(out), str(ckpt), "1000"]
-    )  # fmt: skip
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    rows = json.loads(run.stdout.strip().splitlines()[-1])
-    assert Counter(json.loads(p)["n"] for _, _, p in rows) == Counter(range(3000)), (
-        "each item exactly once"
-    )
-    assert len({(s, i) for s, i, _ in rows}) == 3000
-    assert q.position()["acked"] >= 40
-    assert sum(cluster.apps_ran_on()) - sum(before) == 2, "both drivers' tasks ran on the cluster"
