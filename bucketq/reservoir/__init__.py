@@ -35,7 +35,7 @@ Errors are in :mod:`bucketq.errors` (``TransportError`` and its kinds, ``Circuit
 """
 
 from .. import _lazy
-from ._buffered import BufferedReservoir, install_signal_handlers
+from ._buffered import BufferedReservoir
 from ._config import BufferConfig, config_table, from_env
 from ._factory import wrap_reservoir
 from ._logbuckets import (
@@ -56,6 +56,7 @@ from ._logstore import LogStore
 from ._metrics import render_metrics
 from ._mongo import MongoReservoir
 from ._reservoir import STORAGE_METHOD, IngestResult, Reservoir
+from ._signals import install_signal_handlers
 from ._transport import Delivery, MemoryTransport, PassthroughTransport, Transport
 
 __all__ = [

@@ -1,53 +1,34 @@
-"""``BufferedReservoir``: the reservoir buffer's asyncio shell.
+"""``BufferedReservoir``: the reservoir buffer's asyncio shell, its face.
 
 Ingests are split by shard and handed to the transport; one flush consumer task per
-shard writes batches to the storage engine, kinds in parallel, and settles every
-record: ack when stored, requeue with a jittered backoff when its write failed, DLQ
-after ``max_retry_attempts``. Which records of a write failed is found in
-``_isolation``. Policy (breaker, backoff, shards, batches, reading a storage result)
-lives in the pure modules; this file builds, calls, interprets.
+shard writes batches to the storage engine and settles every record
+(``_flush_consumers``). Policy (breaker, backoff, shards, batches, reading a storage
+result) lives in the pure modules; this file builds, calls, interprets.
+
+One job a module, each class built on the one below: what the buffer holds and
+reports (``_buffer_state``), the flush consumers (``_flush_consumers``); this module
+starts and stops the buffer, takes ingests (to the transport, or straight to storage
+while it cannot) and serves the DLQ. ``_signals`` stops it on SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from .._guard import LoopGuard
-from .._validate import printable
 from ..errors import TransportError
-from ._breaker import STATE_NAMES, CircuitBreaker
-from ._config import BufferConfig
-from ._isolation import RecordWriter
-from ._metrics import BufferMetrics
-from ._policy import (
-    KINDS,
-    ORIGINS,
-    BatchPolicy,
-    ProjectOverflow,
-    new_entry,
-    record_shard,
-    result,
-    retry_delay,
-    shard_for,
-    sharded_by_project,
-)
-from ._reservoir import STORAGE_METHOD, IngestResult, Reservoir
-from ._transport import Delivery, Transport
+from ._flush_consumers import FlushConsumers
+from ._policy import ORIGINS, new_entry, record_shard, result, sharded_by_project
+from ._reservoir import STORAGE_METHOD, IngestResult
 
 log = logging.getLogger("bucketq.reservoir")
 
-#: How often the cached pending count is checked against the transport.
-DEFAULT_STATS_INTERVAL = 5.0
 
-
-class BufferedReservoir(Reservoir):
+class BufferedReservoir(FlushConsumers):
     """A :class:`Reservoir` that buffers ingests in ``transport`` and writes them to
     ``reservoir`` in the background. Use ``async with`` (or ``start()``/``stop()``).
 
@@ -63,86 +44,6 @@ class BufferedReservoir(Reservoir):
     - ``ingest*(records, origin="otlp")``: records a collector batched already; they get
       no dispatch delay (``DISPATCH_DELAY_BY_KIND``, ``DATE_BOUNDARY_DELAY_MS``).
     """
-
-    def __init__(
-        self,
-        reservoir: Reservoir,
-        transport: Transport,
-        config: BufferConfig | None = None,
-        *,
-        registry: Any = None,
-        clock: Callable[[], float] = time.monotonic,
-        rng: Callable[[], float] = random.random,
-        stats_interval: float = DEFAULT_STATS_INTERVAL,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.storage = reservoir
-        self.transport = transport
-        if transport.dlq_max is None:
-            transport.dlq_max = (config or BufferConfig(enabled=True)).dlq_max
-        self.config = cfg = config or BufferConfig(enabled=True)
-        self.shards = cfg.total_shards
-        self.batch = BatchPolicy(cfg.max_batch_size, cfg.max_batch_age_ms / 1000)
-        self.retry = cfg.retry_policies()
-        # No dispatch delay through passthrough: its caller waits for the write.
-        delays = cfg.delay_policy()
-        self.delays = delays if delays.active and not getattr(transport, "eager", False) else None
-        self.wall_clock = wall_clock
-        # Until then (monotonic) records may wait for their dispatch delay: not a stall.
-        self._held_until = 0.0
-        # Projects moved to the overflow shard by their own failures (AUTO_OVERFLOW_*).
-        self.overflow = (
-            ProjectOverflow(cfg.auto_overflow_failures, cfg.auto_overflow_cooldown_ms / 1000, clock)
-            if cfg.auto_overflow_failures
-            else None
-        )
-        self._overflowed: frozenset[str] = cfg.overflow_projects
-        self.metrics = BufferMetrics(registry)
-        self.breaker = CircuitBreaker(
-            pending_threshold=cfg.pending_threshold,
-            failure_threshold=cfg.failure_threshold,
-            cooldown=cfg.cooldown_ms / 1000,
-            window=cfg.failure_window_ms / 1000,
-            clock=clock,
-            rule=cfg.breaker_rule,
-        )
-        self.breaker.listeners.append(self._breaker_changed)
-        self.metrics.breaker_state.set(0)
-        self.rng = rng
-        self.stats_interval = stats_interval
-        self._pending = 0
-        self._state = "new"
-        self._consumers: dict[int, asyncio.Task[None]] = {}
-        #: Records each shard's flush consumer holds and is writing now (the console shows it).
-        self._in_flight: dict[int, int] = {}
-        self._refresher: asyncio.Task[None] | None = None
-        self._last_progress = time.monotonic()
-        # Every counter from the start, so stats() always has the same keys (a poller
-        # reading stats()["stored"] before the first write must see 0, not a KeyError).
-        self._counts: dict[str, int] = defaultdict(
-            int,
-            dict.fromkeys(
-                (
-                    "enqueued",
-                    "delayed",
-                    "bypassed",
-                    "stored",
-                    "storage_writes",
-                    "retried",
-                    "dead_lettered",
-                    "dlq_dropped",
-                    "loop_errors",
-                ),
-                0,
-            ),
-        )
-        self._stop_report: dict[str, Any] | None = None
-        self._writer = RecordWriter(reservoir, self.retry, self.metrics, self._counts)
-
-    @property
-    def idempotent(self) -> bool:  # type: ignore[override]
-        """The storage engine's: rewrites of a record with the same ``_id`` are no-ops."""
-        return self._writer.idempotent
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -265,40 +166,6 @@ class BufferedReservoir(Reservoir):
     ) -> IngestResult:
         return await self._ingest("metric", metrics, origin)
 
-    def shard_of(self, project_id: str) -> int:
-        return shard_for(project_id, self.config.shards, self.overflowed())
-
-    def shard_of_record(self, kind: str, project_id: str, record: dict[str, Any]) -> int:
-        """The record's shard under ``SHARD_KEY``, the current shard count and the
-        projects on the overflow shard now."""
-        cfg = self.config
-        return record_shard(kind, project_id, record, cfg.shards, self.overflowed(),
-                            cfg.shard_key)  # fmt: skip
-
-    def overflowed(self) -> frozenset[str]:
-        """The projects on the overflow shard now: ``OVERFLOW_PROJECTS`` and those moved
-        there by their failures (``AUTO_OVERFLOW_*``) whose cool-down has not run out."""
-        if self.overflow is not None and self.overflow.moved:
-            back = self.overflow.expire()
-            if back:
-                self._overflow_changed([], back)
-        return self._overflowed
-
-    def _overflow_changed(self, moved: list[str], back: list[str]) -> None:
-        assert self.overflow is not None
-        self._overflowed = self.config.overflow_projects | frozenset(self.overflow.moved)
-        self.metrics.overflow_projects.set(len(self.overflow.moved))
-        for p in moved:
-            self.metrics.overflow_moves.labels("moved").inc()
-            log.warning("project %s moved to the overflow shard %d for %.0f s: its writes keep failing "
-                        "while other projects' are stored", printable(p), self.config.shards,
-                        self.overflow.cooldown)  # fmt: skip
-        for p in back:
-            self.metrics.overflow_moves.labels("back").inc()
-            log.warning(
-                "project %s is back on its own shard: its overflow cool-down ran out", printable(p)
-            )
-
     async def _ingest(
         self, kind: str, records: Sequence[dict[str, Any]], origin: str = "api"
     ) -> IngestResult:
@@ -413,265 +280,6 @@ class BufferedReservoir(Reservoir):
             out["errors"].append(e)
         return out
 
-    # -- flush consumers ---------------------------------------------------------------------
-
-    async def _consume(self, shard: int) -> None:
-        """The flush consumer of one shard: only ``stop()`` ends it."""
-        guard = LoopGuard(f"shard {shard}: the flush consumer", self._counts, log)
-        while True:
-            try:
-                return await self._consume_loop(shard, guard)
-            except Exception as exc:  # noqa: BLE001 - a consumer must not die; the guard logs it
-                await asyncio.sleep(guard.failed(exc))
-
-    async def _consume_loop(self, shard: int, guard: LoopGuard) -> None:
-        attempt = 0
-        eager = getattr(self.transport, "eager", False)
-        while True:
-            if self._state != "running" and await self._done_draining(shard, None):
-                return
-            try:
-                deliveries = await self.transport.dequeue(
-                    shard, self.batch.max_size, self.batch.max_age
-                )
-                attempt = 0
-            except TransportError as exc:  # transport trouble, not a failed flush
-                attempt += 1
-                log.warning("shard %d: dequeue failed (%s); retrying", shard, exc)
-                await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
-                continue
-            except Exception as exc:  # noqa: BLE001 - a consumer must not die; the guard logs it
-                await asyncio.sleep(guard.failed(exc))
-                continue
-            if not deliveries:
-                if self._pending <= 0 or eager:
-                    self._last_progress = time.monotonic()
-                if self._state != "running" and await self._done_draining(shard, deliveries):
-                    return
-                continue
-            self._in_flight[shard] = len(deliveries)
-            try:
-                await self._flush_held(shard, deliveries)
-            except Exception as exc:  # noqa: BLE001 - unsettled deliveries come back; go on
-                log.warning("shard %d: %d records were not settled (%s); they will be delivered "
-                            "again", shard, len(deliveries), exc)  # fmt: skip
-                self.breaker.record_failure()
-                if isinstance(exc, TransportError):  # the transport's trouble: expected
-                    attempt += 1
-                    await asyncio.sleep(retry_delay(attempt, 0.1, 5.0, self.rng))
-                else:  # unexpected: the guard logs it with its traceback
-                    await asyncio.sleep(guard.failed(exc))
-            finally:
-                self._in_flight[shard] = 0
-
-    async def _flush_held(self, shard: int, deliveries: list[Delivery]) -> None:
-        """``_flush`` while keeping the deliveries this consumer's: a keepalive every
-        ``transport.keepalive_interval`` seconds; on any failure or cancellation, what is
-        not settled is released to be delivered again."""
-        interval = self.transport.keepalive_interval
-        beat = (
-            asyncio.create_task(self._keepalive(shard, deliveries, interval)) if interval else None
-        )
-        try:
-            await self._flush(shard, deliveries)
-        except BaseException:
-            try:
-                await self.transport.release(shard, deliveries)
-            except Exception as exc:  # noqa: BLE001 - durable transports redeliver anyway
-                log.warning("shard %d: releasing unsettled records failed: %s", shard, exc)
-            raise
-        finally:
-            if beat is not None:
-                beat.cancel()
-
-    async def _keepalive(self, shard: int, deliveries: list[Delivery], interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.transport.keepalive(shard, deliveries)
-            except Exception as exc:  # noqa: BLE001 - the next beat tries again
-                log.warning(
-                    "shard %d: keeping %d deliveries failed: %s", shard, len(deliveries), exc
-                )
-
-    async def _done_draining(self, shard: int, last: list[Delivery] | None) -> bool:
-        """Stopping: an in-memory transport must be emptied (retries included) before its
-        consumer ends; a durable one keeps the rest, so its consumer ends as soon as a
-        dequeue comes back empty (``last == []``): nothing more is ready for it, and what
-        waits for a retry delay or is held by another process stays for later."""
-        if self.transport.durable:
-            return last is not None and not last
-        return (await self.transport.pending()).get(shard, 0) == 0
-
-    async def _flush(self, shard: int, deliveries: list[Delivery]) -> None:
-        by_kind: dict[str, list[Delivery]] = defaultdict(list)
-        for d in deliveries:
-            kind = d.entry.get("kind")
-            by_kind[kind if kind in KINDS else "log"].append(d)
-        kinds = list(by_kind)
-        outcomes = await asyncio.gather(
-            *(self._writer.write_kind(shard, k, by_kind[k]) for k in kinds)
-        )
-        stored: list[Delivery] = []
-        dead: list[Delivery] = []
-        retry: dict[tuple[str, int], list[Delivery]] = defaultdict(list)
-        failed_kinds = 0
-        moved = self._observe_projects(outcomes)
-        for kind, (ok, failed) in zip(kinds, outcomes, strict=True):
-            stored.extend(ok)
-            if ok:
-                self.metrics.flush_success.labels(kind, str(shard)).inc(len(ok))
-            if not failed:
-                continue
-            # A moved project's failures are its own: they do not open the breaker.
-            failed_kinds += any(d.entry.get("project_id") not in moved for d, _ in failed)
-            self.metrics.flush_failure.labels(kind, str(shard)).inc(len(failed))
-            for d, reason in failed:
-                d.entry["attempts"] = int(d.entry.get("attempts") or 0) + 1
-                d.entry["error"] = reason
-                if d.entry["attempts"] >= self.retry[kind].attempts:
-                    dead.append(d)
-                    self.metrics.dlq.labels(kind, str(shard)).inc()
-                else:
-                    retry[(kind, d.entry["attempts"])].append(d)
-        await self.transport.ack(shard, stored)
-        for (kind, attempts), group in retry.items():
-            await self._retry(shard, group, self.retry[kind].delay(attempts, self.rng), moved)
-        if dead:
-            dropped = await self.transport.dead_letter(shard, dead)
-            if dropped:
-                self.metrics.dlq_dropped.inc(dropped)
-                self._counts["dlq_dropped"] += dropped
-                log.warning("shard %d: the DLQ is full (DLQ_MAX %s); dropped its %d oldest records",
-                            shard, self.transport.dlq_max, dropped)  # fmt: skip
-            for d in dead:
-                log.error("shard %d: %s record %s dead-lettered after %d attempts: %s", shard, d.entry.get("kind"),
-                          d.entry.get("id"), d.entry["attempts"], d.entry["error"])  # fmt: skip
-        self._pending = max(0, self._pending - len(stored) - len(dead))
-        self.metrics.pending.set(self._pending)
-        self._counts["stored"] += len(stored)
-        self._counts["dead_lettered"] += len(dead)
-        self._counts["retried"] += sum(len(g) for g in retry.values())
-        self._last_progress = time.monotonic()
-        if failed_kinds:
-            self.breaker.record_failure()  # one flush, however many kinds failed
-        elif stored or not retry and not dead:
-            self.breaker.record_success()
-
-    def _observe_projects(
-        self, outcomes: Sequence[tuple[list[Delivery], list[tuple[Delivery, str]]]]
-    ) -> Container[str]:
-        """Tell the overflow tracker which projects stored and which failed in this flush;
-        the projects moved to the overflow shard now."""
-        if self.overflow is None:
-            return ()
-        self.overflowed()  # take back the projects whose cool-down ran out first
-        failed = {d.entry.get("project_id") for _, fl in outcomes for d, _ in fl}
-        if failed:
-            stored = {d.entry.get("project_id") for ok, _ in outcomes for d in ok}
-            moved = self.overflow.observe(stored, failed)  # type: ignore[arg-type]
-            if moved:
-                self._overflow_changed(moved, [])
-        return self.overflow.moved
-
-    async def _retry(
-        self, shard: int, group: list[Delivery], delay: float, moved: Container[str]
-    ) -> None:
-        """Requeue on this shard; a moved project's records go to the overflow shard
-        (written there before they are acked here: a crash between duplicates, never
-        loses). ``passthrough``'s enqueue waits for the write, so it requeues in place."""
-        ov = self.config.shards
-        away = [d for d in group if d.entry.get("project_id") in moved] if shard != ov else []
-        if away and not getattr(self.transport, "eager", False):
-            await self.transport.enqueue_many(ov, [d.entry for d in away], delay)
-            await self.transport.ack(shard, away)
-            group = [d for d in group if d.entry.get("project_id") not in moved]
-        await self.transport.requeue(shard, group, delay)
-
-    # -- pending count, breaker, health ----------------------------------------------------
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.stats_interval)
-            try:
-                await self.refresh_pending()
-            except Exception as exc:  # noqa: BLE001 - keep the cached value
-                log.warning("refreshing the pending count failed: %s", exc)
-
-    async def refresh_pending(self) -> int:
-        """Read the pending count from the transport (round trips) into the cache."""
-        self._pending = sum((await self.transport.pending()).values())
-        self.metrics.pending.set(self._pending)
-        self.breaker.record_pending(self._pending)
-        return self._pending
-
-    def _breaker_changed(self, old: int, new: int, reason: str) -> None:
-        self.metrics.breaker_state.set(new)
-        level = logging.INFO if new != 1 else logging.WARNING
-        log.log(level, "breaker %s -> %s: %s", STATE_NAMES[old], STATE_NAMES[new], reason)
-
-    @property
-    def pending(self) -> int:
-        """Records not yet stored, as cached (no round trip)."""
-        return self._pending
-
-    def stats(self) -> dict[str, Any]:
-        """Cached counters and state; never a round trip."""
-        state = self.breaker.state
-        self.metrics.breaker_state.set(state)
-        return {
-            "state": self._state,
-            "transport": self.transport.name,
-            "shards": self.shards,
-            "pending": self._pending,
-            "breaker": STATE_NAMES[state],
-            "breaker_reason": self.breaker.reason,
-            "failures_in_window": self.breaker.failures_in_window(),
-            "consecutive_failures": self.breaker.consecutive_failures,
-            "overflowed": sorted(self.overflow.moved) if self.overflow is not None else [],
-            "in_flight_by_shard": dict(self._in_flight),
-            **dict(self._counts),
-        }
-
-    def buffer_health(self, *, stall_after: float | None = None) -> dict[str, Any]:
-        """Whether the flush consumers make progress: not if any died, or if records are
-        pending and nothing was flushed for ``stall_after`` seconds (default: ten batch
-        ages, at least 30 s)."""
-        stall_after = max(30.0, 10 * self.batch.max_age) if stall_after is None else stall_after
-        dead = (
-            [s for s, t in self._consumers.items() if t.done()] if self._state == "running" else []
-        )
-        now = time.monotonic()
-        idle = now - self._last_progress
-        # Records waiting for their dispatch delay are not a stall: count from when they are due.
-        stalled = now - max(self._last_progress, self._held_until) >= stall_after
-        ok = not dead and (self._pending == 0 or not stalled or self._state != "running")
-        return {
-            "ok": ok,
-            "state": self._state,
-            "pending": self._pending,
-            "breaker": self.breaker.state_name,
-            "dead_consumers": dead,
-            "seconds_since_progress": round(idle, 3),
-        }
-
-    async def health(self) -> dict[str, Any]:
-        storage = await self.storage.health()
-        buf = self.buffer_health()
-        status = storage.get("status", "ok")
-        if status == "ok" and not buf["ok"]:
-            status = "degraded"
-        return {**storage, "status": status, "buffer": buf}
-
-    async def query(self, kind: str = "log", **filters: Any) -> list[dict[str, Any]]:
-        return await self.storage.query(kind, **filters)
-
-    def render_metrics(self) -> str:
-        """Prometheus text for ``/metrics`` (breaker state and pending as of now)."""
-        self.metrics.breaker_state.set(self.breaker.state)
-        self.metrics.pending.set(self._pending)
-        return self.metrics.render().decode()
-
     # -- DLQ -----------------------------------------------------------------------------------
 
     async def dlq_inspect(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -694,52 +302,3 @@ class BufferedReservoir(Reservoir):
 
     async def dlq_size(self) -> int:
         return await self.transport.dlq_size()
-
-
-def install_signal_handlers(
-    buffer: BufferedReservoir,
-    *,
-    signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
-    on_stopped: Callable[[dict[str, Any]], Any] | None = None,
-    before_stop: Callable[[], Any] | None = None,
-) -> Callable[[], None]:
-    """On SIGTERM/SIGINT (once): call ``before_stop()`` and wait for it (stop the HTTP
-    server: no new requests, in-flight ones finish into the buffer), then stop
-    ``buffer`` gracefully (drain), then call ``on_stopped(report)``. That is LogTide's
-    order: server first, then the drain. Either callback may be a coroutine function.
-    Call from the running loop; returns a function that removes the handlers."""
-    loop = asyncio.get_running_loop()
-    holder: dict[str, asyncio.Task[None]] = {}
-
-    async def shutdown(signum: int) -> None:
-        log.warning(
-            "signal %d: stopping the buffer (draining up to %d ms)",
-            signum,
-            buffer.config.graceful_shutdown_ms,
-        )
-        if before_stop is not None:
-            try:
-                res = before_stop()
-                if asyncio.iscoroutine(res):
-                    await res
-            except Exception:  # the drain must happen anyway
-                log.exception("before_stop failed; draining the buffer anyway")
-        report = await buffer.stop()
-        log.warning("buffer stopped: %s", report)
-        if on_stopped is not None:
-            res = on_stopped(report)
-            if asyncio.iscoroutine(res):
-                await res
-
-    def handler(signum: int) -> None:
-        if "task" not in holder:
-            holder["task"] = loop.create_task(shutdown(signum))
-
-    for sig in signals:
-        loop.add_signal_handler(sig, handler, sig)
-
-    def remove() -> None:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-
-    return remove

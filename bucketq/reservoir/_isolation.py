@@ -2,7 +2,7 @@
 
 When the storage does not name the failing records, the write is halved and written
 again until they stand alone, so a poison record never fails, nor dead-letters, its
-neighbours. The flush consumer (``_buffered``) settles what this returns: stored
+neighbours. The flush consumer (``_flush_consumers``) settles what this returns: stored
 records are acked, failed ones retried or dead-lettered.
 """
 
