@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from ._options import LOGGER_NAME, make_config
-from ._processor import Processor, sdk_thread
+from ._processor import Processor
+from ._processor_state import sdk_thread
 from ._record import capture, from_fields, from_log_record, needs_item
 from ._registry import acquire, release
 

@@ -20,7 +20,7 @@ from .. import _validate as v
 from ..errors import ConfigurationError
 
 #: records held in memory per configuration (the writeback buffer holds as many again,
-#: the spill buffer 4 times as many: see _processor.SPILL_BUFFER_QUEUES)
+#: the spill buffer 4 times as many: see _processor_state.SPILL_BUFFER_QUEUES)
 DEFAULT_QUEUE_SIZE = 1000
 #: sender threads per configuration, each with its own HTTP connection pool
 DEFAULT_WORKERS = 2
