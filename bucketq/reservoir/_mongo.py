@@ -20,15 +20,11 @@ from ..errors import ConfigurationError
 from . import _logbuckets as lb
 from ._logbuckets import LogFilter
 from ._logstore import LogStore
+from ._logwrites import DUPLICATE_KEY, MAX_DOCUMENT_BYTES
 from ._policy import result
 from ._reservoir import IngestResult, Reservoir
 
 log = logging.getLogger("bucketq.reservoir.mongo")
-
-#: MongoDB's duplicate-key error code: the record's ``_id`` is already stored.
-DUPLICATE_KEY = 11000
-#: The largest document MongoDB stores.
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 
 #: LogTide's log fields.
 LOG_FIELDS = ("time", "project_id", "service", "level", "message", "metadata",
