@@ -131,52 +131,66 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = sorted(items, key=_start_rank(items))
 
 
-#: The work units (xdist groups, else test files) that take longest, longest first: they
-#: start first, so none of them begins near the end of the run and becomes its tail.
-#: ``--no-loadscope-reorder`` (addopts) keeps this order; xdist's default would order the
-#: units by their number of tests, so a long group of few tests (the Spark cluster)
-#: would start late and be the run's tail. Other units follow, the
-#: ones with more tests first (xdist's own default).
+#: The work units that take longest, longest first, so that none of them starts near the
+#: end of the run and becomes its tail while the short ones fill the gaps (longest
+#: processing time first). Under ``--dist loadgroup`` a unit is an xdist group, else one
+#: test; an entry names a group, a test file (each of its tests) or a test (each of its
+#: parameters). Tests named by none follow in collection order. ``--no-loadscope-reorder``
+#: (addopts) keeps this order; xdist's own orders units by their number of tests. Ranked
+#: by what each took in a quiet run (``--durations``); a new slow test belongs here.
 LONGEST_FIRST = (
-    "spark-cluster",
     "spark",
+    "spark-cluster",
     "bench-run",
+    "console",
     "readme_walk",
-    "tests/server/test_lifecycle.py",
+    "serve",
+    "sdk-e2e",
+    "admission",  # tests/server/test_admission.py: two `bucketq serve`, a frozen store
     "tests/faults/test_server_restart.py",
+    "tests/server/test_lifecycle.py",
+    "tests/server/test_handed_over.py",
     "tests/faults/test_store_faults.py",
     "tests/faults/test_frozen.py",
-    "tests/stream/test_stream.py",
-    "tests/misuse/test_cli_and_config.py",
-    "admission",  # tests/server/test_admission.py: two `bucketq serve`, a frozen store
+    "tests/faults/test_claim_race.py",
+    "tests/test_bench_sdk.py",
+    "tests/test_bench_celery.py",
     "tests/server/test_embedded_store.py",
-    "serve",
-    "console",
-    "sdk-e2e",
-    "tests/test_benchmark.py",
-    "tests/test_bench_ingest.py",
+    "tests/misuse/test_cli_and_config.py::test_dlq_list_on_a_dead_mongodb_is_one_line",
+    "tests/test_bench_ingest.py::test_bench_ingest_runs_real_servers_and_counts_what_storage_holds",
+    "tests/test_benchmark.py::test_partitions_opens_partitioned_queues_and_runs_only_the_queues",
+    "tests/test_benchmark.py::test_repeat_runs_each_group_k_times_interleaved_and_reports_medians",
+    "tests/reservoir/test_cli_and_group_commit.py::test_dlq_list_requeue_purge_from_the_command_line",
+    "tests/reservoir/test_restart.py",
+    "tests/stream/test_stream.py::test_exactly_once_into_a_sink_that_stores_the_seq_while_consumers_are_killed",
+    "tests/queues/test_item_timing.py::test_a_stalled_item_is_rolled_back_on_its_own_clock",
+    "tests/server/test_workers.py",
+    "tests/test_bench_ingest.py::test_limits_only_hostile_runs_the_hostile_neighbour_alone",
+    "tests/server/test_logtide_limits.py",
+    "tests/sdk/test_e2e.py",
+    "tests/queues/test_bucket_queue.py::test_four_consumer_processes_deliver_every_item_once",
+    "tests/queues/test_bucket_queue.py::test_lease_is_renewed_while_held",
     "tests/faults/test_consumers.py",
+    "tests/worker/test_processes.py",
+    "tests/celery_broker/test_worker.py",
 )
 
 
-def _unit(item: pytest.Item) -> str:
-    """The xdist work unit of ``item`` under ``--dist loadgroup``: its group, else its file."""
+def _group(item: pytest.Item) -> str | None:
     mark = item.get_closest_marker("xdist_group")
-    if mark is not None:
-        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    return item.nodeid.split("::", 1)[0]
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
 def _start_rank(items: list[pytest.Item]):
-    size: dict[str, int] = {}
-    for item in items:
-        size[_unit(item)] = size.get(_unit(item), 0) + 1
     first = {u: i for i, u in enumerate(LONGEST_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
 
-    def rank(item: pytest.Item) -> tuple[int, int, int]:
-        u = _unit(item)
-        return (first.get(u, len(first)), -size[u] if u not in first else 0, order[id(item)])
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        test = item.nodeid.split("[", 1)[0]
+        names = (_group(item), test, test.split("::", 1)[0])
+        return (min(first.get(n, len(first)) for n in names if n), order[id(item)])
 
     return rank
 
