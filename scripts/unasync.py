@@ -32,6 +32,7 @@ SUBS = [
     (r"\b__aexit__\b", "__exit__"),
     (r"\bStopAsyncIteration\b", "StopIteration"),
     (r"\basync_sleep\b", "sleep"),
+    (r"\basync_pass_turn\b", "pass_turn"),
     (r"\basync_register_exit\b", "register_exit"),
     (r"\bcheck_async_database\b", "check_database"),
     (r"\bAsyncMongoClient\b", "MongoClient"),

@@ -210,6 +210,12 @@ async def async_sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
+async def async_pass_turn() -> None:
+    """Let the event loop run the other tasks once: a caller that never waits (a
+    reserve() served from memory) would otherwise keep them from running until it does."""
+    await asyncio.sleep(0)
+
+
 def async_register_exit(obj: Any) -> None:
     """Async queues cannot be flushed from atexit: close them with ``async with``."""
     watch_fork(obj)
@@ -351,6 +357,10 @@ class Worker:
 
 def sleep(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def pass_turn() -> None:
+    """Threads take turns without being asked."""
 
 
 class Startup:

@@ -13,8 +13,9 @@ from pathlib import Path
 import bson
 import pytest
 
-from bucketq import Queue, QueueFull
+from bucketq import AsyncQueue, Queue, QueueFull
 from bucketq.bucket.codec import decode_items
+from fast_settings import FAST
 from queue_kinds import resolve
 from waiting import eventually_async
 
@@ -138,6 +139,31 @@ async def test_read_ahead_and_rest_released_by_drain(bucket_flavour):
         await resolve(b.commit(m))
     # With no extra try counted.
     assert sorted(got) == [(i, 0) for i in range(1, 10)]
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()
+
+
+async def test_other_tasks_run_while_an_async_consumer_is_served_from_memory(adb):
+    # A reserve() served from memory does not wait; the consumer's own fetcher (its claim
+    # ahead) and the application's tasks must still run before it runs dry.
+    q = AsyncQueue(adb, "q", **FAST)
+    await q.push_many([{"i": i} for i in range(300)])
+    await q.flush()
+    await q.commit(await q.reserve(timeout=10))  # one bucket claimed: 299 items in memory
+    assert q.stats()["ready_in_memory"] == 299
+    ran = asyncio.Event()
+    other = asyncio.create_task(_set(ran))
+    taken = 0
+    while not ran.is_set() and taken < 299:
+        m = await q.reserve(timeout=0)
+        assert m is not None
+        await q.commit(m)
+        taken += 1
+    assert ran.is_set() and taken < 299
+    await other
+    await q.close()
 
 
 async def test_drain_serves_in_memory_items_to_consumers_first(bucket_flavour):

@@ -72,6 +72,7 @@ class AsyncClaiming(AsyncStateFlush):
                 finally:
                     self._fetch_full = False
                 continue
+            self._turn_in = 0  # the consumer lets this claim send its request now
             try:
                 got = await self._claim()
             except PyMongoError as exc:

@@ -68,6 +68,7 @@ class AsyncConsumerState:
         self._starved = False
         self._first_claim = True
         self._waiters = 0
+        self._turn_in = 0  # items served before a reserve() lets other tasks run (SERVE_TURN)
         self._fetch_full = False  # the fetcher waits for room under prefetch
         self._last_reserve = 0.0
         self._next_local_mature: float | None = None

@@ -24,6 +24,12 @@ from .redelivery import over_tried
 #: commit with ``flush=True``, drain() and close() write at once.
 FLUSH_GATHER = 0.02
 
+#: Items a consumer is served from memory between two turns it gives the event loop
+#: (async: such a reserve() never waits, and the fetcher's claim ahead, its request and
+#: then its answer, would wait until the consumer ran dry). A claim starting makes the
+#: next item give one at once, so its request goes out then.
+SERVE_TURN = 64
+
 # Item states inside a held bucket.
 READY, RESERVED, DONE, WAITING = 0, 1, 2, 3
 

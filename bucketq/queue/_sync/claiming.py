@@ -74,6 +74,7 @@ class Claiming(StateFlush):
                 finally:
                     self._fetch_full = False
                 continue
+            self._turn_in = 0  # the consumer lets this claim send its request now
             try:
                 got = self._claim()
             except PyMongoError as exc:

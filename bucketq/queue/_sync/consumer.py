@@ -23,6 +23,7 @@ from typing import Any
 
 from ... import _validate as v
 from ... import bucket
+from ...bucket.concurrency import pass_turn
 from ...errors import QueueClosed
 from .. import _core as core
 from .claiming import Claiming
@@ -47,8 +48,11 @@ class Consumer(Drain, Claiming):
         if timeout is not None:
             v.timeout("timeout", timeout)
         if self.ready and self.fetcher is not None:  # the common case: no waiting
+            if self._turn_in <= 0:
+                self._pass_turn()  # before the take: a cancel here loses no item
             with self._mutex:
                 self._take(_now(), 1, out)
+                self._turn_in -= len(out)
             if out:
                 return out[0]
         got = self._reserve(1, timeout)
@@ -62,12 +66,15 @@ class Consumer(Drain, Claiming):
             if self._runtime.is_closed():
                 raise QueueClosed(f"Queue {self.name!r} is closed.")
             self.start()
+        if self._turn_in <= 0:
+            self._pass_turn()
         deadline = None
         out: list[core.Message] = []
         while True:
             gen = self._consumers.gen
             with self._mutex:
                 expired = self._take(_now(), max_items, out)
+                self._turn_in -= len(out)
                 if out or self.draining or self._runtime.is_closed():
                     return out
             if timeout is not None:
@@ -87,6 +94,13 @@ class Consumer(Drain, Claiming):
                 self._consumers.wait(gen, remaining)
             finally:
                 self._waiters -= 1
+
+    def _pass_turn(self) -> None:
+        """Let the event loop run the queue's own tasks (the fetcher, the flusher) and the
+        others: served from memory, reserve() does not wait (``core.SERVE_TURN``). Given
+        before an item is taken, never between its take and its return."""
+        self._turn_in = core.SERVE_TURN
+        pass_turn()
 
     def _take(self, now: float, max_items: int, out: list[core.Message]) -> bool:
         """Move up to ``max_items`` ready messages into ``out`` (mutex held). True when a
