@@ -97,9 +97,11 @@ def create_app(
         listen = getattr(app.state, "listen_url", None)
         if listen:
             log.info("bucketq serve listening on %s", listen)
+        restore_signals = svc.watch_stop_signals()
         try:
             yield
         finally:
+            restore_signals()
             log.info("shutting down: no new requests; stopping the buffer")
             await svc.close()
 

@@ -8,6 +8,7 @@ Markdown table in ``docs/server.md``. No I/O besides reading the environment.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,6 +48,8 @@ DEFAULT_READS_PER_PROJECT = 1
 DEFAULT_STREAMS_PER_PROJECT = 4
 DEFAULT_MAX_STREAMS = 64
 #: A live stream's heartbeat comment, when no record went out for this long.
+#: The signals that stop ``bucketq serve`` gracefully.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEFAULT_STREAM_HEARTBEAT_MS = 15000
 DEFAULT_STREAM_SEND_TIMEOUT_MS = 10000
 #: How log records are stored (``BUCKETQ_LOG_LAYOUT``).

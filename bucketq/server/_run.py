@@ -30,12 +30,11 @@ from typing import Any
 from ..embedded import URI_ENV, URI_FILE, EmbeddedServer, private_dir, state_dir, write_private
 from ..reservoir import from_env as buffer_from_env
 from ..supervisor import StateFile, StoreSupervisor
-from ._config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, from_env
+from ._config import DEFAULT_HOST, DEFAULT_PORT, STOP_SIGNALS, ServerConfig, from_env
 from ._middleware._base import Middleware
 
 log = logging.getLogger("bucketq.server")
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: prometheus_client's multiprocess directory (read when it is first imported).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: What a worker logs at, and the URL it logs (set by the parent).
@@ -143,7 +142,7 @@ def serve(
         # signal it caught: with the defaults the process would die there, before the
         # embedded server is stopped below. These only note it.
         caught: list[int] = []
-        previous = {sig: signal.signal(sig, lambda s, _f: caught.append(s)) for sig in SIGNALS}
+        previous = {sig: signal.signal(sig, lambda s, _f: caught.append(s)) for sig in STOP_SIGNALS}
         try:
             server.run(sockets=[sock])
         finally:

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -38,7 +39,7 @@ from ._admission import (
     past_deadline,
     remaining,
 )
-from ._config import DEFAULT_DATABASE, ServerConfig
+from ._config import DEFAULT_DATABASE, STOP_SIGNALS, ServerConfig
 from ._http_errors import ApiError
 from ._keys import KeyCache
 from ._records import iso
@@ -93,6 +94,9 @@ class Service:
         #: The buffer's stop ran out of time: ``bucketq serve`` then exits 1 whether or
         #: not the process gets to end by itself before the forced exit.
         self.stop_incomplete = False
+        #: Set by SIGTERM/SIGINT (:meth:`watch_stop_signals`): live streams end at their
+        #: next poll, so a graceful stop does not wait for readers who never leave.
+        self.stopping = False
         #: Collectors whose figures are the same in every process (the queue sizes the
         #: console's watch reads): with ``--workers``, ``/metrics`` adds this worker's.
         self.shared_collectors: list[Any] = []
@@ -197,6 +201,32 @@ class Service:
     @property
     def buffered(self) -> bool:
         return isinstance(self.reservoir, BufferedReservoir)
+
+    def watch_stop_signals(self) -> Callable[[], None]:
+        """Note SIGTERM/SIGINT in :attr:`stopping` before the handlers in place (uvicorn's,
+        which stop the server) run; returns what puts those handlers back. Only the main
+        thread may set handlers: elsewhere (an app run in a test's thread) it does nothing."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+        def noted(sig: int, frame: Any) -> None:
+            self.stopping = True
+            handler = previous[sig]
+            if callable(handler):
+                handler(sig, frame)
+            elif handler != signal.SIG_IGN:  # the default: die by it, as without this
+                signal.signal(sig, signal.SIG_DFL)
+                signal.raise_signal(sig)
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, noted)
+
+        def undo() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return undo
 
     async def close(self) -> None:
         if self._lag_watch is not None:

@@ -184,3 +184,24 @@ async def test_a_projects_retention_deletes_its_buckets_past_it_and_no_other_pro
                    30, what="the short retention's buckets deleted")  # fmt: skip
         assert total(serve, short) == 0
         assert total(serve, long_) == 30 and total(serve, default) == 30
+
+
+def test_sigterm_ends_open_streams_and_the_server_stops_cleanly(
+    mongo_uri: str, mongo_client: MongoClient, server_db: str, tmp_path: Path
+) -> None:
+    """A reader that never leaves does not hold up a graceful stop: its stream ends (the
+    response completes, LogTide's client reconnects) and serve exits 0, no task cancelled
+    at the graceful-shutdown deadline."""
+    serve = Serve(mongo_uri, server_db, tmp_path / "serve.log").start()
+    key = _keys.create_key(mongo_client[server_db], f"lim-{uuid.uuid4().hex[:8]}")
+    with serve.stops_cleanly():
+        with httpx.Client(base_url=serve.url, timeout=60, headers={"X-API-Key": key}) as h:
+            with h.stream("GET", "/api/v1/logs/stream") as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith('data: {"type":"connected"')
+                assert serve.proc is not None
+                serve.proc.terminate()
+                rest = list(lines)  # to the response's end: the server ended it
+    assert all(not x or x.startswith((":", "data: ")) for x in rest), rest
+    out = serve.output()
+    assert "graceful shutdown exceeded" not in out and "Traceback" not in out, out[-3000:]

@@ -202,7 +202,7 @@ async def _events(
     seen: set[str] = set()
     beat = svc.config.stream_heartbeat_ms / 1000
     quiet_since = loop.time()
-    while True:
+    while not svc.stopping:  # the server stops: the stream ends (readers reconnect)
         await asyncio.sleep(STREAM_POLL_S)
         recs = await _new_records(svc, project, flt, seen)
         if recs:
@@ -273,6 +273,7 @@ class EventStream(Response):
                     if abort is not None:
                         abort()
                     return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         # The reader's leaving ends the stream at once (not at its next event): its place
         # among the streams open is free for the next one.
