@@ -2,14 +2,18 @@
 a :class:`StoreSupervisor`.
 
 The supervisor's thread looks at the server process every :data:`CHECK_INTERVAL`
-seconds (reaping it when it exits: no zombie) and asks the store a question that needs its
-storage (``listDatabases``). It notices two deaths:
+seconds (reaping it when it exits: no zombie) and asks its storage to write (a
+journaled update of one document in :data:`PROBE_DATABASE`) and to read
+(``listDatabases``). It notices two deaths:
 
 - the process exited (a signal, the OOM killer, a crash): said once, at ERROR, with the
   signal or exit code and the last lines of the server's output;
-- the process lives but its storage failed (the embedded server's WiredTiger panics on a
-  write error such as a full disk, then answers every storage command with an error):
-  :data:`STRIKES` such answers in a row, and it is killed and counted as dead.
+- the process lives but its storage failed: the embedded server's WiredTiger may panic
+  on a write error such as a full disk and answer every command with an error, or answer
+  writes with errors and nothing else, also once the disk is mended: :data:`STRIKES`
+  error answers in a row, or no answer for :data:`SILENT_S` while the process runs (a
+  stopped one, SIGSTOP, is waited for), and it is killed and counted as dead (a restart
+  recovers it from its journal).
 
 Then it restarts the server on the same port and data after a back-off (``backoff_s``,
 doubled each failed attempt, at most :data:`BACKOFF_CAP_S`), and once ``restarts``
@@ -66,10 +70,24 @@ CHECK_INTERVAL = 1.0
 STRIKES = 3
 #: How long one look at the storage may take.
 PROBE_TIMEOUT_MS = 3000
+#: The database of the supervisor's probe write (one document).
+PROBE_DATABASE = "bucketq_supervisor"
+#: Seconds a running (not stopped) server may answer no probe before it counts as failed.
+SILENT_S = 30.0
 #: Lines of the server's output a death report quotes.
 TAIL_LINES = 10
 #: A cause quoted in the state (``/ready``, 503 answers) is cut to this many characters.
 CAUSE_CHARS = 200
+
+
+def _stopped(pid: int | None) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, a debugger); False without ``/proc``,
+    where silence is never judged."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "tT"
 
 
 def exit_cause(returncode: int) -> str:
@@ -220,7 +238,9 @@ class StoreSupervisor:
                 self.server.retry_log()
                 code = self.server.returncode()
                 if code is None:
-                    strikes = strikes + 1 if self._storage_failed(client) else 0
+                    failed = self._storage_failed(client)
+                    if failed is not None:  # silence neither counts nor forgives
+                        strikes = strikes + 1 if failed else 0
                     if strikes < STRIKES:
                         if attempt and time.monotonic() - started >= STABLE_S:
                             attempt = 0  # up for good: the next death counts from one
@@ -229,7 +249,7 @@ class StoreSupervisor:
                     self.server.kill()
                 else:
                     cause = exit_cause(code)
-                strikes = 0
+                strikes, self._silent_since = 0, None
                 self._report_death(cause)
                 attempt = self._restart(attempt, cause)
                 if attempt < 0:
@@ -239,19 +259,38 @@ class StoreSupervisor:
             client.close()
 
     _storage_error = ""
+    _silent_since: float | None = None
 
-    def _storage_failed(self, client: Any) -> bool:
-        """Whether the store answered a storage command with an error (silence is not
-        a failure here: a busy or frozen store is not restarted)."""
+    def _storage_failed(self, client: Any) -> bool | None:
+        """Whether the store answered a journaled write or a read with an error (True),
+        answered both (False) or nothing (None: neither, unless it has been silent for
+        :data:`SILENT_S` while it ran)."""
+        from pymongo import WriteConcern
         from pymongo.errors import OperationFailure, PyMongoError
 
         try:
+            # The write first: a store whose writes fail may leave its reads unanswered.
+            probe = client[PROBE_DATABASE].get_collection(
+                "probe", write_concern=WriteConcern(j=True)
+            )
+            probe.update_one({"_id": "probe"}, {"$inc": {"n": 1}}, upsert=True)
             client.admin.command("listDatabases", nameOnly=True)
         except OperationFailure as exc:
             self._storage_error = one_line(exc)[:CAUSE_CHARS]
             return True
         except PyMongoError:
-            return False
+            # Silence: a frozen process (SIGSTOP) or a busy one is not restarted; one
+            # that runs and answers nothing for SILENT_S is wedged.
+            now = time.monotonic()
+            if _stopped(self.server.pid):
+                self._silent_since = None
+            elif self._silent_since is None:
+                self._silent_since = now
+            elif now - self._silent_since >= SILENT_S:
+                self._storage_error = f"it answered nothing for {SILENT_S:.0f} s while it ran"
+                return True
+            return None
+        self._silent_since = None
         return False
 
     def _report_death(self, cause: str) -> None:
