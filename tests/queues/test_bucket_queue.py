@@ -17,7 +17,7 @@ from bucketq import AsyncQueue, Queue, QueueFull
 from bucketq.bucket.codec import decode_items
 from fast_settings import FAST
 from queue_kinds import resolve
-from waiting import eventually_async
+from waiting import eventually, eventually_async
 
 WORKERS = str(Path(__file__).resolve().parent.parent / "workers.py")
 
@@ -213,6 +213,9 @@ async def _drain_serves_sync(f):
 
     t = threading.Thread(target=consumer)
     t.start()
+    # drain() serves consumers at work: one that has not called reserve() within a
+    # moment of the last one is none (a thread slow to start on a busy machine)
+    eventually(lambda: len(served) > 1, what="the consumer thread at work")
     report = q.drain(timeout=10)
     t.join()
     assert sorted(served) == list(range(20))
