@@ -81,8 +81,8 @@ CAUSE_CHARS = 200
 
 
 def _stopped(pid: int | None) -> bool:
-    """Whether process ``pid`` is stopped (SIGSTOP, a debugger); False without ``/proc``,
-    where silence is never judged."""
+    """Whether process ``pid`` is stopped (SIGSTOP, a debugger); True when its state
+    cannot be read (no ``/proc``): silence is then never judged."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
