@@ -1,4 +1,4 @@
-"""The entry point of one spawned benchmark worker process (see ``_worker``): it counts
+"""The entry point of one benchmark worker process (see ``_worker``): it counts
 the process's MongoDB commands, builds its :class:`~bucketq.benchmark._worker.Worker`,
 runs the contender's flavour of the loop (``_async/loop.py`` or its sync twin) and puts
 the report, or the error, on the parent's queue."""
@@ -21,7 +21,7 @@ from ._worker import CommandCounter, Worker
 def main(
     spec: dict[str, Any], idx: int, barrier: Any, pushed: Any, done: Any, results: Any
 ) -> None:
-    """Entry point of a spawned worker; puts ("ok", idx, report) or ("error", idx, text)."""
+    """Entry point of a worker; puts ("ok", idx, report) or ("error", idx, text)."""
     try:
         counter = CommandCounter()
         monitoring.register(counter)  # before any client exists

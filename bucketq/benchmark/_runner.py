@@ -3,7 +3,7 @@ processes), contender after contender on one server (an embedded server the benc
 started is replaced by a fresh one between groups once it is worn, see
 ``FRESH_SERVER_AFTER``); with ``repeat`` K, each group K times in a row.
 
-Each run gets its own database and P spawned worker processes (see ``_process``); the
+Each run gets its own database and P worker processes (see ``_process``); the
 parent only starts them, shows progress from their shared counters, collects their
 reports, counts what the queue still holds and drops the database. Workers coordinate by
 barriers and a shared counter, never by a timeout; a run fails loudly when a worker
@@ -117,6 +117,15 @@ def _twins_swapped(runs: list[RunSpec]) -> list[RunSpec]:
 Progress = Callable[[int, int], None]
 
 
+def worker_context() -> Any:
+    """Where the workers come from: a fork server that imported their module once, so
+    each worker starts as a fresh single-threaded process (its CPU clock at zero, no
+    client of the parent's) without importing pymongo and the contenders again."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["bucketq.benchmark._process"])
+    return ctx
+
+
 def run_spec(
     uri: str,
     spec: RunSpec,
@@ -132,7 +141,7 @@ def run_spec(
 
     contender = CONTENDERS[spec.contender]
     db_name = f"bucketq_bench_{uuid.uuid4().hex[:10]}"
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     barrier = ctx.Barrier(spec.procs)
     pushed = ctx.RawArray("q", spec.procs)
     done = ctx.RawArray("q", spec.procs)

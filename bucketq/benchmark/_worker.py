@@ -1,7 +1,7 @@
 """One benchmark worker process: a producer, then a consumer, of one contender.
 
-The parent starts P of these (spawned: fresh interpreters, so the CPU each one measures
-is its own). Each opens its queue and makes its payloads before any clock starts, then:
+The parent starts P of these (fresh processes from a fork server, so the CPU each one
+measures is its own). Each opens its queue and makes its payloads before any clock starts, then:
 
 1. waits for all P at a barrier, pushes its share of N items and flushes until they are
    stored (push phase);
