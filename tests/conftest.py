@@ -39,10 +39,17 @@ from bucketq.embedded import URI_ENV, EmbeddedServer
 from waiting import eventually, eventually_async
 
 # PYTHONDONTWRITEBYTECODE=1 (set in this machine's environment) also stops pytest from
-# caching the test modules it rewrites for its assertion messages, so every xdist worker
-# rewrote all of them again, a CPU cost in every worker. Only this process writes again;
-# __pycache__ is ignored by git.
+# caching the modules it rewrites for its assertion messages (the test modules, and every
+# module of a plugin installed with an entry point: hypothesis, schemathesis, ...), so
+# every xdist worker rewrote all of them again, a CPU cost in every worker. The test
+# processes write again: this one from here on, the xdist workers from their start (their
+# plugins load before this file: see pytest_configure), and what a test starts sees the
+# variable as it was. __pycache__ is ignored by git.
 sys.dont_write_bytecode = False
+_NO_BYTECODE = "PYTHONDONTWRITEBYTECODE"
+_HELD = "BUCKETQ_TESTS_HELD_NO_BYTECODE"
+if _HELD in os.environ:  # an xdist worker started by pytest_configure below
+    os.environ[_NO_BYTECODE] = os.environ.pop(_HELD)
 
 # No per-example deadline: a property test checks what a function returns, not how fast
 # (speed is the benchmarks' business), and on a loaded machine the default deadline fails
@@ -98,6 +105,11 @@ _SHARED = {
 #: the three Spark groups each hold a worker for most of the run: with fewer workers the
 #: rest of the suite queued behind them. More only queue for the cores.
 WORKERS_PER_CORE = 3
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("tx", None) and os.environ.get(_NO_BYTECODE):  # xdist's controller
+        os.environ[_HELD] = os.environ.pop(_NO_BYTECODE)  # the workers start without it
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
