@@ -75,7 +75,7 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown contender(s): {unknown}; choose from {list(CONTENDERS)}", file=sys.stderr)
         return 2
-    uri = v.mongodb_uri(args.mongodb_uri, serve=False)
+    uri = v.mongodb_uri(args.mongodb_uri, running_store=False)
     if uri:
         _check_reachable(uri)
     return run_command(
@@ -101,10 +101,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _store(args: argparse.Namespace) -> int:
     """The embedded store in the foreground, supervised: restarted on the same port and
-    data when it dies; exit 1 when it cannot be restarted (``--restarts``)."""
+    data when it dies; exit 1 when it cannot be restarted (``--restarts``). While it runs
+    its URI is in the running store's URI file, where other commands find it."""
     import logging
 
-    from .embedded import EmbeddedServer
+    from .embedded import EmbeddedServer, PublishedUri
     from .supervisor import StoreSupervisor
 
     if args.port:
@@ -114,21 +115,29 @@ def _store(args: argparse.Namespace) -> int:
     )
     server = EmbeddedServer(args.data, port=args.port, standalone=args.standalone, auth=True)
     server.start()
-    print(server.uri, flush=True)
-    print(
-        f"embedded server pid {server.pid}, data in {server.storage_path}; the URI above "
-        "carries its generated password; restarted if it dies; Ctrl-C stops it",
-        file=sys.stderr,
-    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     supervisor = StoreSupervisor(
         server, restarts=args.restarts, backoff_s=args.restart_backoff, on_give_up=stop.set
     ).start()
-    while not stop.wait(1.0):
-        pass
-    supervisor.close(keep_data=args.data is not None)
+    published: PublishedUri | None = None
+    try:
+        # written before the URI is printed: a script that waits for that line finds both
+        published = PublishedUri(server.uri)
+        print(server.uri, flush=True)
+        print(
+            f"embedded server pid {server.pid}, data in {server.storage_path}; the URI above "
+            "carries its generated password (commands without a URI read it from "
+            f"{published.path}); restarted if it dies; Ctrl-C stops it",
+            file=sys.stderr,
+        )
+        while not stop.wait(1.0):
+            pass
+    finally:
+        if published is not None:  # first: a command started now must not find a store stopping
+            published.withdraw()
+        supervisor.close(keep_data=args.data is not None)
     return 1 if supervisor.gave_up else 0
 
 

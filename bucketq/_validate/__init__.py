@@ -37,7 +37,7 @@ from .checks import (
     write_concern,
 )
 from .cli import (
-    FROM_SERVE,
+    FROM_STORE,
     STARTS_ONE,
     add_mongodb_uri,
     cli_count,
@@ -69,7 +69,7 @@ from .options import (
 from .tables import settings_table
 
 __all__ = [
-    "FROM_SERVE", "MAX_DELAY", "MAX_OPTION_SECONDS", "MAX_TIMESTAMP", "MONGODB_SCHEMES",
+    "FROM_STORE", "MAX_DELAY", "MAX_OPTION_SECONDS", "MAX_TIMESTAMP", "MONGODB_SCHEMES",
     "MONGODB_URI_ENV", "REDIS_SCHEMES", "STARTS_ONE", "Setting", "add_mongodb_uri",
     "check_options", "choice", "cli_count", "cli_count_list", "cli_number", "cli_type",
     "cli_url", "collection_name", "count", "database_name", "delay", "deprecated_alias",

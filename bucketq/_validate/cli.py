@@ -92,12 +92,12 @@ def deprecated_alias(
 
 
 #: The fallbacks a command's ``--mongodb-uri`` help names after ``$BUCKETQ_MONGODB_URI``.
-FROM_SERVE = "the embedded store of a running `bucketq serve`"
+FROM_STORE = "the embedded store of a running `bucketq store` or `bucketq serve`"
 STARTS_ONE = "an embedded store started for the run"
 
 
 def add_mongodb_uri(
-    p: Any, fallback: str = FROM_SERVE, *flags: str, dest: str = "mongodb_uri"
+    p: Any, fallback: str = FROM_STORE, *flags: str, dest: str = "mongodb_uri"
 ) -> None:
     """Add the one ``--mongodb-uri`` option to the argparse parser ``p``: checked as a
     mongodb:// URL; ``fallback`` says what the command uses when neither it nor
@@ -108,13 +108,13 @@ def add_mongodb_uri(
                    help=f"MongoDB URI (default: ${MONGODB_URI_ENV}, else {fallback})")  # fmt: skip
 
 
-def mongodb_uri(given: str | None, *, serve: bool = True) -> str:
+def mongodb_uri(given: str | None, *, running_store: bool = True) -> str:
     """Which MongoDB a command uses: ``given`` (its ``--mongodb-uri``), else
-    ``$BUCKETQ_MONGODB_URI``, else (``serve``) the URI file of a running ``bucketq serve``
-    whose embedded store is starting or running; "" when none (the command then starts a
-    store or says so). The one rule, for every command."""
+    ``$BUCKETQ_MONGODB_URI``, else (``running_store``) the URI file of the embedded store
+    a running ``bucketq store`` or ``bucketq serve`` is starting or runs; "" when none
+    (the command then starts a store or says so). The one rule, for every command."""
     uri = given or env_mongodb_uri()
-    if not uri and serve:
+    if not uri and running_store:
         from ..embedded import embedded_uri
 
         uri = embedded_uri() or ""
@@ -130,6 +130,6 @@ def require_mongodb_uri(given: str | None, purpose: str) -> str:
     if not uri:
         raise BucketQError(
             f"No MongoDB to {purpose}: give --mongodb-uri, set {MONGODB_URI_ENV}, or start "
-            "`bucketq serve` (its embedded store) first."
+            "the embedded store first (`bucketq store`, or `bucketq serve`)."
         )
     return uri

@@ -336,7 +336,7 @@ class _Servers:
     whole benchmark; else an embedded server, started afresh when :meth:`due`."""
 
     def __init__(self, uri: str | None) -> None:
-        self.uri = v.mongodb_uri(uri, serve=False) or None
+        self.uri = v.mongodb_uri(uri, running_store=False) or None
         self.embedded: Any = None
         self.items = 0
 

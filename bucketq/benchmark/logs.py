@@ -189,7 +189,7 @@ def run(
 ) -> dict[str, Any]:
     from ..embedded import EmbeddedServer
 
-    uri = v.mongodb_uri(uri, serve=False) or None
+    uri = v.mongodb_uri(uri, running_store=False) or None
     embedded = None if uri else EmbeddedServer().start()
     server_uri = uri or str(embedded.uri)  # type: ignore[union-attr]
     database = f"bqbench_logs_{os.urandom(4).hex()}"

@@ -136,7 +136,7 @@ def run(mongodb_uri: str | None, *, n: int = DEFAULT_N, gap_min: float = DEFAULT
 
     if gap_max < gap_min:
         raise RuntimeError(f"--gap-max ({gap_max}) must be at least --gap-min ({gap_min})")
-    uri = v.mongodb_uri(mongodb_uri, serve=False) or None
+    uri = v.mongodb_uri(mongodb_uri, running_store=False) or None
     embedded = None if uri else EmbeddedServer().start()
     uri = uri or embedded.uri  # type: ignore[union-attr]
     db_name = f"bqbench_wake_{os.getpid()}"

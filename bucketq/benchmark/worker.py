@@ -150,7 +150,7 @@ def run(mongodb_uri: str | None, *, n: int = DEFAULT_N, rounds: int = DEFAULT_RO
     from ..embedded import EmbeddedServer
 
     names = [c for c in CONTENDERS if c in (contenders or CONTENDERS)]
-    uri = v.mongodb_uri(mongodb_uri, serve=False) or None
+    uri = v.mongodb_uri(mongodb_uri, running_store=False) or None
     embedded = None if uri else EmbeddedServer().start()
     uri = uri or embedded.uri  # type: ignore[union-attr]
     client: MongoClient = MongoClient(uri)

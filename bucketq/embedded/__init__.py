@@ -24,6 +24,12 @@ from ._files import (  # noqa: F401
 )
 from ._process import find_server_command
 from ._server import STOP_TIMEOUT, USER, EmbeddedServer, mongodb  # noqa: F401
-from ._uri_file import STARTING_WAIT, URI_FILE, embedded_uri, state_dir  # noqa: F401
+from ._uri_file import (  # noqa: F401
+    STARTING_WAIT,
+    URI_FILE,
+    PublishedUri,
+    embedded_uri,
+    state_dir,
+)
 
 __all__ = ["EmbeddedServer", "embedded_uri", "find_server_command", "mongodb", "state_dir"]

@@ -45,9 +45,6 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-#: The file in :func:`state_dir` where a running ``bucketq serve`` with embedded storage
-
-
 class _DataLock:
     """``bucketq.lock`` in a data directory: an exclusive ``flock`` held by the bucketq
     process that runs the server there. The kernel releases it when that process dies,

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..embedded import URI_ENV, URI_FILE, EmbeddedServer, private_dir, state_dir, write_private
+from ..embedded import URI_ENV, EmbeddedServer, PublishedUri, private_dir, state_dir
 from ..reservoir import from_env as buffer_from_env
 from ..supervisor import StateFile, StoreSupervisor
 from ._config import DEFAULT_HOST, DEFAULT_PORT, STOP_SIGNALS, ServerConfig, from_env
@@ -81,7 +81,7 @@ def serve(
     cfg = config or from_env()
     bcfg = buffer_from_env()
     store: StoreSupervisor | None = None
-    uri_file: Path | None = None
+    published: PublishedUri | None = None
     #: What stops the service when the store cannot be restarted (set once it runs).
     stoppers: list[Callable[[], None]] = []
     sock = bind(host, port)  # fail on a busy port before starting anything
@@ -94,23 +94,24 @@ def serve(
             data_dir = Path(data) if data else private_dir(state_dir()) / "serve-data"
             embedded = EmbeddedServer(data_dir, auth=True).start()
             store = _supervise(embedded, cfg, workers, stoppers)
-            uri_file = private_dir(state_dir()) / URI_FILE
-            write_private(uri_file, embedded.uri + "\n")
+            cfg = cfg.with_(mongodb_uri=embedded.uri)
+            published = PublishedUri(cfg.mongodb_uri)
             log.warning(
                 "no BUCKETQ_MONGODB_URI: started the embedded MongoDB server on %s (data in "
                 "%s; its URI, with the generated password, in %s)",
-                embedded.address, data_dir, uri_file,
+                embedded.address, data_dir, published.path,
             )  # fmt: skip
-            cfg = cfg.with_(mongodb_uri=embedded.uri)
             if bcfg.transport == "bucketq" and not bcfg.mongodb_uri:
                 bcfg = bcfg.with_(mongodb_uri=embedded.uri)
         if store is not None:
             from ._app import AT_FORCED_EXIT
 
-            def cleanup(supervisor: StoreSupervisor = store, path: Path | None = uri_file) -> None:
+            def cleanup(
+                supervisor: StoreSupervisor = store, uri: PublishedUri | None = published
+            ) -> None:
+                if uri is not None:
+                    uri.withdraw()
                 supervisor.close(keep_data=True)
-                if path is not None:
-                    path.unlink(missing_ok=True)
 
             AT_FORCED_EXIT.append(cleanup)
         if workers > 1:
@@ -158,12 +159,12 @@ def serve(
         return 0 if server.started else 1
     finally:
         sock.close()
+        if published is not None:  # first: a command started now must not find a store stopping
+            published.withdraw()
         if store is not None:
             store.close(keep_data=True)
             if store.state_path is not None:
                 shutil.rmtree(store.state_path.parent, ignore_errors=True)
-            if uri_file is not None:
-                uri_file.unlink(missing_ok=True)
 
 
 def _supervise(

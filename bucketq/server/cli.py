@@ -164,7 +164,7 @@ def _logs(args: argparse.Namespace) -> int:
         return 1
 
 
-def _db_options(p: argparse.ArgumentParser, fallback: str = v.FROM_SERVE) -> None:
+def _db_options(p: argparse.ArgumentParser, fallback: str = v.FROM_STORE) -> None:
     v.add_mongodb_uri(p, fallback)
     p.add_argument("--database",
                    help=f"database (default: $BUCKETQ_DATABASE, else the URI's, else {DEFAULT_DATABASE})")  # fmt: skip

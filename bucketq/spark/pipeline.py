@@ -269,7 +269,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     from . import _need_pyspark
 
     _need_pyspark()  # a clear "pip install 'bucketq[spark]'" before any server starts
-    given = v.mongodb_uri(args.uri, serve=False)
+    given = v.mongodb_uri(args.uri, running_store=False)
     with mongodb(given or None) as uri:
         if not given and not args.generate:
             print("no --mongodb-uri given: using a fresh embedded store; add --generate N to "

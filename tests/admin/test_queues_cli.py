@@ -150,10 +150,10 @@ def test_requeue_asks_first_and_refuses_without_a_terminal(db, mongo_uri):
 
 def test_no_mongodb_is_one_line_that_says_what_to_do(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("BUCKETQ_MONGODB_URI", raising=False)
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # no `bucketq serve` URI file
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # no running embedded store's URI file
     assert main(["queues", "list"]) == 1
     err = capsys.readouterr().err
-    assert "--mongodb-uri" in err and "bucketq serve" in err and "Traceback" not in err
+    assert "--mongodb-uri" in err and "bucketq store" in err and "Traceback" not in err
 
 
 def test_bad_names_and_counts_are_refused(db, mongo_uri, capsys):

@@ -319,7 +319,7 @@ def test_bucketq_store_restarts_its_store_and_exits_1_when_it_keeps_dying(tmp_pa
             [sys.executable, "-m", "bucketq", "store", "--port", "0", "--data", str(data),
              "--restarts", "1", "--restart-backoff", "0.05"],
             stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_DATA_HOME": str(tmp_path / "share")},
         )  # fmt: skip
     try:
         assert proc.stdout is not None

@@ -96,9 +96,10 @@ def test_a_bad_argument_is_one_line_and_exit_status_2(args, needles):
     ids=["queues", "quarantine", "keys", "dlq", "worker"],
 )  # fmt: skip
 def test_every_command_without_a_mongodb_names_the_same_three_ways(args, tmp_path):
-    # a data directory of its own: no running `bucketq serve` wrote a URI there
+    # a data directory of its own: no running embedded store wrote a URI there
     out = bucketq(*args, environ={"XDG_DATA_HOME": str(tmp_path)})
-    one_clear_line(out, "give --mongodb-uri, set BUCKETQ_MONGODB_URI, or start `bucketq serve`")
+    one_clear_line(out, "give --mongodb-uri, set BUCKETQ_MONGODB_URI, or start the embedded "
+                   "store first (`bucketq store`, or `bucketq serve`)")  # fmt: skip
 
 
 @pytest.mark.parametrize(

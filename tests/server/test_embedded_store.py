@@ -26,6 +26,7 @@ from bucketq.embedded import (
     CREDENTIALS_FILE,
     LOCK_FILE,
     LOG_FILE,
+    URI_FILE,
     EmbeddedServer,
     find_server_command,
 )
@@ -106,7 +107,7 @@ def test_serve_locks_down_its_embedded_store(home: Path) -> None:
         assert "shop" in listed.stdout, listed.stderr
 
         data, state = home / "data", home / "share" / "bucketq"
-        uri_file = state / "serve.uri"
+        uri_file = state / URI_FILE
         private = [uri_file, data / CREDENTIALS_FILE, data / LOG_FILE, data / LOCK_FILE]
         private += [p for p in data.iterdir() if p.name.startswith("WiredTiger")]
         for directory in (data, state):
@@ -138,7 +139,7 @@ def test_serve_locks_down_its_embedded_store(home: Path) -> None:
     finally:
         code = _stop(proc)
     assert code == 0, log.read_text()
-    assert not (home / "share" / "bucketq" / "serve.uri").exists()
+    assert not (home / "share" / "bucketq" / URI_FILE).exists()
 
 
 def test_embedded_store_dies_with_serve_and_its_directory_is_guarded(home: Path) -> None:

@@ -252,7 +252,7 @@ def run(
     n = n or (QUICK_N if quick else DEFAULT_N)
     where = Path(keuss_dir) if keuss_dir else default_dir()
     version = ensure_keuss(where)
-    uri = v.mongodb_uri(mongodb_uri, serve=False) or None
+    uri = v.mongodb_uri(mongodb_uri, running_store=False) or None
     embedded = None if uri else EmbeddedServer().start()
     uri = uri or str(embedded.uri)  # type: ignore[union-attr]
     out: dict[str, Any] = {"n": n, "rounds": []}
