@@ -156,7 +156,8 @@ class WorkerCollector:
     processes that exited (kept so the counters never go back), and has no gauges.
 
     ``bucketq_worker_items_total{outcome}`` counts items by what became of them
-    (``committed``, ``failed``, ``retried``, ``timed_out``, ``late``, ``lost``: see
+    (``committed``, ``failed``, ``retried``, ``timed_out``, ``dead_letter``, ``late``,
+    ``lost``: see
     docs/worker.md), ``bucketq_worker_handler_seconds`` is a histogram of handler run
     times, and the gauges say how many handlers run, are in hand or stuck past their time
     limit, and how many worker processes report."""

@@ -97,6 +97,7 @@ def test_commands_find_a_running_store_and_say_so_once_it_stopped(tmp_path: Path
                        "--database", "app", "--max-items", "1")  # fmt: skip
         assert ran.returncode == 0, ran.stderr
         assert ran.stdout == "sending {'to': 'a@example.com'}\n"
+        assert "queue emails: worker started on database app: send_email" in ran.stderr
         assert "worker stopped (max_items (1) handled): committed 1" in ran.stderr
 
         assert _stop(store) == 0, (tmp_path / "store.log").read_text()

@@ -49,7 +49,7 @@ from .cli import (
     mongodb_uri,
     require_mongodb_uri,
 )
-from .lines import one_line, printable
+from .lines import counted, one_line, printable
 from .options import (
     MONGODB_URI_ENV,
     Setting,
@@ -72,7 +72,7 @@ __all__ = [
     "FROM_STORE", "MAX_DELAY", "MAX_OPTION_SECONDS", "MAX_TIMESTAMP", "MONGODB_SCHEMES",
     "MONGODB_URI_ENV", "REDIS_SCHEMES", "STARTS_ONE", "Setting", "add_mongodb_uri",
     "check_options", "choice", "cli_count", "cli_count_list", "cli_number", "cli_type",
-    "cli_url", "collection_name", "count", "database_name", "delay", "deprecated_alias",
+    "cli_url", "collection_name", "count", "counted", "database_name", "delay", "deprecated_alias",
     "env_mongodb_uri", "env_var", "flag", "headers", "maybe", "mongodb_uri", "number",
     "one_line", "option", "optional_number", "parse", "partition_key", "payloads",
     "printable", "read_env", "read_text", "reader", "reads", "require_mongodb_uri",

@@ -17,6 +17,12 @@ def one_line(exc: BaseException | str) -> str:
     return text[:400]
 
 
+def counted(n: int, one: str, many: str = "") -> str:
+    """``n`` and the word for that many: ``counted(1, "delivery", "deliveries")`` is
+    "1 delivery", ``counted(2, "time")`` "2 times" (``many``: ``one`` + "s")."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def printable(text: object, limit: int = 1000) -> str:
     """``text`` as it may go into a log line: a name someone gave (a queue's, a request's
     path) with a line break in it must not start a line of its own in the log, nor an

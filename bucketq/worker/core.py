@@ -48,6 +48,7 @@ OUTCOMES = (
     "failed",  # the handler raised; rolled back with the back-off
     "retried",  # the handler raised Retry; rolled back with its delay
     "timed_out",  # the time limit passed; rolled back (the handler stopped where it could be)
+    "dead_letter",  # rolled back (any of the three above) for the max_tries-th time: dead-lettered
     "late",  # the handler finished after its time limit: its result was ignored
     "lost",  # its commit or rollback was refused: the bucket is no longer held here
 )
@@ -205,6 +206,19 @@ def exception_name(exc: BaseException) -> str:
     return name
 
 
+def summary(counts: Mapping[str, Any]) -> str:
+    """What a worker did, for its stop line: each outcome it counted, else says so."""
+    return ", ".join(f"{k} {counts[k]}" for k in OUTCOMES if counts[k]) or "nothing handled"
+
+
+def drain_plan(in_hand: int, drain_timeout: float) -> str:
+    """What a stopping worker waits for, for its stopping line."""
+    if not in_hand:
+        return "nothing in hand"
+    held = v.counted(in_hand, "delivery", "deliveries")
+    return f"the {held} in hand may take {drain_timeout:.3g} s to finish"
+
+
 def dead_after(tries: int, max_tries: int | None) -> bool:
     """Whether a rollback that makes ``tries`` sends the item to the dead-letter queue
     (the queue's rule: rolled back ``max_tries`` times)."""
@@ -260,7 +274,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.committed = self.failed = self.retried = 0
-        self.timed_out = self.late = self.lost = 0
+        self.timed_out = self.dead_letter = self.late = self.lost = 0
         self.hist = [0] * (len(DURATION_BUCKETS) + 1)
         self.seconds = 0.0
 

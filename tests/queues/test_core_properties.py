@@ -197,7 +197,8 @@ def test_the_over_tried_rule(tries, max_tries, rolled_back):
     why = over_tried(tries, max_tries, rolled_back=rolled_back)
     assert (why is not None) == (max_tries is not None and tries >= max_tries)
     if why is not None:
-        assert f"{tries} times" in why and f"max_tries={max_tries}" in why
+        said = "1 time " if tries == 1 else f"{tries} times "
+        assert said in why and f"max_tries={max_tries}" in why
         assert why.startswith("rolled back" if rolled_back else "delivered")
 
 

@@ -64,7 +64,11 @@ def test_failures_back_off_then_go_to_the_dead_letter_queue(db, events, caplog):
     q.close()
     ev = read(events)
     assert sorted((i, t) for e, i, t, _ in ev if e == "done") == [(1, 0), (2, 1)]
-    assert (report["committed"], report["failed"]) == (2, 3)
+    # item 0's second failure is its last: counted as the dead letter it became
+    assert (report["committed"], report["failed"], report["dead_letter"]) == (2, 2, 1)
+    assert caplog.records[-1].getMessage() == (
+        "queue jobs: worker stopped (max_items (5) handled): committed 2, failed 2, dead_letter 1"
+    )
     dead = Queue(db, "jobs.dlq", **FAST)
     m = dead.reserve(timeout=10)
     assert m is not None and m.payload["i"] == 0
@@ -215,7 +219,19 @@ def test_stop_lets_the_items_in_hand_finish_and_releases_the_rest(db):
     assert doc.get("tries", {}) == {}  # no try counted for what was released
 
 
-def test_stop_now_releases_what_is_held_without_waiting(db):
+def test_the_start_and_stop_lines_say_what_it_reads_and_what_it_did(db, caplog):
+    q = Queue(db, "jobs", **FAST)
+    w = Worker(q, handle, concurrency=2, signals=False)
+    w.stop()  # before it starts: it stops at once, having handled nothing
+    with caplog.at_level(logging.INFO, "bucketq.worker"):
+        w.run()
+    q.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == f"queue jobs: worker started on database {db.name}: handle, 2 sync handlers"
+    assert said[-1] == "queue jobs: worker stopped (stop()): nothing handled"
+
+
+def test_stop_now_releases_what_is_held_without_waiting(db, caplog):
     q = Queue(db, "jobs", **FAST, bucket_max_size=100)
     fill(q, 20)
     go_on = threading.Event()
@@ -225,7 +241,9 @@ def test_stop_now_releases_what_is_held_without_waiting(db):
         go_on.wait(30)
 
     w = Worker(q, h, signals=False)
-    report = w.run()  # returns while the handler still runs
+    with caplog.at_level(logging.INFO, "bucketq.worker"):
+        report = w.run()  # returns while the handler still runs
+    assert "queue jobs: 1 delivery still in hand: released now" in caplog.text
     assert report["reason"] == "stop(now=True)" and report["committed"] == 0
     (doc,) = stored(db)
     assert doc["live"] == 20 and doc["lease"] is None and doc.get("tries", {}) == {}

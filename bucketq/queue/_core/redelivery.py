@@ -35,7 +35,7 @@ def over_tried(tries: int, max_tries: int | None, *, rolled_back: bool = False) 
     if max_tries is None or tries < max_tries:
         return None
     how = "rolled back" if rolled_back else "delivered"
-    return f"{how} {tries} times without a commit (max_tries={max_tries})"
+    return f"{how} {v.counted(tries, 'time')} without a commit (max_tries={max_tries})"
 
 
 def dead_letter_headers(queue: str, msg_headers: Any, tries: int, reason: str, now: float) -> dict:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from ... import _validate as v
 from ..._guard import LoopGuard
 from ...bucket.concurrency import AsyncMutex, AsyncNotifier, async_sleep
 from ...bucket.concurrency import AsyncWorker as AsyncBackground
@@ -104,6 +105,12 @@ class AsyncWorker:
         self._ran = True
         q = self.queue
         installed = self.options.signals and self._signals.install(self._stop.signal)
+        # before the slots start: a handler's first line comes after it
+        log.info(
+            "queue %s: worker started on database %s: %s, %s", q.name, q.db.name,
+            getattr(self.handler, "__qualname__", self.handler),
+            v.counted(len(self._slots), "async handler" if self.is_async else "sync handler"),
+        )  # fmt: skip
         slots = [
             AsyncBackground(
                 f"bucketq-worker-{q.name}-{s.index}",
@@ -118,11 +125,6 @@ class AsyncWorker:
             )
             for s in self._slots
         ]
-        log.info(
-            "queue %s: worker started: %d %s handler(s) %s",
-            q.name, len(self._slots), "async" if self.is_async else "sync",
-            getattr(self.handler, "__qualname__", self.handler),
-        )  # fmt: skip
         drained: dict[str, int] | None = None
         try:
             await self._watch(lambda: self._stop.level >= core.STOPPING)
@@ -135,8 +137,8 @@ class AsyncWorker:
             left = core.in_hand(self._slots)
             if left:
                 log.warning(
-                    "queue %s: %d delivery(ies) still in hand are released now (they "
-                    "will be delivered again)", q.name, left,
+                    "queue %s: %s still in hand: released now, to be delivered again",
+                    q.name, v.counted(left, "delivery", "deliveries"),
                 )  # fmt: skip
             drained = await q.drain(timeout=0)
         finally:
@@ -153,7 +155,7 @@ class AsyncWorker:
         report["reason"] = self._stop.reason
         report["drain"] = drained
         log.info("queue %s: worker stopped (%s): %s", q.name, self._stop.reason,
-                 ", ".join(f"{k} {report[k]}" for k in core.OUTCOMES if report[k]))  # fmt: skip
+                 core.summary(report))  # fmt: skip
         return report
 
     def _drain_timeout(self) -> float:
@@ -187,9 +189,8 @@ class AsyncWorker:
         level = self._stop.news()
         if level == core.STOPPING:
             log.info(
-                "queue %s: stopping (%s): no new items; %d in hand get %.3g s to finish",
-                self.queue.name, self._stop.reason, core.in_hand(self._slots),
-                self._drain_timeout(),
+                "queue %s: stopping (%s): no new items; %s", self.queue.name, self._stop.reason,
+                core.drain_plan(core.in_hand(self._slots), self._drain_timeout()),
             )  # fmt: skip
         elif level == core.ABORTING:
             log.warning(
@@ -372,7 +373,7 @@ class AsyncWorker:
         many were rolled back (the others were settled already, or are no longer held)."""
         q = self.queue
         reason = core.failure_reason(exc)
-        back = 0
+        back = dead_letters = 0
         delay: float | None = None
         for m in msgs:
             try:
@@ -383,8 +384,11 @@ class AsyncWorker:
                 delay = None
             if await q.rollback(m, delay, reason=reason):
                 back += 1
+                # the queue's own rule: this rollback moved it to the dead-letter queue
+                dead_letters += core.dead_after(m.tries + 1, q.options.max_tries)
         if back:
-            tally.add(outcome, back)
+            tally.add(outcome, back - dead_letters)
+            tally.add("dead_letter", dead_letters)
             tries = max(m.tries for m in msgs) + 1
             dead = core.dead_after(tries, q.options.max_tries)
             fmt, args, extra = core.failure_record(
@@ -409,9 +413,9 @@ class AsyncWorker:
     def _lost(self, msgs: list[Any], n: int, tally: core.Tally, what: str) -> None:
         tally.add("lost", n)
         log.warning(
-            "queue %s: the %s of %d item(s) (%s) was refused: their bucket is no longer "
-            "held here (its lease ran out or it was released at a stop); they are "
-            "delivered again", self.queue.name, what, n, msgs[0].id,
+            "queue %s: the %s of %s (%s) was refused: their bucket is no longer held here "
+            "(its lease ran out or it was released at a stop); delivered again",
+            self.queue.name, what, v.counted(n, "item"), msgs[0].id,
             extra={"queue": self.queue.name, "items": [m.id for m in msgs], "outcome": "lost"},
         )  # fmt: skip
 
