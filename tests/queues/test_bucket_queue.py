@@ -141,6 +141,41 @@ async def test_read_ahead_and_rest_released_by_drain(bucket_flavour):
     assert sorted(got) == [(i, 0) for i in range(1, 10)]
 
 
+async def test_pause_with_release_gives_back_what_nobody_was_handed(bucket_flavour):
+    """pause(release=True): read-ahead goes back at once, a started bucket once its
+    handed-out item is finished; nothing of it with a try counted; what is handed out
+    stays held and is committed."""
+    a = bucket_flavour.open(bucket_max_size=3, prefetch=2, lease=120)
+    for i in range(9):  # three buckets of three
+        await resolve(a.push({"i": i}))
+    await resolve(a.flush())
+    started = await resolve(a.reserve(timeout=2))
+    await eventually_async(  # the prefetcher claims the other two
+        lambda: a.stats()["held_buckets"] == 3, what="the read-ahead claims"
+    )
+    a.pause(release=True)
+    b = bucket_flavour.open(lease=30)
+    got = []
+    while len(got) < 6:  # the two read-ahead buckets, long before a's lease runs out
+        m = await resolve(b.reserve(timeout=10))
+        assert m is not None, f"only {len(got)} read-ahead items came back"
+        got.append((m.payload["i"], m.tries))
+        await resolve(b.commit(m))
+    # The started bucket stays held while its item is handed out...
+    assert await resolve(b.reserve(timeout=0.5)) is None
+    assert await resolve(a.commit(started))
+    # ...and its other two items go back once it is finished.
+    while len(got) < 8:
+        m = await resolve(b.reserve(timeout=10))
+        assert m is not None, "the started bucket's rest did not come back"
+        got.append((m.payload["i"], m.tries))
+        await resolve(b.commit(m))
+    assert sorted([(started.payload["i"], 0), *got]) == [(i, 0) for i in range(9)]
+    assert a.stats()["held_buckets"] == 0
+    await resolve(a.close())
+    await resolve(b.close())
+
+
 async def _set(event: asyncio.Event) -> None:
     event.set()
 

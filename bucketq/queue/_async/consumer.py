@@ -138,8 +138,10 @@ class AsyncConsumer(AsyncDrain, AsyncClaiming):
             ok = core.is_current(msg) and msg.bucket.commit(msg.index)
             if ok:
                 self._stats["committed"] += 1
-                if msg.bucket.finished():
-                    self._flush_wake.notify()  # its last item: delete it now, not a period later
+                if msg.bucket.finished() or self.releasing:
+                    # Its last item (delete it), or paused with release (give it back if
+                    # nothing of it is handed out now): now, not a period later.
+                    self._flush_wake.notify()
         if ok and flush:
             with self._runtime.bounded(None, f"commit(flush=True) on queue {self.name!r}"):
                 await self.flush_state()
@@ -196,11 +198,14 @@ class AsyncConsumer(AsyncDrain, AsyncClaiming):
                     self._flush_wake.notify()
         return ok
 
-    def pause(self) -> None:
+    def pause(self, release: bool = False) -> None:
+        self.releasing = self.releasing or release
         self.paused = True
         self._fetch_wake.notify()  # the fetcher sees it now (and its watcher stops reading)
+        if release:
+            self._flush_wake.notify()  # read-ahead goes back now, not a period later
 
     def resume(self) -> None:
-        self.paused = False
+        self.paused = self.releasing = False
         self._fetch_wake.notify()
         self._consumers.notify()

@@ -75,6 +75,9 @@ class AsyncConsumerState:
         # Buckets being inserted leased to this queue (see ``hold_pushed``).
         self._held_pushed: dict[ObjectId, tuple[dict[str, Any], ObjectId, float]] = {}
         self.paused = False
+        # Paused with release=True: each held bucket goes back once nothing of it is
+        # handed out (``core.plan_flush``).
+        self.releasing = False
         self.draining = False
         self.fetcher: AsyncWorker | None = None
         self.flusher: AsyncWorker | None = None

@@ -20,7 +20,7 @@ from pymongo.errors import (
 
 from ... import bucket
 from ..._driver import boundary
-from ..._validate import printable
+from ..._validate import flag, printable
 from ...bucket import AsyncProducer, AsyncQuarantine, AsyncRuntime
 from ...bucket import deadline as deadlines
 from ...bucket.codec import encode_item
@@ -344,9 +344,12 @@ class AsyncQueue(AsyncQueueApi):
 
     # -- control and introspection ------------------------------------------------------------
 
-    def pause(self) -> None:
-        """Stop handing out items and claiming buckets until resume()."""
-        self._consumer.pause()
+    def pause(self, release: bool = False) -> None:
+        """Stop handing out items and claiming buckets until resume(). ``release``: also
+        give back each held bucket once none of its items is handed out (read-ahead at
+        once, a started bucket when its last handed-out item is committed or rolled
+        back), no try counted, so other consumers get what this one will not serve."""
+        self._consumer.pause(bool(flag("release", release)))
 
     def resume(self) -> None:
         self._consumer.resume()

@@ -274,7 +274,12 @@ def state_write(
 
 
 def plan_flush(
-    buckets: Iterable[HeldBucket], now: float, lease: float, *, release_all: bool = False
+    buckets: Iterable[HeldBucket],
+    now: float,
+    lease: float,
+    *,
+    release_all: bool = False,
+    release_unhanded: bool = False,
 ) -> tuple[list[tuple[HeldBucket, str, UpdateOne | DeleteOne]], list[tuple[HeldBucket, Exception]]]:
     """What the next state flush writes: for every held bucket that needs a write, its
     kind and its one fenced write, and it is marked clean; and the buckets whose state
@@ -282,8 +287,10 @@ def plan_flush(
 
     ``"delete"``: every item is consumed (at the first flush after the last commit).
     ``"release"``: nothing of it is served here any more (only items waiting for a later
-    not-before, none queued or dying), or ``release_all`` (drain). ``"update"``: changed
-    since the last flush, or its lease is due for renewal. Lost buckets are skipped."""
+    not-before, none queued or dying), or ``release_all`` (drain), or
+    ``release_unhanded`` (paused with release) and none of its items is handed out: its
+    queued items are served to nobody here. ``"update"``: changed since the last flush,
+    or its lease is due for renewal. Lost buckets are skipped."""
     plan: list[tuple[HeldBucket, str, UpdateOne | DeleteOne]] = []
     unwritable: list[tuple[HeldBucket, Exception]] = []
     for b in buckets:
@@ -291,7 +298,11 @@ def plan_flush(
             continue
         if b.finished():
             kind = "delete"
-        elif release_all or (b.idle() and b.queued == 0 and not b.dying):
+        elif (
+            release_all
+            or (b.idle() and b.queued == 0 and not b.dying)
+            or (release_unhanded and b.outstanding == b.queued and not b.dying)
+        ):
             kind = "release"
         elif b.dirty or needs_renewal(b, now, lease):
             kind = "update"

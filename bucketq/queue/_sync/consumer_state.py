@@ -77,6 +77,9 @@ class ConsumerState:
         # Buckets being inserted leased to this queue (see ``hold_pushed``).
         self._held_pushed: dict[ObjectId, tuple[dict[str, Any], ObjectId, float]] = {}
         self.paused = False
+        # Paused with release=True: each held bucket goes back once nothing of it is
+        # handed out (``core.plan_flush``).
+        self.releasing = False
         self.draining = False
         self.fetcher: Worker | None = None
         self.flusher: Worker | None = None

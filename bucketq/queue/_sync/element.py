@@ -325,7 +325,10 @@ class ElementQueue(QueueApi):
     def close(self) -> dict[str, int]:
         return self.drain()
 
-    def pause(self) -> None:
+    def pause(self, release: bool = False) -> None:
+        """As :meth:`Queue.pause`; nothing is read ahead, so ``release`` has nothing
+        to give back."""
+        v.flag("release", release)
         self._paused = True
 
     def resume(self) -> None:

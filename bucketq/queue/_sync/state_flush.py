@@ -65,7 +65,11 @@ class StateFlush(DeadLettering):
                     if not b.lost:
                         self._check_stalled(b, now)
                 plan, unwritable = core.plan_flush(
-                    list(self.held.values()), now, lease, release_all=release_all
+                    list(self.held.values()),
+                    now,
+                    lease,
+                    release_all=release_all,
+                    release_unhanded=self.releasing,
                 )
                 for b, exc in unwritable:
                     # One bucket's state cannot be written: the others' still is.
