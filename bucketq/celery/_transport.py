@@ -12,7 +12,10 @@ instead, so the mapping is:
   messages unacknowledged -> ``rollback`` with no delay; ``basic_reject(requeue=False)``
   -> ``commit`` (the message is dropped, as AMQP drops it without a dead-letter exchange);
 - a worker that dies: its buckets' leases run out and every item it had not acknowledged
-  is delivered again, ``tries`` + 1 (``redelivered`` in the message's delivery info).
+  is delivered again, ``tries`` + 1 (``redelivered`` in the message's delivery info);
+- a worker's shutdown beginning (Celery's ``worker_shutting_down`` signal) or its
+  consumer cancelled -> nothing more is delivered, and ``pause(release=True)``: what it
+  holds and has not delivered goes back at once, no try counted.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from queue import Empty
 from typing import Any
 
+from celery import signals
 from kombu.transport import virtual
 from pymongo import MongoClient
 from pymongo import timeout as pymongo_timeout
@@ -37,8 +42,8 @@ from . import _core as core
 
 log = logging.getLogger("bucketq.celery")
 
-#: The most messages one delivery call reserves when the consumer sets no prefetch limit.
-MAX_BATCH = 64
+#: The channels of this process (for Celery's shutdown signal).
+_CHANNELS: weakref.WeakSet[Channel] = weakref.WeakSet()
 
 
 class QoS(virtual.QoS):
@@ -72,6 +77,9 @@ class Channel(virtual.Channel):
         self._tags = itertools.count(1)
         self._no_ack_queues: set[str] = set()
         self._turn = 0
+        #: Set when the worker's shutdown begins: nothing more is delivered.
+        self._stopping = False
+        _CHANNELS.add(self)
 
     # -- what bucketq refuses ---------------------------------------------------------------
 
@@ -108,12 +116,24 @@ class Channel(virtual.Channel):
     def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
         if no_ack:
             self._no_ack_queues.add(queue)
-        return super().basic_consume(queue, no_ack, *args, **kwargs)
+        consumed = super().basic_consume(queue, no_ack, *args, **kwargs)
+        self.connection.take_again(queue)
+        return consumed
 
     def basic_cancel(self, consumer_tag: Any) -> Any:
         queue = self._tag_to_queue.get(consumer_tag)
         self._no_ack_queues.discard(queue)
-        return super().basic_cancel(consumer_tag)
+        cancelled = super().basic_cancel(consumer_tag)
+        conn = self.connection
+        if queue is not None and conn is not None:
+            if not any(queue in ch._active_queues for ch in conn.channels):
+                conn.give_back(queue)
+        return cancelled
+
+    def stop_delivering(self) -> None:
+        """The worker's shutdown began: deliver nothing more. Only a flag (Celery's signal
+        handler calls it); ``give_back`` does the rest."""
+        self._stopping = True
 
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
         msgs = self.connection.queue(queue).reserve_many(1, timeout=0)
@@ -131,42 +151,44 @@ class Channel(virtual.Channel):
         return self._hand_out(queue, msgs[0], queue in self._no_ack_queues)
 
     def _get_many(self, queues: list[str], timeout: float | None = None) -> None:
-        """Deliver what is ready in the first of ``queues`` (taken in turn) that has
-        something, up to the consumer's prefetch room; else wait on one of them (up to
-        ``polling_interval``, shorter with several queues): a message stored meanwhile
-        ends the wait. Raises Empty when nothing came."""
-        if not queues:
-            raise Empty()
-        room = self.qos.can_consume_max_estimate()
-        n = MAX_BATCH if room is None else max(1, min(room, MAX_BATCH))
-        start = self._turn % len(queues)
-        self._turn += 1
-        order = queues[start:] + queues[:start]
-        for name in order:
-            msgs = self.connection.queue(name).reserve_many(n, timeout=0)
-            if msgs:
-                return self._deliver_all(name, msgs)
+        """Deliver one message: from the first of ``queues`` (taken in turn) that has one
+        ready, else the first to get one within a wait on one of them (up to
+        ``polling_interval``, shorter with several queues). Raises Empty when nothing
+        came.
+
+        One at a time: Celery's consumer blocks in each delivery while its pool is busy
+        (prefork), so a batch would hold messages no task runs on, which the queue
+        cannot give back at shutdown; one left in the queue's memory it can."""
         wait = self.connection.options.polling_interval
         if len(queues) > 1:
             wait = min(wait, core.MULTI_QUEUE_WAIT)
         if timeout is not None:
             wait = min(wait, timeout)
-        msgs = self.connection.queue(order[0]).reserve_many(n, timeout=wait)
+        if self._stopping or not queues:
+            # Celery's loop drains once more after it saw the stop: wait as a wait for
+            # a message would (kombu calls again at once), and deliver nothing.
+            time.sleep(wait)
+            raise Empty()
+        start = self._turn % len(queues)
+        self._turn += 1
+        order = queues[start:] + queues[:start]
+        for name in order:
+            msgs = self.connection.queue(name).reserve_many(1, timeout=0)
+            if msgs:
+                return self._deliver_one(name, msgs[0])
+        msgs = self.connection.queue(order[0]).reserve_many(1, timeout=wait)
         if msgs:
-            return self._deliver_all(order[0], msgs)
+            return self._deliver_one(order[0], msgs[0])
         raise Empty()
 
-    def _deliver_all(self, queue: str, msgs: list[Message]) -> None:
-        no_ack = queue in self._no_ack_queues
-        for i, msg in enumerate(msgs):
-            try:
-                self.connection._deliver(self._hand_out(queue, msg, no_ack), queue)
-            except BaseException:
-                # The rest were reserved and not handed to anyone: give them back now.
-                q = self.connection.queue(queue)
-                for rest in msgs[i + 1 :]:
-                    q.rollback(rest, 0)
-                raise
+    def _deliver_one(self, queue: str, msg: Message) -> None:
+        if self._stopping:
+            # Taken as the shutdown began: not delivered, and released with the queue
+            # when the connection closes (no try counted).
+            log.info("message %s of queue %s not delivered: the worker is stopping",
+                     msg.id, queue)  # fmt: skip
+            raise Empty()
+        self.connection._deliver(self._hand_out(queue, msg, queue in self._no_ack_queues), queue)
 
     def _hand_out(self, queue: str, msg: Message, no_ack: bool) -> dict[str, Any]:
         """The kombu message of a reserved item, with a delivery tag of its own (an item
@@ -283,6 +305,21 @@ class Transport(virtual.Transport):
                 self._mongo = mongo
         return super().establish_connection()
 
+    def give_back(self, name: str) -> None:
+        """No consumer of this connection takes from queue ``name`` now (cancelled, or the
+        worker is stopping): it hands out nothing more, and gives back what it holds and
+        has not delivered (at once; a bucket with tasks running here once they are
+        acknowledged), no try counted, so other workers get it."""
+        q = self._queues.get(name)
+        if q is not None:  # no queue object: it holds nothing
+            q.pause(release=True)
+
+    def take_again(self, name: str) -> None:
+        """A consumer of queue ``name`` again (after ``give_back``): it claims again."""
+        q = self._queues.get(name)
+        if q is not None:
+            q.resume()
+
     def queue(self, name: str) -> Queue:
         """The bucketq queue of a kombu queue (one per name and connection)."""
         q = self._queues.get(name)
@@ -316,7 +353,8 @@ class Transport(virtual.Transport):
 
     def close_connection(self, connection: Any) -> None:
         """Close the channels (unacknowledged messages are rolled back), then the queues
-        (their open buckets written, held buckets released), then the client."""
+        (their open buckets written, held buckets released at once: with the channels
+        closed nothing here consumes, so nothing is waited for), then the client."""
         try:
             super().close_connection(connection)
         finally:
@@ -325,9 +363,37 @@ class Transport(virtual.Transport):
                 mongo, self._mongo = self._mongo, None
             for q in queues:
                 try:
+                    q.drain(timeout=0)
                     q.close()
                 except BucketQError as exc:
                     log.warning("closing queue %s: %s (its leases give back what it held)",
                                 q.name, exc)  # fmt: skip
             if mongo is not None:
                 mongo.close()
+
+
+def _stop_delivering(**_: Any) -> None:
+    """Celery's ``worker_shutting_down``, sent from its SIGTERM/SIGINT/SIGQUIT handler
+    before its loop sees the stop (which may be a task's length later: the loop waits in
+    a delivery while the pool is busy, and then drains once more). Here only flags are
+    set; the queues are paused from a thread, as they take locks the interrupted main
+    thread may hold."""
+    channels = [ch for ch in list(_CHANNELS) if ch._consumers and ch.connection is not None]
+    for ch in channels:
+        ch.stop_delivering()
+    if channels:
+        threading.Thread(
+            target=_give_back, args=(channels,), name="bucketq-celery-stop", daemon=True
+        ).start()
+
+
+def _give_back(channels: list[Channel]) -> None:
+    for ch in channels:
+        conn = ch.connection
+        if conn is None:
+            continue  # closed meanwhile: its close released what it held
+        for name in list(ch._active_queues):
+            conn.give_back(name)
+
+
+signals.worker_shutting_down.connect(_stop_delivering, weak=False, dispatch_uid="bucketq.celery")

@@ -58,9 +58,12 @@ def make_app(broker: str, backend: str | None, out: str, options: dict | None = 
         _record(out, "run", key)
         return key
 
-    @app.task(name="gated", shared=False)
-    def gated(key: str, gate: str) -> str:
-        """Start, wait (at most a minute) until the file ``gate`` exists, finish."""
+    @app.task(name="gated", shared=False, bind=True)
+    def gated(self, key: str, gate: str) -> str:
+        """Start, wait (at most a minute) until the file ``gate`` exists, finish. A
+        delivery marked redelivered is recorded too."""
+        if self.request.delivery_info.get("redelivered"):
+            _record(out, "redelivered", key)
         _record(out, "start", key)
         deadline = time.monotonic() + 60
         while not os.path.exists(gate) and time.monotonic() < deadline:

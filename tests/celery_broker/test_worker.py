@@ -5,6 +5,7 @@ retries through the queue's mature time, and workers that die (SIGKILL) or are s
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -21,6 +22,11 @@ FAST = {"lease": 2.0, "state_flush_period": 0.2, "poll_interval": 0.2}
 
 def _events(out, event):
     return Counter(k for e, k, _, _ in runs(out) if e == event)
+
+
+def _received(text):
+    """The ids of the tasks a worker's log says it received, in order."""
+    return re.findall(r"Task \w+\[([0-9a-f-]+)\] received", text)
 
 
 def test_tasks_run_and_their_results_come_back(celery_env, db):
@@ -98,6 +104,57 @@ def test_a_sigtermed_worker_finishes_its_task_and_gives_the_rest_back(celery_env
     assert [t for e, k, t, _ in runs(celery_env.out) if (e, k) == ("done", "slow")][0] >= stopped
     assert _events(celery_env.out, "start")["slow"] == 1
     assert _events(celery_env.out, "run") == Counter(f"r{i}" for i in range(10))
+
+
+def test_a_warm_shutdown_takes_nothing_more_and_releases_what_it_did_not_start(
+    celery_env, db, mongo_client
+):
+    """SIGTERM to a prefork worker whose processes are busy, with more tasks in hand than
+    it runs: from the signal on it is delivered nothing; what it held and had not
+    received goes back at once, untried, to another worker; what Celery had received
+    (its two running tasks, and the one its consumer was handing to the busy pool) runs
+    to the end there and is acknowledged; nothing is lost or run twice."""
+    slow_lease = {**FAST, "lease": 120.0}  # nothing comes back because a lease ran out
+    sender = celery_env.app(**slow_lease)  # published one by one: a bucket each
+    gate = celery_env.out / "gate"
+    q = Queue(mongo_client[db.name], "celery")
+    w1 = celery_env.start_worker("w1", "-c", "2", **slow_lease).wait_ready()
+    keys = [f"t{i}" for i in range(7)]
+    results = {k: sender.tasks["gated"].delay(k, str(gate)) for k in keys}
+    # Two running, one received and waiting for a process, more held in w1's memory.
+    eventually(
+        lambda: (
+            sum(_events(celery_env.out, "start").values()) == 2
+            and len(_received(w1.text())) == 3
+            and q.resv_size() > 3
+        ),
+        what="w1 running two tasks, holding more",
+    )
+    w1.proc.terminate()
+    eventually(lambda: "Warm shutdown" in w1.text(), what="the warm shutdown to begin")
+    # Given back at once: w1 cannot exit before the gate opens.
+    eventually(lambda: (q.size(), q.resv_size()) == (4, 3), what="four ready, three leased")
+    assert w1.proc.poll() is None
+    celery_env.start_worker("w2", "-c", "4", **slow_lease).wait_ready()
+    eventually(
+        lambda: sum(_events(celery_env.out, "start").values()) == 6,
+        what="w2 starting the four w1 gave back",
+    )
+    assert w1.proc.poll() is None
+    gate.touch()
+    assert w1.proc.wait(30) == 0, w1.text()[-3000:]
+    assert {k: r.get(timeout=30) for k, r in results.items()} == {k: k for k in keys}
+    before, _, after = w1.text().partition("Warm shutdown")
+    assert _received(after) == []
+    # w1 ran to the end exactly the three it had received before the signal.
+    assert sorted(re.findall(r"Task gated\[([0-9a-f-]+)\] succeeded", after)) == sorted(
+        _received(before)
+    )
+    assert _events(celery_env.out, "start") == Counter(keys)
+    assert _events(celery_env.out, "done") == Counter(keys)
+    assert not _events(celery_env.out, "redelivered")  # no try counted
+    eventually(lambda: q.total_size() == 0, what="every task acknowledged")
+    q.close()
 
 
 def test_a_killed_pool_process_gives_its_task_back_at_once(celery_env, db):
