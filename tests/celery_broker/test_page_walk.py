@@ -85,8 +85,15 @@ def test_the_celery_page_example_runs_on_bucketq_store(tmp_path: Path, site_dir:
         assert [r["name"] for r in json.loads(listed.stdout)] == ["celery"]
     finally:
         if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(60)
+            # To its main process only, as `kill -TERM` of its pid: a SIGTERM to the whole
+            # group also kills the pool's processes, one may die holding the pool's queue
+            # lock, and billiard's shutdown then waits on it for ever.
+            worker.terminate()
+            try:
+                worker.wait(60)
+            finally:
+                if worker.poll() is None:
+                    os.killpg(worker.pid, signal.SIGKILL)
         if store.poll() is None:
             store.send_signal(signal.SIGTERM)
         store.wait(60)
