@@ -188,6 +188,20 @@ LONGEST_FIRST = (
 )
 
 
+#: Files of short tests that spend nearly all their time waiting (on leases, deadlines, the
+#: shared store): they start right after the first long units, one per worker, so that
+#: their waits overlap that CPU-bound stretch. Left for the end with the other short
+#: tests, every worker waited in them at once while the cores idled.
+WAITING_EARLY = (
+    "tests/queues/test_contract.py",
+    "tests/reservoir/test_transport_contract.py",
+    "tests/reservoir/test_dispatch_delay.py",
+    "tests/sdk/test_offline.py",
+)
+#: The long units that start at once, one per worker, before WAITING_EARLY.
+STARTING_UNITS = 6
+
+
 def _group(item: pytest.Item) -> str | None:
     mark = item.get_closest_marker("xdist_group")
     if mark is None:
@@ -196,7 +210,8 @@ def _group(item: pytest.Item) -> str | None:
 
 
 def _start_rank(items: list[pytest.Item]):
-    first = {u: i for i, u in enumerate(LONGEST_FIRST)}
+    units = (*LONGEST_FIRST[:STARTING_UNITS], *WAITING_EARLY, *LONGEST_FIRST[STARTING_UNITS:])
+    first = {u: i for i, u in enumerate(units)}
     order = {id(item): i for i, item in enumerate(items)}
 
     def rank(item: pytest.Item) -> tuple[int, int]:
