@@ -30,10 +30,10 @@ DESCRIPTION = """\
 Run MODULE:FUNCTION on every item of queue NAME: its return commits the item, an
 exception rolls it back (delivered again after the queue's back-off; past the queue's
 max_tries, to its dead-letter queue: unset by default, --queue-option max_tries=5 sets
-it). SIGTERM or SIGINT: no new items, the items in hand
-finish within --drain-timeout, the rest is released; exit 0. A second signal releases
-what is held at once. An `async def` handler runs on an AsyncQueue in --concurrency
-tasks, a plain function on a Queue in --concurrency threads.
+it). SIGTERM or SIGINT: no new items, the items in hand finish within --drain-timeout,
+the rest is released; exit 0. A second signal releases what is held at once. An
+`async def` handler runs on an AsyncQueue in --concurrency tasks, a plain function on a
+Queue in --concurrency threads.
 
 example:  bucketq worker myapp.tasks:send_email --queue emails --concurrency 8
 """
