@@ -24,6 +24,7 @@ worker with ``pytest.mark.xdist_group`` (``--dist loadgroup``).
 
 from __future__ import annotations
 
+import compileall
 import os
 import signal
 import sys
@@ -35,6 +36,7 @@ import pytest
 from hypothesis import settings
 from pymongo import AsyncMongoClient, MongoClient
 
+import bucketq
 from bucketq.embedded import URI_ENV, EmbeddedServer
 from waiting import eventually, eventually_async
 
@@ -45,6 +47,9 @@ from waiting import eventually, eventually_async
 # processes write again: this one from here on, the xdist workers from their start (their
 # plugins load before this file: see pytest_configure), and what a test starts sees the
 # variable as it was. __pycache__ is ignored by git.
+# What a test starts (servers, workers, CLI commands: hundreds of processes) would then
+# compile bucketq's modules anew in each one, on a fresh checkout: pytest_configure
+# compiles the package once, before any of them starts.
 sys.dont_write_bytecode = False
 _NO_BYTECODE = "PYTHONDONTWRITEBYTECODE"
 _HELD = "BUCKETQ_TESTS_HELD_NO_BYTECODE"
@@ -108,8 +113,11 @@ WORKERS_PER_CORE = 3
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller did both
     if config.getoption("tx", None) and os.environ.get(_NO_BYTECODE):  # xdist's controller
         os.environ[_HELD] = os.environ.pop(_NO_BYTECODE)  # the workers start without it
+    compileall.compile_dir(Path(bucketq.__file__).parent, quiet=1)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -127,8 +127,10 @@ async def test_default_rollback_delay_uses_reject_deltas(flavour):
     m = await resolve(q.reserve(timeout=2))
     t0 = time.time()
     await resolve(q.rollback(m))  # 0.4 * 1 + 0.8 = 1.2 s
-    assert await resolve(q.reserve(timeout=0.9)) is None or time.time() - t0 >= 1.2
-    again = await resolve(q.reserve(timeout=5))
+    # On a loaded machine this first wait can outlast the delay and take the item itself.
+    early = await resolve(q.reserve(timeout=0.9))
+    assert early is None or time.time() - t0 >= 1.2
+    again = early or await resolve(q.reserve(timeout=5))
     assert again is not None and time.time() - t0 >= 1.2
 
 
