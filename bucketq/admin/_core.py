@@ -11,7 +11,7 @@ most ``state_flush_period``, 0.5 s) still count as leased.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -222,6 +222,13 @@ def item_views(doc: dict[str, Any], now: float, *, stream: bool = False) -> list
             )
         )
     return views
+
+
+def as_dead(view: ItemView) -> ItemView:
+    """A dead letter's view with the tries it had in its queue (its ``x-tries`` header),
+    not those in the dead-letter queue, where nobody took it yet."""
+    tries = (view.headers or {}).get("x-tries")
+    return replace(view, tries=tries) if isinstance(tries, int) else view
 
 
 @dataclass

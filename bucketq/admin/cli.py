@@ -115,14 +115,14 @@ def _cell(v: Any) -> str:
 
 
 COLUMNS = ("name", "kind", "ready", "scheduled", "leased", "dead", "quarantined", "lag",
-           "oldest ready s", "next mature", "consumers")  # fmt: skip
+           "oldest ready", "next mature", "consumers")  # fmt: skip
 
 
 def table_rows(rows: list[core.QueueRow], rates: dict[str, core.Rates]) -> list[list[str]]:
     out = []
     for r in rows:
         cells = [r.name, r.kind, r.ready, r.scheduled, r.leased, r.dead, r.quarantined, r.lag,
-                 r.oldest_ready_s,
+                 None if r.oldest_ready_s is None else f"{r.oldest_ready_s:.1f} s",
                  f"{r.next_mature:%Y-%m-%d %H:%M:%S}" if r.next_mature else None,
                  len(r.consumers)]  # fmt: skip
         if r.name in rates:

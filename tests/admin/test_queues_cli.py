@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -70,7 +71,14 @@ def test_list_counts_ready_scheduled_leased_dead_and_streams(db, mongo_uri, caps
         assert (rows["events"]["ready"], rows["events"]["lag"]) == (4, 1)
 
         code, out = cli(capsys, mongo_uri, db, "list")
-        assert code == 0 and "jobs" in out and "stream" in out.splitlines()[1]
+        assert code == 0
+        head, *body = (re.split(r"\s{2,}", line.strip()) for line in out.splitlines())
+        assert head == ["NAME", "KIND", "READY", "SCHEDULED", "LEASED", "DEAD", "QUARANTINED",
+                        "LAG", "OLDEST READY", "NEXT MATURE", "CONSUMERS"]  # fmt: skip
+        table = {row[0]: dict(zip(head, row, strict=True)) for row in body}
+        assert table["events"]["KIND"] == "stream"
+        assert table["jobs"]["READY"] == "5" and table["jobs"]["DEAD"] == "2"
+        assert re.fullmatch(r"\d+\.\d s", table["jobs"]["OLDEST READY"])
     finally:
         held.close()
         q.close()
@@ -103,6 +111,10 @@ def test_requeue_one_dead_letter_puts_it_back_with_its_headers(db, mongo_uri, ca
     dead = json.loads(out)
     assert code == 0 and len(dead) == 2
     assert dead[0]["headers"]["x-source-queue"] == "jobs"
+    # the tries it had in jobs (max_tries=1), as its headers say, not the dead-letter queue's
+    assert [(d["tries"], d["headers"]["x-tries"]) for d in dead] == [(1, 1), (1, 1)]
+    code, out = cli(capsys, mongo_uri, db, "dead", "jobs")
+    assert out.count("  tries=1  ") == 2 and "tries=0" not in out
     one = dead[0]["id"]
     code, out = cli(
         capsys, mongo_uri, db, "dead", "jobs", "requeue", "--id", one, "--yes", "--json"

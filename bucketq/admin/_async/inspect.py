@@ -132,8 +132,9 @@ class AsyncInspector:
     # -- dead letters ------------------------------------------------------------------------
 
     async def dead(self, name: str, n: int = 100) -> list[core.ItemView]:
-        """The dead letters of queue ``name`` (its ``<name>.dlq``), oldest first."""
-        return await self.peek(check_name(name) + DLQ_SUFFIX, n)
+        """The dead letters of queue ``name`` (its ``<name>.dlq``), oldest first; their
+        ``tries`` are those they had in ``name`` (``x-tries``)."""
+        return [core.as_dead(v) for v in await self.peek(check_name(name) + DLQ_SUFFIX, n)]
 
     async def requeue_dead(self, name: str, ids: list[str] | None = None) -> dict[str, int]:
         """Put dead letters of ``name`` (these ids, or all) back in the queue they came

@@ -134,8 +134,9 @@ class Inspector:
     # -- dead letters ------------------------------------------------------------------------
 
     def dead(self, name: str, n: int = 100) -> list[core.ItemView]:
-        """The dead letters of queue ``name`` (its ``<name>.dlq``), oldest first."""
-        return self.peek(check_name(name) + DLQ_SUFFIX, n)
+        """The dead letters of queue ``name`` (its ``<name>.dlq``), oldest first; their
+        ``tries`` are those they had in ``name`` (``x-tries``)."""
+        return [core.as_dead(v) for v in self.peek(check_name(name) + DLQ_SUFFIX, n)]
 
     def requeue_dead(self, name: str, ids: list[str] | None = None) -> dict[str, int]:
         """Put dead letters of ``name`` (these ids, or all) back in the queue they came
