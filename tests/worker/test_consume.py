@@ -219,6 +219,41 @@ def test_stop_lets_the_items_in_hand_finish_and_releases_the_rest(db):
     assert doc.get("tries", {}) == {}  # no try counted for what was released
 
 
+def test_a_stopping_worker_gives_back_at_once_the_buckets_it_read_ahead(db):
+    """While the item in hand finishes (up to drain_timeout), the buckets the worker claimed
+    ahead and handed nothing of are released at once, with no try counted: another worker
+    takes them meanwhile instead of waiting for the drain."""
+    q = Queue(db, "jobs", **{**FAST, "drain_timeout": 60}, bucket_max_size=5)
+    fill(q, 20)  # four buckets
+    in_hand, go_on = threading.Event(), threading.Event()
+
+    def h(m):
+        w.stop()
+        in_hand.set()
+        go_on.wait(30)
+
+    w = Worker(q, h, concurrency=1, signals=False)
+    runner = threading.Thread(target=w.run)
+    runner.start()
+    other = Queue(db, "jobs", **FAST)
+    try:
+        assert in_hand.wait(30)
+        # the other worker gets every item but the first bucket's while the first still runs
+        got = []
+        eventually(lambda: got.extend(other.reserve_many(20, timeout=0.2)) or len(got) == 15,
+                   what="the read-ahead buckets, released")  # fmt: skip
+        assert runner.is_alive() and len({m.payload["i"] for m in got}) == 15
+        assert other.reserve_many(20, timeout=0) == []  # the first bucket stays with the worker
+        assert other.commit_many(got) == 15
+    finally:
+        go_on.set()
+        runner.join(30)
+        other.close()
+        q.close()
+    assert not runner.is_alive()
+    assert [d.get("tries", {}) for d in stored(db)] == [{}], "no try counted for a release"
+
+
 def test_the_start_and_stop_lines_say_what_it_reads_and_what_it_did(db, caplog):
     q = Queue(db, "jobs", **FAST)
     w = Worker(q, handle, concurrency=2, signals=False)

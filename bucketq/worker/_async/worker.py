@@ -54,9 +54,10 @@ class AsyncWorker:
     its result is ignored).
 
     SIGTERM or SIGINT (in the main thread), :meth:`stop` or ``max_items`` stop it: no new
-    items; the items in hand get ``drain_timeout`` seconds to finish; then ``drain()``
-    releases what is left at once (no try counted). A second signal (or ``stop(now=True)``)
-    releases what is held without waiting. :meth:`run` returns what it did. Options and
+    items, and the buckets read ahead go back at once; the items in hand get
+    ``drain_timeout`` seconds to finish; then ``drain()`` releases what is left at once
+    (no try counted). A second signal (or ``stop(now=True)``) releases what is held
+    without waiting. :meth:`run` returns what it did. Options and
     their defaults: :class:`bucketq.worker.WorkerOptions`.
     """
 
@@ -128,7 +129,8 @@ class AsyncWorker:
         drained: dict[str, int] | None = None
         try:
             await self._watch(lambda: self._stop.level >= core.STOPPING)
-            q.pause()  # nothing more is handed out or claimed
+            # nothing more is handed out or claimed, and what was read ahead goes back at once
+            q.pause(release=True)
             deadline = _monotonic() + self._drain_timeout()
             await self._watch(
                 lambda: self._stop.level >= core.ABORTING or not core.in_hand(self._slots),

@@ -56,9 +56,10 @@ class Worker:
     its result is ignored).
 
     SIGTERM or SIGINT (in the main thread), :meth:`stop` or ``max_items`` stop it: no new
-    items; the items in hand get ``drain_timeout`` seconds to finish; then ``drain()``
-    releases what is left at once (no try counted). A second signal (or ``stop(now=True)``)
-    releases what is held without waiting. :meth:`run` returns what it did. Options and
+    items, and the buckets read ahead go back at once; the items in hand get
+    ``drain_timeout`` seconds to finish; then ``drain()`` releases what is left at once
+    (no try counted). A second signal (or ``stop(now=True)``) releases what is held
+    without waiting. :meth:`run` returns what it did. Options and
     their defaults: :class:`bucketq.worker.WorkerOptions`.
     """
 
@@ -130,7 +131,8 @@ class Worker:
         drained: dict[str, int] | None = None
         try:
             self._watch(lambda: self._stop.level >= core.STOPPING)
-            q.pause()  # nothing more is handed out or claimed
+            # nothing more is handed out or claimed, and what was read ahead goes back at once
+            q.pause(release=True)
             deadline = _monotonic() + self._drain_timeout()
             self._watch(
                 lambda: self._stop.level >= core.ABORTING or not core.in_hand(self._slots),
