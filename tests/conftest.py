@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import compileall
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,12 +114,29 @@ _SHARED = {
 WORKERS_PER_CORE = 3
 
 
+#: The run's own temporary directory (``TMPDIR`` of every process of the run), removed at
+#: its end: what processes killed by the tests leave behind (embedded stores' data,
+#: multiprocessing's ``pymp-*``) goes with it instead of piling up in /tmp run after run.
+_RUN_TMP = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's tmp_path plugin set up its factory
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # the controller did both
+        return  # the controller did it all
     if config.getoption("tx", None) and os.environ.get(_NO_BYTECODE):  # xdist's controller
         os.environ[_HELD] = os.environ.pop(_NO_BYTECODE)  # the workers start without it
     compileall.compile_dir(Path(bucketq.__file__).parent, quiet=1)
+    config._tmp_path_factory.getbasetemp()  # pytest's own (kept for a few runs) stays put
+    run_tmp = tempfile.mkdtemp(prefix="bucketq-tests-")
+    os.chmod(run_tmp, 0o1777)  # as /tmp: the tests of file modes check what others may read
+    config.stash[_RUN_TMP] = os.environ["TMPDIR"] = tempfile.tempdir = run_tmp
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run_tmp = config.stash.get(_RUN_TMP, None)
+    if run_tmp:
+        shutil.rmtree(run_tmp, ignore_errors=True)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
