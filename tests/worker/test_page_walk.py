@@ -1,5 +1,6 @@
 """docs/worker.md's first example walked as a new user would: ``bucketq store`` in one
-terminal, the page's ``export`` line, its ``tasks.py`` run with ``python tasks.py``
+terminal, the page's ``export`` line, its module (``emails.py``, named by its first line)
+run with ``python emails.py``
 (what it prints must be the lines the page shows), then its ``bucketq worker`` line on
 the same queue. A temporary HOME, no MongoDB URI but the store's.
 
@@ -24,11 +25,12 @@ from bucketq.admin import Inspector
 from waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "worker.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
 def page_blocks() -> list[tuple[str, str]]:
-    text = (ROOT / "docs" / "worker.md").read_text()
+    text = PAGE.read_text()
     intro = text[: text.index("\n## ")]
     return FENCE.findall(intro)
 
@@ -40,7 +42,9 @@ def command(block: str, starts: str) -> str:
 
 
 def test_the_worker_page_example_runs_as_written(tmp_path: Path) -> None:
-    (store_sh, export_sh, tasks_py, shown, cli_sh) = (body for _, body in page_blocks())
+    (store_sh, export_sh, module_py, shown, cli_sh) = (body for _, body in page_blocks())
+    module = module_py.splitlines()[0].removeprefix("# ")  # the file the page names
+    assert module == "emails.py" and f"`python {module}`" in PAGE.read_text()
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BUCKETQ_", "XDG_"))}
@@ -61,10 +65,10 @@ def test_the_worker_page_example_runs_as_written(tmp_path: Path) -> None:
         assert got.stdout == printed
         env["BUCKETQ_MONGODB_URI"] = got.stdout
 
-        (tmp_path / "tasks.py").write_text(tasks_py)
+        (tmp_path / module).write_text(module_py)
         log = tmp_path / "python.log"
         with open(log, "w") as out:
-            py = subprocess.Popen([sys.executable, "tasks.py"], env=env, cwd=tmp_path,
+            py = subprocess.Popen([sys.executable, module], env=env, cwd=tmp_path,
                                   stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         with MongoClient(printed) as client:
             inspector = Inspector(client["app"])
