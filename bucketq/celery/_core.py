@@ -28,10 +28,6 @@ DEFAULT_DATABASE = "celery"
 #: delivered again (Redis's ``visibility_timeout`` is one hour too). Its worker's lease is
 #: renewed meanwhile; a worker that dies lets its messages go after ``lease`` alone.
 DEFAULT_REJECT_TIMEOUT_GRACE = 3600.0
-#: A publish returns once its message is in the journal (with the server's default ``w``:
-#: a majority on a replica set of MongoDB 5.0 and later). A queue's own default is
-#: ``w:1`` without the journal, which a server killed a moment later can lose.
-DEFAULT_WRITE_CONCERN = {"j": True}
 #: How long one wait for a message lasts before the worker's loop looks at its other
 #: duties (a message stored meanwhile ends the wait at once), and with several queues
 #: how long each wait lasts before the next queue is looked at.
@@ -84,7 +80,6 @@ def broker_options(transport_options: dict[str, Any] | None) -> BrokerOptions:
     given = dict(transport_options or {})
     queue: dict[str, Any] = {
         "reject_timeout_grace": DEFAULT_REJECT_TIMEOUT_GRACE,
-        "write_concern": DEFAULT_WRITE_CONCERN,
     }
     own: dict[str, Any] = {}
     ignored = []
