@@ -1,8 +1,7 @@
 """docs/worker.md's first example walked as a new user would: ``bucketq store`` in one
 terminal, the page's ``export`` line, its module (``emails.py``, named by its first line)
-run with ``python emails.py``
-(what it prints must be the lines the page shows), then its ``bucketq worker`` line on
-the same queue. A temporary HOME, no MongoDB URI but the store's.
+run with ``python emails.py`` (what it prints must be the lines the page shows), then its
+``bucketq worker`` line on the same queue. A temporary HOME, no MongoDB URI but the store's.
 
 What the walk changes, and why: ``bucketq store`` gets ``--port 0`` (the suite runs in
 parallel; 27017 may be taken); the ``pip install`` line is left out (the test extra has

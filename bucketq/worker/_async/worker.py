@@ -57,8 +57,8 @@ class AsyncWorker:
     items, and the buckets read ahead go back at once; the items in hand get
     ``drain_timeout`` seconds to finish; then ``drain()`` releases what is left at once
     (no try counted). A second signal (or ``stop(now=True)``) releases what is held
-    without waiting. :meth:`run` returns what it did. Options and
-    their defaults: :class:`bucketq.worker.WorkerOptions`.
+    without waiting. :meth:`run` returns what it did. Options and their defaults:
+    :class:`bucketq.worker.WorkerOptions`.
     """
 
     def __init__(self, queue: Any, handler: Callable[..., Any], **options: Any) -> None:
