@@ -28,6 +28,8 @@ DEFAULT_DATABASE = "celery"
 #: delivered again (Redis's ``visibility_timeout`` is one hour too). Its worker's lease is
 #: renewed meanwhile; a worker that dies lets its messages go after ``lease`` alone.
 DEFAULT_REJECT_TIMEOUT_GRACE = 3600.0
+#: Seconds a connection's close waits for MongoDB to end its client's sessions.
+CLOSE_TIMEOUT = 2.0
 #: How long one wait for a message lasts before the worker's loop looks at its other
 #: duties (a message stored meanwhile ends the wait at once), and with several queues
 #: how long each wait lasts before the next queue is looked at.

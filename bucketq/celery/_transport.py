@@ -20,6 +20,7 @@ instead, so the mapping is:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -364,12 +365,17 @@ class Transport(virtual.Transport):
             for q in queues:
                 try:
                     q.drain(timeout=0)
-                    q.close()
                 except BucketQError as exc:
                     log.warning("closing queue %s: %s (its leases give back what it held)",
                                 q.name, exc)  # fmt: skip
+                with contextlib.suppress(BucketQError):  # said above
+                    q.close()  # its workers stop, whether the drain could reach MongoDB or not
             if mongo is not None:
-                mongo.close()
+                # Its server sessions are ended as a courtesy (the server drops them by
+                # itself later): a store that is gone must not hold the worker's exit for
+                # a server selection timeout, once for each of Celery's connections.
+                with pymongo_timeout(core.CLOSE_TIMEOUT):
+                    mongo.close()
 
 
 def _stop_delivering(**_: Any) -> None:

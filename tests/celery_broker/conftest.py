@@ -34,6 +34,10 @@ pytest.importorskip(
 )
 
 
+#: Queue options of the transport tests' connections: short periods, a 2 s lease.
+FAST = {"lease": 2.0, "state_flush_period": 0.1, "poll_interval": 0.2, "bucket_max_wait": 0.05}
+
+
 def with_database(uri: str, db_name: str) -> str:
     parts = urlsplit(uri)
     return urlunsplit(parts._replace(path="/" + db_name))

@@ -26,11 +26,8 @@ from bucketq.celery._core import (
     mongodb_uri,
     sanitized,
 )
-from celery_broker.conftest import ROOT, with_database
+from celery_broker.conftest import FAST, ROOT, with_database
 from waiting import eventually
-
-FAST = {"lease": 2.0, "state_flush_period": 0.1, "poll_interval": 0.2, "bucket_max_wait": 0.05}
-
 
 # -- the URL, the options, the ETA (pure) ---------------------------------------------------
 
