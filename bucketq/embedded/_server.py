@@ -132,7 +132,7 @@ class EmbeddedServer:
         return self._last_returncode
 
     def start(self, *, tied: bool | None = None) -> EmbeddedServer:
-        """Start the server (nothing if it runs). ``tied``: whether it gets SIGTERM when
+        """Start the server (nothing if it runs). ``tied``: whether it is killed when
         the calling thread ends (the process too): by default when called from the main
         thread; ``True`` from a thread that lives as long as the server (see
         ``_die_with_parent``)."""

@@ -176,6 +176,43 @@ def test_embedded_store_dies_with_serve_and_its_directory_is_guarded(home: Path)
                 _stop(proc)
 
 
+@pytest.mark.parametrize("owner", range(3))
+def test_a_server_tied_to_an_owner_of_many_threads_goes_when_the_owner_is_killed(
+    tmp_path: Path, owner: int
+) -> None:
+    """The kernel signals the server again each time it passes to another thread of its
+    dying owner: it goes all the same (a handler entered again while it ran left it
+    running), and a write it acknowledged on disk (``j: true``, bucketq's default) is
+    there at the next start."""
+    data = tmp_path / "data"
+    script = (
+        "import sys, threading, time\n"
+        "from bucketq.embedded import EmbeddedServer\n"
+        "from pymongo import MongoClient\n"
+        "s = EmbeddedServer(sys.argv[1]).start()\n"
+        "MongoClient(s.uri, journal=True).bq.t.insert_one({'kept': 1})\n"
+        "for _ in range(100):\n"
+        "    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+        "print(s.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner_proc = subprocess.Popen([sys.executable, "-c", script, str(data)],
+                                  stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    try:
+        server_pid = int(owner_proc.stdout.readline())
+    finally:
+        owner_proc.kill()
+        owner_proc.wait()
+    eventually(lambda: not alive(server_pid), 60, what="the server to go with its owner")
+    server = EmbeddedServer(data).start()
+    try:
+        with MongoClient(server.uri, serverSelectionTimeoutMS=10_000) as client:
+            assert client.bq.t.find_one({}, {"_id": 0}) == {"kept": 1}
+    finally:
+        server.stop()
+
+
 def test_a_server_left_by_a_dead_owner_is_stopped_by_the_next_start(tmp_path: Path) -> None:
     """Off the main thread (or off Linux) the server is not tied to its owner: when the
     owner dies, the next start on the directory stops what it left and starts."""
