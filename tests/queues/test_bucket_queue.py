@@ -116,7 +116,8 @@ async def test_bucket_mature_is_latest_of_its_slot(bucket_flavour):
 
 
 async def test_read_ahead_and_rest_released_by_drain(bucket_flavour):
-    a = bucket_flavour.open(bucket_max_size=5, prefetch=1, lease=30)
+    # Buckets close by size (and at flush), not by time on a slow machine.
+    a = bucket_flavour.open(bucket_max_size=5, bucket_max_wait=30, prefetch=1, lease=30)
     for i in range(10):
         await resolve(a.push({"i": i}))
     await resolve(a.flush())
@@ -145,7 +146,7 @@ async def test_pause_with_release_gives_back_what_nobody_was_handed(bucket_flavo
     """pause(release=True): read-ahead goes back at once, a started bucket once its
     handed-out item is finished; nothing of it with a try counted; what is handed out
     stays held and is committed."""
-    a = bucket_flavour.open(bucket_max_size=3, prefetch=2, lease=120)
+    a = bucket_flavour.open(bucket_max_size=3, bucket_max_wait=30, prefetch=2, lease=120)
     for i in range(9):  # three buckets of three
         await resolve(a.push({"i": i}))
     await resolve(a.flush())
