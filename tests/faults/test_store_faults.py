@@ -37,7 +37,7 @@ import pytest
 from processes import state
 from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
-from server.helpers import ROOT, Serve, create_key
+from server.helpers import ROOT, TLS, Serve, create_key
 
 from bucketq.embedded import LOCK_FILE, EmbeddedServer
 from bucketq.supervisor import StoreSupervisor
@@ -138,7 +138,9 @@ class Load:
         }
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.url, headers={"X-API-Key": self.key}, timeout=60) as c:
+        with httpx.Client(
+            base_url=self.url, headers={"X-API-Key": self.key}, timeout=60, verify=TLS
+        ) as c:
             while not self._stop.is_set():
                 req = next(self._ids)
                 logs = [{"time": "2024-05-01T10:00:00Z", "service": "load", "level": "info",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,11 @@ from typing import Any
 import httpx
 
 from waiting import eventually
+
+#: The TLS settings of every HTTP client the tests make (``verify=TLS``): httpx builds a
+#: context for each client, loading the CA bundle each time, a CPU cost in every test
+#: that makes clients in a loop. The tests speak plain HTTP on loopback anyway.
+TLS = ssl.create_default_context()
 
 ROOT = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"listening on (http://[0-9.]+:\d+)")
@@ -67,7 +73,7 @@ class Serve:
 
     def client(self, key: str | None = None, **kw: Any) -> httpx.Client:
         headers = {"X-API-Key": key} if key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0, **kw)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0, verify=TLS, **kw)
 
     def terminate(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         if self.proc is None:

@@ -25,7 +25,7 @@ from bucketq.embedded import EmbeddedServer
 from bucketq.server import _keys
 from waiting import eventually
 
-from .helpers import Serve, log_batch
+from .helpers import TLS, Serve, log_batch
 
 CLIENT_TIMEOUT = 30.0  # the helper client's too
 pytestmark = pytest.mark.xdist_group("admission")
@@ -237,7 +237,7 @@ def test_silent_and_slow_header_connections_are_closed(limited: tuple[Serve, str
         finally:
             done.set()
         t.join()
-    r = httpx.get(serve.url + "/metrics", timeout=CLIENT_TIMEOUT)
+    r = httpx.get(serve.url + "/metrics", verify=TLS, timeout=CLIENT_TIMEOUT)
     assert r.status_code == 200  # the service answers as before
 
 
@@ -268,7 +268,7 @@ def test_requests_past_the_in_flight_limit_get_503_at_once(limited: tuple[Serve,
 
         status, headers = eventually(third, what="a third request to be refused")
         assert int(headers["retry-after"]) > 0 and headers.get("connection") == "close"
-    r = httpx.get(serve.url + "/metrics", timeout=CLIENT_TIMEOUT)
+    r = httpx.get(serve.url + "/metrics", verify=TLS, timeout=CLIENT_TIMEOUT)
     assert metric(r.text, "bucketq_admission_refused_total", reason="requests") >= 1
 
 
@@ -317,7 +317,7 @@ def test_connections_past_the_cap_get_503_and_are_closed(limited: tuple[Serve, s
 
     status, headers = eventually(attempt, what="a request over the connection cap")
     assert int(headers["retry-after"]) > 0 and headers.get("connection") == "close"
-    eventually(lambda: httpx.get(serve.url + "/health").status_code == 200,
+    eventually(lambda: httpx.get(serve.url + "/health", verify=TLS).status_code == 200,
                what="connections accepted again")  # fmt: skip
 
 
@@ -328,7 +328,7 @@ def _addr(serve: Serve) -> tuple[str, int]:
 
 def test_invented_methods_and_paths_do_not_grow_metrics(limited: tuple[Serve, str]) -> None:
     serve = limited[0]
-    with httpx.Client(base_url=serve.url) as c:
+    with httpx.Client(verify=TLS, base_url=serve.url) as c:
         before = len(c.get("/metrics").content)
         for i in range(200):
             c.request(f"INVENT{i}", f"/api/v1/ingest/{i}")

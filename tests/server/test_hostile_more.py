@@ -18,7 +18,7 @@ from pymongo import MongoClient
 
 from bucketq.server import _keys
 
-from .helpers import Serve, log_batch
+from .helpers import TLS, Serve, log_batch
 
 JSON = {"Content-Type": "application/json"}
 PB = {"Content-Type": "application/x-protobuf"}
@@ -159,7 +159,7 @@ def test_a_header_read_once_given_twice_is_a_400_not_a_silent_choice(serve: Serv
         "idempotency-key": [("X-API-Key", key), ("Idempotency-Key", "a"),
                             ("Idempotency-Key", "b")],
     }  # fmt: skip
-    with httpx.Client(base_url=serve.url, timeout=30) as c:
+    with httpx.Client(verify=TLS, base_url=serve.url, timeout=30) as c:
         for name, headers in cases.items():
             r = c.post("/api/v1/ingest", content=body, headers=[*headers, *JSON.items()])
             assert r.status_code == 400, (name, r.text[:300])
@@ -213,7 +213,7 @@ def test_the_consoles_times_at_the_edges_of_the_calendar_are_read_not_failed(
     with serve.client(keys(project)) as c:
         assert c.post("/api/v1/ingest", json=log_batch(1, prefix="edge")).status_code == 200
     operator = _keys.create_key(mongo_client[server_db], "", operator=True)
-    with httpx.Client(base_url=serve.url, timeout=30) as c:
+    with httpx.Client(verify=TLS, base_url=serve.url, timeout=30) as c:
         r = c.post("/console/login", data={"key": operator, "next": "/console/"},
                    headers={"Sec-Fetch-Site": "same-origin"})  # fmt: skip
         assert r.status_code == 303, r.text[:300]

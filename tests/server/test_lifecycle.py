@@ -18,7 +18,7 @@ from bucketq.server import _keys
 from bucketq.stream import StreamQueue
 from waiting import eventually
 
-from .helpers import Serve, log_batch
+from .helpers import TLS, Serve, log_batch
 
 
 def test_ready_and_503_follow_the_storage_server(storage: EmbeddedServer, tmp_path: Path) -> None:
@@ -162,7 +162,9 @@ def test_sigterm_under_load_with_the_bucketq_transport(
     errors: list[str] = []
 
     def client_loop(n: int) -> None:
-        with httpx.Client(base_url=serve.url, headers={"X-API-Key": key}, timeout=30) as c:
+        with httpx.Client(
+            verify=TLS, base_url=serve.url, headers={"X-API-Key": key}, timeout=30
+        ) as c:
             for i in range(10_000):
                 if stop.is_set():
                     return

@@ -25,7 +25,7 @@ from bucketq.server._admission import StreamSlots
 from bucketq.server._routes.logtide import EventStream
 from waiting import eventually
 
-from .helpers import ROOT, Serve
+from .helpers import ROOT, TLS, Serve
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,7 +49,7 @@ def key(mongo_client: MongoClient, server_db: str) -> str:
 
 def _stream_status(serve: Serve, key: str) -> int:
     """Open a stream, read its first event when it is one, close it: its status."""
-    with httpx.Client(base_url=serve.url, timeout=10, headers={"X-API-Key": key}) as h:
+    with httpx.Client(verify=TLS, base_url=serve.url, timeout=10, headers={"X-API-Key": key}) as h:
         with h.stream("GET", "/api/v1/logs/stream") as r:
             if r.status_code == 200:
                 assert next(r.iter_lines()).startswith("data: ")
@@ -67,7 +67,7 @@ def test_stream_limits_per_project_429_and_in_all_503(
 ) -> None:
     db = mongo_client[server_db]
     a, b, c = (_keys.create_key(db, f"lim-{uuid.uuid4().hex[:8]}") for _ in range(3))
-    with httpx.Client(base_url=lim.url, timeout=10) as h:
+    with httpx.Client(verify=TLS, base_url=lim.url, timeout=10) as h:
         with h.stream("GET", "/api/v1/logs/stream", headers={"X-API-Key": a}) as first:
             assert first.status_code == 200
             _refused(h.get("/api/v1/logs/stream", headers={"X-API-Key": a}), 429)
@@ -95,7 +95,7 @@ def test_a_reader_that_stops_reading_is_dropped_and_its_place_freed(lim: Serve, 
     assert head.startswith(b"HTTP/1.1 200")
     # From here the reader takes nothing while large records keep coming.
     big = "x" * 60_000
-    with httpx.Client(base_url=lim.url, timeout=30, headers={"X-API-Key": key}) as h:
+    with httpx.Client(verify=TLS, base_url=lim.url, timeout=30, headers={"X-API-Key": key}) as h:
 
         def freed() -> bool:
             now = datetime.now(UTC).isoformat()
@@ -195,7 +195,9 @@ def test_sigterm_ends_open_streams_and_the_server_stops_cleanly(
     serve = Serve(mongo_uri, server_db, tmp_path / "serve.log").start()
     key = _keys.create_key(mongo_client[server_db], f"lim-{uuid.uuid4().hex[:8]}")
     with serve.stops_cleanly():
-        with httpx.Client(base_url=serve.url, timeout=60, headers={"X-API-Key": key}) as h:
+        with httpx.Client(
+            verify=TLS, base_url=serve.url, timeout=60, headers={"X-API-Key": key}
+        ) as h:
             with h.stream("GET", "/api/v1/logs/stream") as r:
                 lines = r.iter_lines()
                 assert next(lines).startswith('data: {"type":"connected"')

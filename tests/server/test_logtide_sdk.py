@@ -27,7 +27,7 @@ from pymongo import MongoClient
 from bucketq.server import _keys
 from waiting import eventually, eventually_async
 
-from .helpers import Serve
+from .helpers import TLS, Serve
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_the_live_stream_sends_new_records_and_heartbeats(lt: Serve, key: str) -
 
     # The key as `token` (this route only), heartbeats while nothing happens, a bound on a
     # project's streams (the SDK's stream above is one of two).
-    with httpx.Client(base_url=lt.url, timeout=15) as h:
+    with httpx.Client(verify=TLS, base_url=lt.url, timeout=15) as h:
         with h.stream("GET", "/api/v1/logs/stream", params={"token": key}) as r:
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/event-stream")
@@ -216,7 +216,7 @@ def test_streams_end_with_their_reader(lt: Serve, key: str) -> None:
     """A closed stream gives its place back: a project opens streams again and again."""
 
     def open_one() -> bool:
-        with httpx.Client(base_url=lt.url, timeout=15, headers={"X-API-Key": key}) as h:
+        with httpx.Client(verify=TLS, base_url=lt.url, timeout=15, headers={"X-API-Key": key}) as h:
             with h.stream("GET", "/api/v1/logs/stream") as r:
                 return r.status_code == 200 and next(r.iter_lines()).startswith("data: ")
 

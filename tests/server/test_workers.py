@@ -18,7 +18,7 @@ from bucketq.queue import Queue
 from bucketq.server import _keys
 from waiting import eventually
 
-from .helpers import Serve, log_batch
+from .helpers import TLS, Serve, log_batch
 from .test_admission import metric
 
 REQUESTS = 30
@@ -63,11 +63,13 @@ def test_two_workers_one_port_metrics_of_both_and_a_graceful_stop(
                              what="two worker processes")  # fmt: skip
         # a connection each (Connection: close), so the kernel hands them to either worker
         for i in range(REQUESTS):
-            r = httpx.post(serve.url + "/api/v1/ingest", json=log_batch(2, prefix=f"r{i}"),
+            r = httpx.post(serve.url + "/api/v1/ingest", verify=TLS, json=log_batch(2, prefix=f"r{i}"),
                            headers={"X-API-Key": key, "Connection": "close"}, timeout=30)  # fmt: skip
             assert r.status_code == 200, r.text
         for _ in range(6):  # whichever worker answers, it counts both
-            text = httpx.get(serve.url + "/metrics", headers={"Connection": "close"}).text
+            text = httpx.get(
+                serve.url + "/metrics", verify=TLS, headers={"Connection": "close"}
+            ).text
             n = metric(text, "bucketq_http_requests_total", route="/api/v1/ingest", status="200")
             assert n == REQUESTS, text
             assert metric(text, "reservoir_buffer_enqueued_total") == 2 * REQUESTS, text
@@ -76,7 +78,7 @@ def test_two_workers_one_port_metrics_of_both_and_a_graceful_stop(
             q.push_many(range(3), durable=True)
         jobs = 'bucketq_queue_items{kind="queue",queue="jobs",state="ready"} 3.0'
         for _ in range(4):
-            eventually(lambda: jobs in httpx.get(serve.url + "/metrics", headers={"Connection": "close"}).text,
+            eventually(lambda: jobs in httpx.get(serve.url + "/metrics", verify=TLS, headers={"Connection": "close"}).text,
                        30, what="/metrics to export the watched queue")  # fmt: skip
 
         # SIGTERM: each worker stops its buffer (flushes what it holds), then the parent ends
