@@ -212,6 +212,10 @@ LONGEST_FIRST = (
     "tests/faults/test_consumers.py",
     "tests/worker/test_processes.py",
     "tests/celery_broker/test_worker.py",
+    "tests/test_running_store.py",
+    "tests/worker/test_page_walk.py",
+    "tests/celery_broker/test_page_walk.py",
+    "tests/celery_broker/test_store_gone.py",
 )
 
 
