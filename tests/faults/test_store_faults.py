@@ -496,11 +496,17 @@ def _disk_fault(tmp_path: Path, data: Path, break_disk: Any, mend_disk: Any) -> 
               f"{len(accepted)} missing={len(missing)}; /ready said {down['detail']}")  # fmt: skip
         assert not missing, f"{len(missing)} records of requests answered 200 are gone"
         assert not load.problems, load.problems[:5]
-        # the log file is tried again at least a second after it failed
-        eventually(lambda: "is written again" in serve.output(), timeout=60,
-                   what="the store's log file written again")  # fmt: skip
+        # A log file that failed during the fault is tried again at least a second later.
+        # Whether it failed depends on the server's output then (on a full tmpfs a line
+        # that fits the file's last page is still written);
+        # test_the_store_outlives_a_log_file_it_cannot_write breaks the log itself.
+        if "cannot be written" in serve.output():
+            try:
+                eventually(lambda: "is written again" in serve.output(), timeout=60,
+                           what="the store's log file written again")  # fmt: skip
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}:\n{serve.output()[-4000:]}") from None
         out = serve.output()
-        assert out.count("cannot be written") >= 1, out[-4000:]
         assert "Topology Description" not in out
         with serve.stops_cleanly():
             pass
