@@ -50,7 +50,9 @@ def test_countdown_eta_and_retry_countdowns_wait_in_mongodb(celery_env, db, mong
     at_eta = record.apply_async(("eta",), eta=eta)
     # Stored as not yet mature, not handed to a worker (which would hold them in memory).
     q = Queue(mongo_client[db.name], "celery")
-    assert q.sched_size() == 2
+    scheduled = q.sched_size()
+    if time.time() < sent + 2:  # counted before either matured (a loaded machine may be later)
+        assert scheduled == 2
     retried = flaky.delay("flaky", 2, 1)
     assert later.get(timeout=30) == "countdown" and at_eta.get(timeout=30) == "eta"
     assert retried.get(timeout=30) == "flaky"

@@ -72,7 +72,9 @@ async def test_mature_datetime_is_not_before(flavour):
     at = datetime.now(UTC) + timedelta(seconds=1.2)
     await resolve(q.push("x", mature=at))
     await resolve(q.flush())
-    assert await resolve(q.sched_size()) == 1
+    scheduled = await resolve(q.sched_size())
+    if datetime.now(UTC) < at:  # counted before it matured (a loaded machine may be later)
+        assert scheduled == 1
     m = await resolve(q.reserve(timeout=5))
     assert m is not None and datetime.now(UTC) >= at
 
