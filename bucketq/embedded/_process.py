@@ -38,16 +38,16 @@ def find_server_command() -> str:
 
 def _die_with_parent(tied: bool | None = None) -> Callable[[], None] | None:
     """A ``preexec_fn`` that has the kernel SIGKILL the server when its parent dies,
-    SIGKILL included (Linux ``PR_SET_PDEATHSIG``).
+    however it dies (Linux ``PR_SET_PDEATHSIG``).
 
     Chosen over a watchdog process or pipe because it costs nothing at start and needs
     nothing from the parent to fire. SIGKILL, not SIGTERM: the kernel sends the signal
     again each time the server passes to another thread of the dying parent, and
     secantusd-py's SIGTERM handler, entered again while it runs, deadlocks and leaves
-    the server running; what the server acknowledged is in its journal, and the next
-    start recovers it. The kernel sends it when the *thread* that started the server
-    exits, so by default (``tied`` None) it is set only from the main thread;
-    ``tied=True`` sets it from any thread (a caller whose thread outlives the server: the
+    the server running; what the server acknowledged on disk (bucketq's clients ask for
+    the journal) the next start recovers. The kernel sends it when the *thread* that
+    started the server exits, so by default (``tied`` None) it is set only from the main
+    thread; ``tied=True`` sets it from any thread (a caller whose thread outlives the server: the
     supervisor's), ``False`` never. Untied (and off Linux) the server outlives a killed
     owner, and the next start on its data directory stops it (see
     :meth:`EmbeddedServer.start`)."""
