@@ -47,9 +47,9 @@ def _die_with_parent(tied: bool | None = None) -> Callable[[], None] | None:
     the server running; what the server acknowledged on disk (bucketq's clients ask for
     the journal) the next start recovers. The kernel sends it when the *thread* that
     started the server exits, so by default (``tied`` None) it is set only from the main
-    thread; ``tied=True`` sets it from any thread (a caller whose thread outlives the server: the
-    supervisor's), ``False`` never. Untied (and off Linux) the server outlives a killed
-    owner, and the next start on its data directory stops it (see
+    thread; ``tied=True`` sets it from any thread (a caller whose thread outlives the
+    server: the supervisor's), ``False`` never. Untied (and off Linux) the server outlives
+    a killed owner, and the next start on its data directory stops it (see
     :meth:`EmbeddedServer.start`)."""
     if tied is None:
         tied = threading.current_thread() is threading.main_thread()
