@@ -14,6 +14,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from server.helpers import bucketq_cli
+
 from bucketq.sdk._spill import segment_paths, spill_directories
 from waiting import eventually
 
@@ -95,11 +97,10 @@ class Serve:
         os.kill(self.proc.pid, sig)
 
     def create_key(self, project: str) -> str:
-        """A key made with the command line, as a user would."""
-        out = subprocess.run([sys.executable, "-m", "bucketq", "keys", "create", "--project",
-                              project], env=self.env, capture_output=True, text=True,
-                             timeout=60, check=True, cwd=ROOT)  # fmt: skip
-        return out.stdout.strip().splitlines()[-1]
+        """A key made with ``bucketq keys create`` (run in this process)."""
+        done = bucketq_cli(self.env, "keys", "create", "--project", project)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.strip().splitlines()[-1]
 
     def logs(self, key: str, **params: str) -> list[dict]:
         """Every log record of the key's project, read back through ``GET /api/v1/logs``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -9,12 +10,14 @@ import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 
+from bucketq.cli import main
 from waiting import eventually
 
 #: The TLS settings of every HTTP client the tests make (``verify=TLS``): httpx builds a
@@ -101,8 +104,25 @@ class Serve:
         assert code == 0, f"bucketq serve exited {code}:\n{self.output()[-3000:]}"
 
 
-def create_key(serve: Serve, project: str) -> str:
-    """A key made with the command line, as a user would."""
+def bucketq_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``bucketq ARGS`` run in this process with ``env`` as its environment: the command
+    line's own code, without an interpreter start per call (the commands' own tests run
+    them as real processes)."""
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, env, clear=True), redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def create_key(serve: Serve, project: str, *args: str) -> str:
+    """A key made with ``bucketq keys create``, for the service ``serve`` runs."""
+    done = bucketq_cli(serve.env, "keys", "create", "--project", project, *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def create_key_command(serve: Serve, project: str) -> str:
+    """A key made with the command line as a real process, as a user would."""
     out = subprocess.run(
         [sys.executable, "-m", "bucketq", "keys", "create", "--project", project],
         env=serve.env,

@@ -26,7 +26,7 @@ from bucketq.admin import Inspector
 from bucketq.queue import Queue
 from waiting import eventually
 
-from .helpers import ROOT, Serve, create_key
+from .helpers import ROOT, Serve, bucketq_cli, create_key
 
 pytestmark = pytest.mark.xdist_group("console")
 
@@ -66,12 +66,9 @@ def console(mongo_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def _key(s: Serve, *args: str) -> str:
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "bucketq", "keys", "create", *args], env=s.env,
-                         capture_output=True, text=True, timeout=60, check=True, cwd=ROOT)  # fmt: skip
-    return out.stdout.strip().splitlines()[-1]
+    done = bucketq_cli(s.env, "keys", "create", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +161,6 @@ def test_a_record_just_ingested_is_found_by_search(browser, console, shots):
 def test_the_logs_page_charts_levels_and_a_trace_link_opens_the_trace(browser, console, shots):
     """The aggregation above the table (errors stand out), the project's retention, and a
     trace's records on one page from its link."""
-    import subprocess
-    import sys
     from datetime import UTC, datetime, timedelta
 
     from playwright.sync_api import expect
@@ -173,8 +168,8 @@ def test_the_logs_page_charts_levels_and_a_trace_link_opens_the_trace(browser, c
     s = console["serve"]
     project = f"tracing-{uuid.uuid4().hex[:6]}"  # after "shop": the other tests open shop first
     key = create_key(s, project)
-    subprocess.run([sys.executable, "-m", "bucketq", "keys", "retention", "--project", project,
-                    "--days", "30"], env=s.env, cwd=ROOT, timeout=60, check=True)  # fmt: skip
+    done = bucketq_cli(s.env, "keys", "retention", "--project", project, "--days", "30")
+    assert done.returncode == 0, done.stdout + done.stderr
     now = datetime.now(UTC)
     trace = f"req-{uuid.uuid4().hex[:8]}"
     recs = [{"time": (now - timedelta(minutes=40 * i)).isoformat(), "service": "api",

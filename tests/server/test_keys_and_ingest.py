@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
-import subprocess
 import uuid
-from contextlib import redirect_stderr, redirect_stdout
-from unittest import mock
 
 from pymongo import MongoClient
 from stored_logs import stored_logs
 
-from bucketq.cli import main
 from waiting import eventually
 
-from .helpers import Serve, create_key, log_batch
+from .helpers import Serve, bucketq_cli, create_key_command, log_batch
 
 
 def _project() -> str:
@@ -28,19 +22,9 @@ def _stored(mongo_client: MongoClient, db: str, project: str) -> int:
     return len(stored_logs(mongo_client[db], {"project_id": project}))
 
 
-def _keys_cli(serve: Serve, *args: str) -> subprocess.CompletedProcess[str]:
-    """``bucketq keys ...`` run in this process (the command line's own code, without
-    an interpreter start per call); ``create`` is run as a real command below."""
-    out, err = io.StringIO(), io.StringIO()
-    env = {k: serve.env[k] for k in ("BUCKETQ_MONGODB_URI", "BUCKETQ_DATABASE")}
-    with mock.patch.dict(os.environ, env), redirect_stdout(out), redirect_stderr(err):
-        code = main(["keys", *args])
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-
-
 def test_key_lifecycle_from_the_command_line(serve: Serve, mongo_client: MongoClient) -> None:
     project = _project()
-    key = create_key(serve, project)
+    key = create_key_command(serve, project)
     assert key.startswith("bq_") and len(key) == 75  # 64 random hex characters, 8 of checksum
     stored = mongo_client[serve.database]["api_keys"].find_one({"project": project})
     assert stored["_id"] == hashlib.sha256(key.encode()).hexdigest()
@@ -54,11 +38,11 @@ def test_key_lifecycle_from_the_command_line(serve: Serve, mongo_client: MongoCl
         r = c.get("/api/v1/logs", headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200 and len(r.json()["logs"]) == 3
 
-    listed = _keys_cli(serve, "list", "--project", project)
+    listed = bucketq_cli(serve.env, "keys", "list", "--project", project)
     assert listed.returncode == 0, listed.stderr
     assert key[:11] in listed.stdout and key not in listed.stdout
 
-    revoked = _keys_cli(serve, "revoke", key[:11])
+    revoked = bucketq_cli(serve.env, "keys", "revoke", key[:11])
     assert revoked.returncode == 0, revoked.stderr
     with serve.client(key) as c:
         # The service caches a key's state for key_cache_ms, so the key may work a little
@@ -69,7 +53,7 @@ def test_key_lifecycle_from_the_command_line(serve: Serve, mongo_client: MongoCl
         assert r.status_code == 401 and "revoked" in r.json()["message"]
     assert _stored(mongo_client, serve.database, project) == 3
 
-    unknown = _keys_cli(serve, "revoke", "bq_00000000")
+    unknown = bucketq_cli(serve.env, "keys", "revoke", "bq_00000000")
     assert unknown.returncode == 1 and "No key" in unknown.stderr
 
 
