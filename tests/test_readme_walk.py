@@ -24,15 +24,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from jvm import class_archive, jvm_options
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The pipeline's JVM as the Spark tests start theirs (tests/spark/conftest.py): the client
-#: compiler and the serial collector start it in about 60% of the time, and Spark's jars
-#: are not verified.
-JVM_OPTIONS = (
-    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    " -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
-)
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("readme_walk")]
@@ -115,9 +109,10 @@ def test_the_readme_ingest_path_works_as_written(tmp_path):
            if not k.startswith(("BUCKETQ_", "RESERVOIR_", "XDG_", "OTEL_"))}  # fmt: skip
     tmp = tmp_path / "tmp"  # Spark's temporary files: in pytest's directory, not /tmp
     tmp.mkdir()
+    class_archive(str(tmp))
     env.update(HOME=str(home), PYTHONPATH=str(ROOT), TMPDIR=str(tmp),
                PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
-               JAVA_TOOL_OPTIONS=f"{JVM_OPTIONS} -XX:-UsePerfData -Djava.io.tmpdir={tmp}")  # fmt: skip
+               JAVA_TOOL_OPTIONS=jvm_options(str(tmp)))  # fmt: skip
     # Its own process group: on a timeout the shell's background services go with it
     # (its EXIT trap does not run when it is killed).
     walk = subprocess.Popen(["bash", "-c", script], cwd=work, env=env, text=True,

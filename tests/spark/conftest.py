@@ -5,11 +5,12 @@ skip with the reason locally, and fail in CI (``CI=true``), like the other serve
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 
+import jvm
 import pytest
+from jvm import java_command
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -22,9 +23,8 @@ def _missing(reason: str) -> None:
 
 def java_problem() -> str | None:
     """Why Spark cannot start a JVM here, or None: $JAVA_HOME/bin/java, else java on PATH."""
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java or not os.path.exists(java):
+    java = java_command()
+    if java is None:
         return "no Java runtime (Spark needs Java 17+): install one or set JAVA_HOME"
     try:
         subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
@@ -37,17 +37,6 @@ try:
     import pyspark  # noqa: F401
 except ImportError:
     _missing("no pyspark: pip install 'bucketq[spark]'")
-
-
-#: The tests start several drivers (the session, each killed query's process) and run
-#: short jobs whose work is mostly in the Python workers: the client compiler alone and
-#: the serial collector start a driver faster on few cores. Spark's jars are not
-#: bytecode-verified (the JDK's own classes never are), which saves CPU in every one of
-#: the JVMs the tests start: they test Spark's use, not its jars.
-JVM_OPTIONS = (
-    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    " -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
-)
 
 
 #: This test run's directory for Spark's temporary files, once ``_spark_tmp`` made it.
@@ -68,10 +57,9 @@ def spark_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def jvm_options() -> str:
-    """:data:`JVM_OPTIONS`, and the JVM's temporary files (Spark's block managers and
-    shuffle files, its native libraries) in :func:`spark_tmp` rather than /tmp; no
-    perf-data file in /tmp either."""
-    return f"{JVM_OPTIONS} -XX:-UsePerfData -Djava.io.tmpdir={spark_tmp()}"
+    """The options of the JVMs the tests start (``jvm.jvm_options``), their temporary
+    files in :func:`spark_tmp` rather than /tmp."""
+    return jvm.jvm_options(spark_tmp())
 
 
 def cluster_app() -> dict[str, str]:
@@ -126,6 +114,7 @@ def java(_spark_tmp) -> None:
     problem = java_problem()
     if problem:
         _missing(problem)
+    jvm.class_archive(spark_tmp())
 
 
 @pytest.fixture(autouse=True)

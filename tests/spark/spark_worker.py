@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: jvm
+sys.path.insert(0, str(Path(__file__).parent))  # conftest
 
 from conftest import spark_env, spark_session
 
