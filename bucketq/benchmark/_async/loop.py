@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ...errors import OperationTimeout
 from .._worker import Worker
 
 
@@ -46,7 +47,10 @@ async def run(w: Worker, open_handle: Any) -> dict[str, Any]:
     while check_at:  # 0 once the shared counter says N items are committed
         if per_call:
             while own < check_at:
-                msgs = await reserve_many(per_call, poll)
+                try:
+                    msgs = await reserve_many(per_call, poll)
+                except OperationTimeout:  # a claim's answer was late: retrying it is safe
+                    break
                 if not msgs:
                     break
                 for m in msgs:
@@ -58,7 +62,10 @@ async def run(w: Worker, open_handle: Any) -> dict[str, Any]:
                 done[idx] = own  # progress, seen by the parent
         else:
             while own < check_at:
-                m = await reserve(poll)
+                try:
+                    m = await reserve(poll)
+                except OperationTimeout:
+                    break
                 if m is None:
                     break
                 i = m.payload["i"]

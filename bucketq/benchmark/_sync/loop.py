@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ...errors import OperationTimeout
 from .._worker import Worker
 
 
@@ -48,7 +49,10 @@ def run(w: Worker, open_handle: Any) -> dict[str, Any]:
     while check_at:  # 0 once the shared counter says N items are committed
         if per_call:
             while own < check_at:
-                msgs = reserve_many(per_call, poll)
+                try:
+                    msgs = reserve_many(per_call, poll)
+                except OperationTimeout:  # a claim's answer was late: retrying it is safe
+                    break
                 if not msgs:
                     break
                 for m in msgs:
@@ -60,7 +64,10 @@ def run(w: Worker, open_handle: Any) -> dict[str, Any]:
                 done[idx] = own  # progress, seen by the parent
         else:
             while own < check_at:
-                m = reserve(poll)
+                try:
+                    m = reserve(poll)
+                except OperationTimeout:
+                    break
                 if m is None:
                     break
                 i = m.payload["i"]
