@@ -24,7 +24,12 @@ from typing import Any
 
 #: Long enough for the embedded server on a loaded machine; a passing test never waits it.
 DEFAULT_TIMEOUT = 30.0
-DEFAULT_INTERVAL = 0.02
+#: Without an ``interval``, the first pauses are short (a condition that holds soon is
+#: seen soon) and each is half again as long as the one before, up to the longest: a
+#: wait of seconds asks its server (an HTTP request, a query, a log file read) a few
+#: times a second instead of fifty, CPU that the other tests of the run need.
+FIRST_INTERVAL = 0.02
+LONGEST_INTERVAL = 0.1
 
 _NOTHING = object()
 
@@ -34,9 +39,11 @@ class _Waiting:
     error seen, and the failure at the deadline."""
 
     def __init__(
-        self, predicate: Any, timeout: float, interval: float, what: str, ignore: tuple
+        self, predicate: Any, timeout: float, interval: float | None, what: str, ignore: tuple
     ) -> None:
-        self.predicate, self.timeout, self.interval = predicate, timeout, interval
+        self.predicate, self.timeout = predicate, timeout
+        self.fixed = interval is not None
+        self.interval = interval if interval is not None else FIRST_INTERVAL
         self.what, self.ignore = what, ignore
         self.deadline = time.monotonic() + timeout
         self.last: Any = _NOTHING
@@ -68,15 +75,23 @@ class _Waiting:
             )
         return False
 
+    def pause(self) -> float:
+        """The pause before the next call: ``interval`` when given, else growing."""
+        pause = self.interval
+        if not self.fixed:
+            self.interval = min(self.interval * 1.5, LONGEST_INTERVAL)
+        return pause
+
 
 def eventually(
     predicate: Callable[[], Any],
     timeout: float = DEFAULT_TIMEOUT,
-    interval: float = DEFAULT_INTERVAL,
+    interval: float | None = None,
     what: str = "",
     ignore: tuple[type[BaseException], ...] = (),
 ) -> Any:
-    """Poll ``predicate`` every ``interval`` seconds until it returns something truthy
+    """Poll ``predicate`` every ``interval`` seconds (by default: pauses growing from
+    :data:`FIRST_INTERVAL` to :data:`LONGEST_INTERVAL`) until it returns something truthy
     (returned) or ``timeout`` seconds pass (AssertionError). Exceptions of the types in
     ``ignore`` count as "not yet" (a server that is restarting, say)."""
     w = _Waiting(predicate, timeout, interval, what, ignore)
@@ -85,7 +100,7 @@ def eventually(
             w.last = predicate()
         if w.done():
             return w.last
-        time.sleep(interval)
+        time.sleep(w.pause())
 
 
 async def eventually_async(*args: Any, **kwargs: Any) -> Any:
@@ -101,4 +116,4 @@ async def eventually_async(*args: Any, **kwargs: Any) -> Any:
             w.last = (await last) if inspect.isawaitable(last) else last
         if w.done():
             return w.last
-        await asyncio.sleep(w.interval)
+        await asyncio.sleep(w.pause())
