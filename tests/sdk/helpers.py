@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from server.helpers import bucketq_cli
+from server.helpers import cli_key
 
 from bucketq.sdk._spill import segment_paths, spill_directories
 from waiting import eventually
@@ -98,9 +98,7 @@ class Serve:
 
     def create_key(self, project: str) -> str:
         """A key made with ``bucketq keys create`` (run in this process)."""
-        done = bucketq_cli(self.env, "keys", "create", "--project", project)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout.strip().splitlines()[-1]
+        return cli_key(self.env, "--project", project)
 
     def logs(self, key: str, **params: str) -> list[dict]:
         """Every log record of the key's project, read back through ``GET /api/v1/logs``."""

@@ -114,11 +114,16 @@ def bucketq_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
-def create_key(serve: Serve, project: str, *args: str) -> str:
-    """A key made with ``bucketq keys create``, for the service ``serve`` runs."""
-    done = bucketq_cli(serve.env, "keys", "create", "--project", project, *args)
+def cli_key(env: dict[str, str], *args: str) -> str:
+    """The key ``bucketq keys create ARGS`` prints (run in this process, with ``env``)."""
+    done = bucketq_cli(env, "keys", "create", *args)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip().splitlines()[-1]
+
+
+def create_key(serve: Serve, project: str) -> str:
+    """A key for ``project`` of the service ``serve`` runs."""
+    return cli_key(serve.env, "--project", project)
 
 
 def create_key_command(serve: Serve, project: str) -> str:

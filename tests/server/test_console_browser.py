@@ -26,7 +26,7 @@ from bucketq.admin import Inspector
 from bucketq.queue import Queue
 from waiting import eventually
 
-from .helpers import ROOT, Serve, bucketq_cli, create_key
+from .helpers import ROOT, Serve, bucketq_cli, cli_key, create_key
 
 pytestmark = pytest.mark.xdist_group("console")
 
@@ -56,19 +56,13 @@ def console(mongo_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
               RESERVOIR_BUFFER_SHARDS="2", BUCKETQ_WATCH_QUEUES="*").start()  # fmt: skip
     client: MongoClient = MongoClient(mongo_uri, tz_aware=True)
     try:
-        operator = _key(s, "--operator")
+        operator = cli_key(s.env, "--operator")
         project = create_key(s, "shop")
         yield {"serve": s, "db": client[database], "operator": operator, "project": project}
     finally:
         s.terminate()
         client.drop_database(database)
         client.close()
-
-
-def _key(s: Serve, *args: str) -> str:
-    done = bucketq_cli(s.env, "keys", "create", *args)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
