@@ -127,10 +127,35 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("tx", None) and os.environ.get(_NO_BYTECODE):  # xdist's controller
         os.environ[_HELD] = os.environ.pop(_NO_BYTECODE)  # the workers start without it
     compileall.compile_dir(Path(bucketq.__file__).parent, quiet=1)
+    if config.getoption("tx", None):
+        _rewrite_test_modules(config)
     config._tmp_path_factory.getbasetemp()  # pytest's own (kept for a few runs) stays put
     run_tmp = tempfile.mkdtemp(prefix="bucketq-tests-")
     os.chmod(run_tmp, 0o1777)  # as /tmp: the tests of file modes check what others may read
     config.stash[_RUN_TMP] = os.environ["TMPDIR"] = tempfile.tempdir = run_tmp
+
+
+def _rewrite_test_modules(config: pytest.Config) -> None:
+    """Writes pytest's cached rewrite of every test module and conftest before the xdist
+    workers start: on a fresh checkout each worker would otherwise rewrite all of them
+    (pytest's assertion rewriting, a slow pass in Python) at the same time as the others.
+    pytest has no public call for it: if its internals change, this does nothing and the
+    workers rewrite as they would."""
+    try:
+        from _pytest.assertion import rewrite
+
+        state = config.stash[rewrite.assertstate_key]
+        for path in sorted(_ROOT.rglob("*.py")):
+            if not (path.name.startswith("test_") or path.name == "conftest.py"):
+                continue
+            pyc = rewrite.get_cache_dir(path) / (path.stem + rewrite.PYC_TAIL)
+            if rewrite._read_pyc(path, pyc, state.trace) is None and rewrite.try_makedirs(
+                pyc.parent
+            ):
+                stat, code = rewrite._rewrite_test(path, config)
+                rewrite._write_pyc(state, code, stat, pyc)
+    except Exception:  # noqa: BLE001 - pytest's internals changed: the workers rewrite
+        return
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -36,12 +36,14 @@ log = logging.getLogger("bucketq.embedded")
 
 _LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 _IN_USE = re.compile(r"already being managed by another process", re.IGNORECASE)
-#: glibc malloc settings for the server process, unless the caller's environment sets
-#: them. The server decodes every document a scan touches into fresh memory; with
-#: glibc's default 128 KiB trim threshold the heap is given back to the kernel after
-#: each scan and the next one page-faults it in again, a large part of a claim's time.
-#: It keeps up to this much freed memory mapped.
-_MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+#: The server process's environment, where the caller's environment does not set a
+#: variable. glibc malloc: the server decodes every document a scan touches into fresh
+#: memory; with glibc's default 128 KiB trim threshold the heap is given back to the
+#: kernel after each scan and the next one page-faults it in again, a large part of a
+#: claim's time; it keeps up to this much freed memory mapped. OpenBLAS: the server
+#: imports numpy (for its geo operators) and never multiplies a matrix, but OpenBLAS
+#: starts a thread per core at import, a large part of a server's start; one starts none.
+_SERVER_ENV = {"MALLOC_TRIM_THRESHOLD_": str(256 << 20), "OPENBLAS_NUM_THREADS": "1"}
 USER = "bucketq"
 #: A stop's budget: checkpoint, SIGTERM and a clean exit, then SIGKILL.
 STOP_TIMEOUT = 10.0
@@ -290,7 +292,7 @@ class EmbeddedServer:
         # never sees a write to its log fail (a full or read-only disk).
         self._proc = subprocess.Popen(
             cmd,
-            env={**_MALLOC_ENV, **os.environ},
+            env={**_SERVER_ENV, **os.environ},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
