@@ -90,3 +90,32 @@ def test_only_a_write_concern_comparison_is_the_journal_section():
                                    "contenders": [*quiet["settings"]["contenders"], "bucketq AsyncQueue"]}}  # fmt: skip
     assert kind(every) == "queue"  # the lifecycle run, its w:1 rows by default
     assert kind(json.loads((ROOT / "docs" / "results" / "queue.json").read_text())) == "queue"
+
+
+def test_the_ingest_limits_have_a_section_of_their_own():
+    limits = json.loads((ROOT / "docs" / "results" / "limits.json").read_text())
+    layout = _fixture("ingest-layout.json")
+    assert [kind(limits), kind(layout)] == ["limits", "ingest"]
+    page = render([layout, limits])
+    assert "| buffer off, buckets |" in _section(page, "Ingest")  # the other run stays there
+    section = _section(page, "Ingest limits")
+    lines = section.splitlines()
+    labels = {"off": "buffer off", "memory": "memory buffer", "redis": "redis buffer",
+              "bucketq": "bucketq buffer"}  # fmt: skip
+    lim = limits["limits"]
+    assert set(lim["capacity"]) == set(lim["hostile"]) == set(labels)
+    for mode, label in labels.items():
+        rows = [line for line in lines if line.startswith(f"| {label} |")]
+        assert len(rows) == 3, rows  # capacity, overload, hostile neighbour
+        capacity, overload, hostile = rows
+        c, o, h = (lim[part][mode] for part in ("capacity", "overload", "hostile"))
+        assert capacity.startswith(f"| {label} | {c['records_per_s']:,.0f} | {c['rate']:,.0f} |")
+        cpu = c["api_cpu_us_per_record"]
+        assert f"| {cpu:.1f} ({'met' if cpu <= 30 else '**missed**'}) |" in capacity
+        assert (
+            f"| {o['accepted']:,} | {o['refused']:,} | {o['refused_without_retry_after']} |"
+            in overload
+        )
+        ratio = h["ratio"]
+        assert f"| {ratio:.2f}x ({'met' if ratio <= 2 else '**missed**'}) |" in hostile
+    assert COMMANDS["limits"].split(" --json ")[0] in limits["run"]["argv"]

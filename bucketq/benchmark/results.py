@@ -23,6 +23,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("journal", "Journal cost"),
     ("keuss", "Against keuss"),
     ("ingest", "Ingest"),
+    ("limits", "Ingest limits"),
     ("logs", "Log store reads"),
     ("sdk", "Logging SDK"),
     ("stream-wake", "Stream wake-up"),
@@ -40,6 +41,8 @@ COMMANDS: dict[str, str] = {
     "keuss": "bucketq bench keuss --quick --json keuss.json",
     "ingest": "bucketq bench ingest --quick --redis-url redis://127.0.0.1:6379 "
     "--json ingest.json --no-plots",
+    "limits": "bucketq bench ingest --limits --quick --redis-url redis://127.0.0.1:6379 "
+    "--json limits.json --no-plots",
     "sdk": "bucketq bench sdk --json sdk.json",
     "stream-wake": "bucketq bench stream-wake --json stream-wake.json",
     "spark": "python bench/spark_bench.py --quick --repeat 3 --json spark.json",
@@ -75,7 +78,7 @@ def kind(doc: Mapping[str, Any]) -> str:
     """Which benchmark wrote ``doc``."""
     schema = str(doc.get("schema", ""))
     if schema.startswith("bucketq-bench-ingest"):
-        return "ingest"
+        return "limits" if schema.endswith("+limits") else "ingest"
     if schema.startswith("bucketq-bench/"):
         return "journal" if _journal_run(doc) else "queue"
     command = str((doc.get("run") or {}).get("command", ""))
@@ -318,6 +321,110 @@ def _ingest(doc: Mapping[str, Any]) -> list[str]:
     if notes:
         out += ["", *[f"- {n}" for n in notes]]
     return out
+
+
+def _limits(doc: Mapping[str, Any]) -> list[str]:
+    from .ingest._limits import (
+        API_CPU_TARGET_US,
+        CAPACITY_BATCH,
+        CAPACITY_P95_MS,
+        GOOD_BATCH,
+        GOOD_RATE,
+        HEALTH_MS,
+        HOSTILE_RATIO_TARGET,
+        INGEST_TIMEOUT_MS,
+        STORE_CPU_TARGET_US,
+        hostile_ok,
+    )
+
+    lim = doc.get("limits") or {}
+    st = doc.get("settings") or {}
+    cap, over, host = (lim.get(k) or {} for k in ("capacity", "overload", "hostile"))
+    layouts = any("@" in m for m in (*cap, *host))
+    out = [
+        f"`POST /api/v1/ingest` at and past its limits, one `bucketq serve` per run on a fresh "
+        f"database. Capacity: {CAPACITY_BATCH} records per request, the rate doubled while a "
+        f"{_n(st.get('step_duration'))} s run is sustained (no error, p95 under "
+        f"{CAPACITY_P95_MS:g} ms, every accepted record stored), then once halfway to the first "
+        "that was not.",
+        "",
+    ]
+
+    def within(x: Any, target: float) -> str:
+        return "-" if x is None else f"{x:.1f} ({'met' if x <= target else '**missed**'})"
+
+    rows = [[_mode(m, layouts), _n(c.get("records_per_s")), _n(c.get("rate")),
+             within(c.get("api_cpu_us_per_record"), API_CPU_TARGET_US),
+             within(c.get("store_cpu_us_per_record"), STORE_CPU_TARGET_US),
+             str(c.get("limited_by", "-")), _n(len(c.get("steps") or ()))]
+            for m, c in cap.items()]  # fmt: skip
+    if rows:
+        out += _table(
+            ["mode", "records/s sustained", "requests/s", "API CPU µs/record (target ≤ "
+             f"{API_CPU_TARGET_US:g})", f"store CPU µs/record (target ≤ {STORE_CPU_TARGET_US:g})",
+             "limited by", "runs"],
+            rows, [False, True, True, True, True, False, True],
+        )  # fmt: skip
+    bound_s = 2 * INGEST_TIMEOUT_MS / 1000
+
+    def ok(flag: Any) -> str:
+        return "yes" if flag else "**no**"
+
+    rows = []
+    for m, o in over.items():
+        health = o.get("health") or {}
+        rows.append([_mode(m, layouts), _n(o.get("rate")), _n(o.get("requests")),
+                     _n(o.get("accepted")), _n(o.get("refused")),
+                     _n(o.get("refused_without_retry_after")),
+                     _n(sum((o.get("other_errors") or {}).values())),
+                     f"{_n((o.get('max_ms') or 0) / 1000, 2)} ({ok(o.get('answered_in_time'))})",
+                     ok(o.get("stored_ok")),
+                     f"{_n(health.get('max_ms'), 1)} ({ok(o.get('health_in_time'))})"])  # fmt: skip
+    if rows:
+        out += [
+            "",
+            f"Overload: {_n(st.get('overload_duration'))} s at twice that capacity. Every "
+            f"request answered within {bound_s:g} s (twice `BUCKETQ_INGEST_TIMEOUT_MS`), the "
+            f"excess refused with 503/429 and `Retry-After`, every accepted record stored, "
+            f"`/health` answered within {HEALTH_MS:g} ms throughout:",
+            "",
+            *_table(
+                ["mode", "requests/s", "requests", "accepted", "refused (503/429)",
+                 "refused without Retry-After", "other errors", "slowest answer s (in time)",
+                 "stored = accepted", "/health max ms (in time)"],
+                rows, [False, True, True, True, True, True, True, True, False, True],
+            ),
+        ]  # fmt: skip
+    rows = []
+    for m, h in host.items():
+        a, b, pr = h.get("alone") or {}, h.get("beside") or {}, h.get("pair_ratio")
+        ratio = h.get("ratio")
+        n = h.get("windows") or {}
+        rows.append([_mode(m, layouts), _n(a.get("p99_ms"), 1), _n(b.get("p99_ms"), 1),
+                     f"{_ratio(ratio)} ({'met' if hostile_ok(ratio) else '**missed**'})",
+                     "-" if not pr else f"{_ratio(pr['min'])}-{_ratio(pr['max'])}",
+                     f"{_n(n.get('alone'))} / {_n(n.get('hostile'))}",
+                     f"{_n(a.get('errors'))} / {_n(b.get('errors'))}",
+                     f"{_n(h.get('hostile_windows_with_every_case'))} of {_n(n.get('hostile'))}"])  # fmt: skip
+    if rows:
+        window = next(iter(host.values())).get("window_s")
+        out += [
+            "",
+            f"Hostile neighbour: {GOOD_RATE:g} requests/s of {GOOD_BATCH} records for "
+            f"{_n(st.get('hostile_duration'))} s (latency from the scheduled send) while huge "
+            "bodies of tiny records, deep nesting, a huge OTLP body, silent sockets and "
+            f"slow-header clients are switched on and off in alternate {window:g} s windows; "
+            f"the good traffic's p99 in the hostile windows within {HOSTILE_RATIO_TARGET:g}x "
+            "its p99 in the quiet ones:",
+            "",
+            *_table(
+                ["mode", "quiet p99 ms", "hostile p99 ms", "hostile / quiet", "per pair",
+                 "windows quiet / hostile", "good errors quiet / hostile",
+                 "hostile windows with every case"],
+                rows, [False, True, True, False, False, True, True, True],
+            ),
+        ]  # fmt: skip
+    return out or ["(nothing measured in this run: see its JSON)"]
 
 
 _MODE = {"off": "buffer off", "memory": "memory buffer", "redis": "redis buffer",
@@ -614,6 +721,7 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "journal": _journal,
     "keuss": _keuss,
     "ingest": _ingest,
+    "limits": _limits,
     "logs": _logs,
     "sdk": _sdk,
     "stream-wake": _stream_wake,
@@ -655,8 +763,10 @@ def header(docs: Sequence[Mapping[str, Any]], note: str | None = None) -> list[s
     if servers:
         rows.append(["MongoDB", "; ".join(servers)])
     if starts:
-        rows.append(["runs", f"{starts[0][:16].replace('T', ' ')} to "
-                     f"{(ends or starts)[-1][11:16]} UTC, one after the other"])  # fmt: skip
+        last = (ends or starts)[-1]
+        until = last[11:16] if last[:10] == starts[0][:10] else last[:16].replace("T", " ")
+        rows.append(["runs", f"{starts[0][:16].replace('T', ' ')} to {until} UTC, one after "
+                     "the other"])  # fmt: skip
     if before or during:
         rows.append(["load", f"1-minute load average {min(before, default='?')}-"
                      f"{max(before, default='?')} before each run, {min(during, default='?')}-"
