@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,9 @@ JVM_OPTIONS = (
 #: How long a test waits for another test process making the archive before it goes on
 #: without it.
 MAKE_TIMEOUT = 240.0
+#: After a failed attempt, how long test runs go on without the archive before one tries
+#: to make it again (an attempt that times out holds a test worker that long).
+RETRY_AFTER = 24 * 3600.0
 
 #: The Spark job whose classes go into the archive: a session, a shuffle, JSON, Parquet
 #: and a streaming query, as the tests' own jobs use them.
@@ -103,6 +107,10 @@ def class_archive(tmp: str) -> Path | None:
     archive = _archive_path()
     if archive is None or archive.exists():
         return archive
+    failed = archive.with_suffix(".failed")
+    with contextlib.suppress(OSError):
+        if time.time() - failed.stat().st_mtime < RETRY_AFTER:
+            return None
     archive.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + MAKE_TIMEOUT
     with open(archive.with_suffix(".lock"), "w") as lock:
@@ -120,20 +128,31 @@ def class_archive(tmp: str) -> Path | None:
 
 
 def _make(archive: Path, tmp: str, deadline: float) -> None:
-    for old in archive.parent.glob("spark-classes-*.jsa"):  # another Java's or pyspark's
-        old.unlink(missing_ok=True)
+    """Run the job under the archive's lock; a job that fails or outlives ``deadline``
+    leaves a ``.failed`` file (its output) instead. What another Java's or pyspark's
+    archive left, and a partial file of this one (a killed maker's), go first."""
+    for old in archive.parent.glob("spark-classes-*"):
+        if old.suffix in (".jsa", ".part", ".failed"):
+            old.unlink(missing_ok=True)
     partial = archive.with_suffix(f".{os.getpid()}.part")
     work = tempfile.mkdtemp(dir=tmp)
     options = f"{jvm_options(tmp)} -XX:ArchiveClassesAtExit={partial}"
     env = {**os.environ, "TMPDIR": tmp,
            "PYSPARK_SUBMIT_ARGS": f'--driver-java-options "{options}" pyspark-shell'}  # fmt: skip
+    # A group of its own: on the deadline the JVM goes with the Python that started it,
+    # so it cannot write its partial file after this one is removed.
+    job = subprocess.Popen([sys.executable, "-c", _JOB, work], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        done = subprocess.run([sys.executable, "-c", _JOB, work], env=env, capture_output=True,
-                              timeout=max(1.0, deadline - time.monotonic()))  # fmt: skip
-        if done.returncode == 0 and partial.exists():
+        out, _ = job.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        if job.returncode == 0 and partial.exists():
             partial.rename(archive)
+        else:
+            archive.with_suffix(".failed").write_bytes(out[-20_000:])
     except subprocess.TimeoutExpired:
-        pass
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        archive.with_suffix(".failed").write_text(f"no archive within {MAKE_TIMEOUT:g} s\n")
     finally:
         partial.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
