@@ -160,7 +160,17 @@ def _rewrite_test_modules(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     run_tmp = config.stash.get(_RUN_TMP, None)
-    if run_tmp:
+    if not run_tmp:
+        return
+    if "multiprocessing.util" in sys.modules:
+        # Its temporary directory (in a run without xdist workers, inside the run's) is
+        # removed at this process's exit by its finalizer, which fails loudly when the
+        # directory has gone: the run's goes after it (a lower exit priority runs later).
+        from multiprocessing import util
+
+        util.Finalize(None, shutil.rmtree, args=(run_tmp,), kwargs={"ignore_errors": True},
+                      exitpriority=-101)  # fmt: skip
+    else:
         shutil.rmtree(run_tmp, ignore_errors=True)
 
 
