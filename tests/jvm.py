@@ -107,10 +107,8 @@ def class_archive(tmp: str) -> Path | None:
     archive = _archive_path()
     if archive is None or archive.exists():
         return archive
-    failed = archive.with_suffix(".failed")
-    with contextlib.suppress(OSError):
-        if time.time() - failed.stat().st_mtime < RETRY_AFTER:
-            return None
+    if _failed_lately(archive):
+        return None
     archive.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + MAKE_TIMEOUT
     with open(archive.with_suffix(".lock"), "w") as lock:
@@ -122,9 +120,18 @@ def class_archive(tmp: str) -> Path | None:
                 if time.monotonic() > deadline:
                     return None
                 time.sleep(0.2)
-        if not archive.exists():
+        # The lock's last holder may have made it, or failed to: either ends the wait.
+        if not archive.exists() and not _failed_lately(archive):
             _make(archive, tmp, deadline)
     return archive if archive.exists() else None
+
+
+def _failed_lately(archive: Path) -> bool:
+    """Did an attempt to make ``archive`` fail within :data:`RETRY_AFTER`?"""
+    try:
+        return time.time() - archive.with_suffix(".failed").stat().st_mtime < RETRY_AFTER
+    except OSError:
+        return False
 
 
 def _make(archive: Path, tmp: str, deadline: float) -> None:

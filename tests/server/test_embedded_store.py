@@ -277,26 +277,23 @@ def test_the_server_gets_its_settings_unless_the_environment_sets_them(
     """The server keeps freed memory mapped (glibc's trim threshold) and starts one OpenBLAS
     thread (it multiplies no matrix), each unless the caller's environment says otherwise."""
 
-    def environment(server: EmbeddedServer) -> dict[str, str]:
-        raw = Path(f"/proc/{server.pid}/environ").read_bytes().decode()
+    def started_with(name: str) -> dict[str, str]:
+        """The environment of a server started on ``tmp_path / name`` (stopped again)."""
+        server = EmbeddedServer(tmp_path / name).start()
+        try:
+            raw = Path(f"/proc/{server.pid}/environ").read_bytes().decode()
+        finally:
+            server.stop()
         return dict(x.split("=", 1) for x in raw.split("\0") if "=" in x)
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
-    server = EmbeddedServer(tmp_path / "a").start()
-    try:
-        env = environment(server)
-    finally:
-        server.stop()
+    env = started_with("a")
     assert env["OPENBLAS_NUM_THREADS"] == "1"
     assert env["MALLOC_TRIM_THRESHOLD_"] == "4096"
 
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
-    server = EmbeddedServer(tmp_path / "b").start()
-    try:
-        env = environment(server)
-    finally:
-        server.stop()
+    env = started_with("b")
     assert env["OPENBLAS_NUM_THREADS"] == "2"
     assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 20  # far above glibc's 128 KiB
